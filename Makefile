@@ -1,0 +1,29 @@
+# credo: every target creates .venv on first use and installs the project into it.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m credo.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(BIN)/python bench/throughput.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,159 @@
+"""`credo` command line: methods, sft, train, eval.
+
+Every command answers --help. Config overrides use `--set key=value` (repeatable), with dotted
+keys for nested fields (`--set loss.eps_high=0.28`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+
+def _threads() -> None:
+    # CPU runs are fastest with one intra-op thread per physical core; respect an explicit setting.
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, min(os.cpu_count() or 1, 8)))
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from credo import methods
+    rows = methods.describe()
+    width = max(len(r[0]) for r in rows)
+    for name, kind, description in rows:
+        print(f"{name:<{width}}  {kind:<9}  {description}")
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from credo.config import load_config
+    from credo.sft import SFTConfig, copy_checkpoint, ensure_sft
+    config = load_config(SFTConfig, args.config, args.set)
+    path = ensure_sft(config, force=args.force, progress=not args.quiet)
+    copy_checkpoint(path, args.out)
+    summary_path = os.path.join(args.out, "sft_summary.json")
+    summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
+    from credo.evaluate import evaluate
+    from credo.policy import load_policy
+    from credo.tasks.arith import ArithTask
+    task = ArithTask(config.task)
+    result = evaluate(load_policy(args.out), task, task.heldout_problems(args.eval_n))
+    print(f"SFT start in {args.out} (cache {path}); validation accuracy {summary.get('val_accuracy', float('nan')):.3f}")
+    print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from credo.train import Trainer, config_from_run, load_train_config
+    if args.resume:
+        config = config_from_run(args.resume)
+        if args.steps:
+            from dataclasses import replace
+            config = replace(config, steps=args.steps)
+        run_dir = args.resume
+    else:
+        if not args.out:
+            print("credo train: --out DIR is required (or --resume RUN_DIR)", file=sys.stderr)
+            return 2
+        extra = {}
+        for key in ("method", "steps", "start", "seed", "task"):
+            value = getattr(args, key)
+            if value not in (None, ""):
+                extra[key] = value
+        config = load_train_config(args.config, args.set, extra)
+        run_dir = args.out
+        if os.path.exists(os.path.join(run_dir, "config.yaml")):
+            print(f"credo train: {run_dir} already holds a run; use --resume {run_dir} to continue it", file=sys.stderr)
+            return 2
+    trainer = Trainer(config, run_dir, progress=not args.quiet)
+    summary = trainer.train()
+    rows = trainer.log.rows()
+    start = next((r["eval_accuracy"] for r in rows if r.get("step") == 0 and "eval_accuracy" in r), None)
+    print(json.dumps(summary))
+    if start is not None and "final_accuracy" in summary:
+        print(f"start_accuracy={start:.4f} (n={config.eval_n}) final_accuracy={summary['final_accuracy']:.4f} "
+              f"(n={config.final_eval_n}) in {summary['seconds']:.0f}s")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from credo.evaluate import evaluate
+    from credo.policy import load_policy
+    from credo.tasks import make_task
+    from credo.config import parse_overrides
+    checkpoint = args.checkpoint
+    if checkpoint in (None, "", "sft"):
+        from credo.sft import ensure_sft
+        checkpoint = ensure_sft(progress=not args.quiet)
+    elif os.path.isdir(os.path.join(checkpoint, "final")):
+        checkpoint = os.path.join(checkpoint, "final")  # a run directory: evaluate its final policy
+    task = make_task(args.task, parse_overrides(args.set or []))
+    policy = load_policy(checkpoint)
+    result = evaluate(policy, task, task.heldout_problems(args.n), k=args.k, max_new_tokens=args.max_new_tokens,
+                      seed=args.seed)
+    print(json.dumps(result.as_dict()))
+    print(f"accuracy={result.accuracy:.4f}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="credo", description="Credit assignment for RL with verifiable rewards.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("methods", help="list the registered estimators and recipes, one per line, name first")
+    p.set_defaults(fn=cmd_methods)
+
+    p = sub.add_parser("sft", help="build (or fetch from cache) the SFT start of the tiny policy and copy it to --out")
+    p.add_argument("--out", required=True, help="directory to write the SFT checkpoint to")
+    p.add_argument("--config", help="YAML file of SFTConfig fields")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (repeatable)")
+    p.add_argument("--force", action="store_true", help="retrain even when a cached or packaged start exists")
+    p.add_argument("--eval-n", type=int, default=500, help="held-out problems to report accuracy on (default 500)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_sft)
+
+    p = sub.add_parser("train", help="RL-train a policy with a credit-assignment method")
+    p.add_argument("--method", help="estimator or recipe name (see `credo methods`; default grpo)")
+    p.add_argument("--out", help="run directory to create (config, metrics.jsonl, checkpoints, final/)")
+    p.add_argument("--config", help="YAML file of TrainConfig fields")
+    p.add_argument("--steps", type=int, help="number of optimisation steps")
+    p.add_argument("--start", help="policy checkpoint to start from (default: the cached SFT start)")
+    p.add_argument("--task", help="task name (default arith)")
+    p.add_argument("--seed", type=int, help="random seed of the run")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set lr=1e-5 --set loss.eps_high=0.28 (repeatable)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("eval", help="held-out accuracy of a checkpoint; the last line is accuracy=<float>")
+    p.add_argument("--checkpoint", default="sft", help="policy directory or run directory (default: the SFT start)")
+    p.add_argument("--task", default="arith", help="task name (default arith)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task option override (repeatable)")
+    p.add_argument("--n", type=int, default=500, help="held-out problems (default 500)")
+    p.add_argument("--k", type=int, default=0, help="also report avg@k and pass@k from k samples at temperature 1")
+    p.add_argument("--max-new-tokens", type=int, default=96, help="generation limit per completion (default 96)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the sampled (avg@k) completions")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_eval)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _threads()
+    from credo.config import ConfigError
+    try:
+        return args.fn(args)
+    except (ConfigError, FileNotFoundError, KeyError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"credo {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Configs are frozen dataclasses: loaded from YAML, overridden with `key.sub=value`, validated on load.
+
+An unknown key or a value of the wrong type is an error that names the field (`train.lr`), and
+each dataclass's `__post_init__` checks ranges with the same naming.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from typing import Any, TypeVar
+
+import yaml
+
+C = TypeVar("C")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot be used; the message names the field."""
+
+
+def _coerce(value: Any, hint: Any, name: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in typing.get_args(hint):
+                return None
+            raise ConfigError(f"{name} may not be null")
+        return _coerce(value, options[0], name)
+    if dataclasses.is_dataclass(hint):
+        if isinstance(value, hint):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name} must be a mapping of {hint.__name__} fields, got {value!r}")
+        return from_dict(hint, value, prefix=name + ".")
+    if origin in (tuple, list):
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v != ""]
+        inner = typing.get_args(hint)[0] if typing.get_args(hint) else str
+        return tuple(_coerce(v, inner, f"{name}[{i}]") for i, v in enumerate(value))
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "false", "no", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
+    if hint in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{name} must be a number, got {value!r}")
+        try:
+            number = float(value) if hint is float else int(str(value), 0) if isinstance(value, str) else value
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be {'a number' if hint is float else 'an integer'}, got {value!r}") from None
+        if hint is int and (not isinstance(number, int) and not float(number).is_integer()):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+        return hint(number)
+    if hint is str:
+        if not isinstance(value, (str, int, float)):
+            raise ConfigError(f"{name} must be a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def from_dict(cls: type[C], data: dict[str, Any], prefix: str = "") -> C:
+    """Build dataclass `cls` from a (possibly nested) dict; unknown keys are errors naming the field."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"unknown config field '{prefix}{key}' (known: {', '.join(sorted(known))})")
+    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    def plain(v: Any) -> Any:
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        return v
+    return {k: (to_dict(v) if dataclasses.is_dataclass(v) else plain(v)) for k, v in
+            ((f.name, getattr(config, f.name)) for f in dataclasses.fields(config))}
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """['train.lr=1e-5', 'task.max_terms=4'] -> nested dict (values parsed as YAML scalars)."""
+    nested: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. train.lr=1e-5)")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        node = nested
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part} is not a section")
+        node[parts[-1]] = value
+    return nested
+
+
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(cls: type[C], path: str | None = None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> C:
+    """Defaults <- `base` <- YAML file <- overrides, validated into `cls`."""
+    data: dict[str, Any] = dict(base or {})
+    if path:
+        try:
+            with open(path) as f:
+                loaded = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        data = merge(data, loaded)
+    data = merge(data, parse_overrides(overrides or []))
+    return from_dict(cls, data)
+
+
+def config_hash(config: Any, length: int = 12) -> str:
+    blob = json.dumps(to_dict(config), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:length]
+
+
+def dump_yaml(config: Any) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise ConfigError(message) unless condition; used by __post_init__ range checks."""
+    if not condition:
+        raise ConfigError(message)

@@ -1,0 +1,60 @@
+"""One registry of credit estimators, found by name: `credo.credit.get("grpo")`.
+
+An estimator is a function `(rollouts, probe, config) -> Credit`. `config` is an instance of the
+estimator's own frozen dataclass (its knobs, documented field by field); `probe` is the only door
+to the model (None is fine for estimators that need rewards only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from credo.config import from_dict
+
+
+@dataclass(frozen=True)
+class NoConfig:
+    """This estimator has no knobs."""
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    name: str
+    fn: Callable[..., Any]
+    config_cls: type
+    description: str
+    uses_model: bool
+    needs_segments: bool
+
+    def make_config(self, values: dict[str, Any] | None = None) -> Any:
+        return from_dict(self.config_cls, dict(values or {}), prefix="credit.")
+
+    def __call__(self, rollouts: Any, probe: Any = None, config: Any = None) -> Any:
+        return self.fn(rollouts, probe, config if config is not None else self.make_config())
+
+
+_REGISTRY: dict[str, EstimatorSpec] = {}
+
+
+def register(name: str, description: str, config_cls: type = NoConfig, *, uses_model: bool = False,
+             needs_segments: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: register `fn(rollouts, probe, config) -> Credit` under `name`."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if name in _REGISTRY:
+            raise ValueError(f"estimator {name!r} is registered twice")
+        _REGISTRY[name] = EstimatorSpec(name, fn, config_cls, description, uses_model, needs_segments)
+        return fn
+
+    return wrap
+
+
+def get(name: str) -> EstimatorSpec:
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown credit estimator {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def names() -> list[str]:
+    return list(_REGISTRY)

@@ -1,0 +1,57 @@
+"""Held-out evaluation: greedy accuracy, and avg@k / pass@k from k samples per problem."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from credo.policy.base import Policy, SamplingConfig
+from credo.tasks.base import Problem, Task
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    accuracy: float              # greedy accuracy
+    n: int
+    avg_at_k: float | None = None  # mean accuracy of k samples
+    pass_at_k: float | None = None  # share of problems with at least one correct sample
+    k: int = 0
+    mean_length: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+def complete(policy: Policy, problems: Sequence[Problem], sampling: SamplingConfig, generator: torch.Generator,
+             batch_size: int = 256, prompts: Sequence[str] | None = None) -> tuple[list[str], list[int]]:
+    """Sample one completion per problem in batches -> (texts, lengths in tokens)."""
+    texts, lengths = [], []
+    prompts = list(prompts) if prompts is not None else [p.prompt for p in problems]
+    for start in range(0, len(prompts), batch_size):
+        ids, mask = policy.encode_prompts(prompts[start:start + batch_size])
+        out = policy.sample(ids, mask, sampling, generator)
+        for row in range(out.completion_ids.shape[0]):
+            texts.append(policy.decode(out.completion_ids[row]))
+        lengths.extend(out.completion_mask.sum(1).tolist())
+    return texts, lengths
+
+
+def evaluate(policy: Policy, task: Task, problems: Sequence[Problem], *, k: int = 0, max_new_tokens: int = 96,
+             temperature: float = 1.0, seed: int = 0, batch_size: int = 256) -> EvalResult:
+    """Greedy accuracy on `problems`; with k > 0 also avg@k and pass@k at `temperature`."""
+    generator = torch.Generator().manual_seed(seed)
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens)
+    texts, lengths = complete(policy, problems, greedy, generator, batch_size)
+    correct = [task.is_correct(p, t) for p, t in zip(problems, texts)]
+    result = EvalResult(accuracy=sum(correct) / max(len(problems), 1), n=len(problems),
+                        mean_length=sum(lengths) / max(len(lengths), 1))
+    if k > 0:
+        sampled = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
+        repeated = [p for p in problems for _ in range(k)]
+        texts, _ = complete(policy, repeated, sampled, generator, batch_size)
+        hits = torch.tensor([task.is_correct(p, t) for p, t in zip(repeated, texts)], dtype=torch.float32).view(-1, k)
+        result = EvalResult(result.accuracy, result.n, float(hits.mean()), float((hits.sum(1) > 0).float().mean()), k,
+                            result.mean_length)
+    return result

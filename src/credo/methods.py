@@ -1,0 +1,59 @@
+"""Trainable methods: an estimator plus the loss/strategy settings its paper prescribes.
+
+A plain estimator name (`grpo`, `rloo`, ...) is a method with no extra settings. Recipes bundle
+an estimator with defaults that the user's config may still override:
+  dr_grpo  Dr. GRPO advantages + loss normalised by a constant length
+  dapo     GRPO advantages + clip-higher (0.2/0.28) + token-mean + dynamic sampling + overlong penalty
+  gspo     GRPO advantages + sequence-level ratio (pi/pi_old)^(1/|o|), clipped per sequence
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from credo import credit
+
+
+@dataclass(frozen=True)
+class Recipe:
+    estimator: str
+    description: str
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+RECIPES: dict[str, Recipe] = {
+    "dr_grpo": Recipe("dr_grpo", "Dr. GRPO: r - group mean, loss summed per token / (G * max length)",
+                      {"loss": {"aggregation": "seq-mean-token-sum-norm"}}),
+    "dapo": Recipe("grpo", "DAPO: clip-higher 0.2/0.28, token-mean loss, dynamic sampling, overlong penalty",
+                   {"loss": {"eps_low": 0.2, "eps_high": 0.28, "aggregation": "token-mean"},
+                    "strategy": "dynamic", "overlong_buffer": 16}),
+    "gspo": Recipe("grpo", "GSPO: sequence-level importance ratio (pi/pi_old)^(1/|o|), clipped per sequence",
+                   {"loss": {"ratio": "sequence", "eps_low": 3e-4, "eps_high": 4e-4}}),
+}
+
+
+def resolve(method: str) -> Recipe:
+    """The recipe for `method` (a plain estimator is a recipe with no defaults)."""
+    if method in RECIPES:
+        return RECIPES[method]
+    try:
+        spec = credit.get(method)
+    except KeyError:
+        raise KeyError(f"unknown method {method!r}; available: {', '.join(available())}") from None
+    return Recipe(method, spec.description)
+
+
+def available() -> list[str]:
+    names = list(credit.names())
+    return names + [r for r in RECIPES if r not in names]
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(name, kind, one-line description) for every trainable method."""
+    rows = []
+    for name in available():
+        recipe = resolve(name)
+        kind = "recipe" if name in RECIPES else "estimator"
+        rows.append((name, kind, recipe.description))
+    return rows

@@ -1,0 +1,136 @@
+"""The Policy interface every backend implements, and the batched sampling loop they share.
+
+A Policy turns prompts into completions (`sample`) and scores given completions (`score`,
+`completion_logits`). Estimators never call a Policy directly: they go through a `Probe`
+(credo.probe), which counts the tokens spent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How completions are drawn. temperature=0 means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 96
+
+
+@dataclass
+class Samples:
+    """completion_ids[B, T] (right-padded, EOS kept), completion_mask[B, T] bool,
+    logprobs[B, T]: log-prob of each sampled token under the untempered policy (0 on padding)."""
+
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    logprobs: torch.Tensor
+
+
+class Policy(Protocol):
+    """What trainers, strategies and probes need from a model backend."""
+
+    device: torch.device
+    model: torch.nn.Module
+
+    def encode_prompts(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def encode_completions(self, texts: Sequence[str], eos: bool = True) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def decode(self, ids: torch.Tensor) -> str: ...
+    def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingConfig,
+               generator: torch.Generator) -> Samples: ...
+    def score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+              completion_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+    def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                          completion_mask: torch.Tensor) -> torch.Tensor: ...
+    def save(self, directory: str) -> None: ...
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Lists of ids -> (ids[B, L] left-padded, mask[B, L] bool)."""
+    width = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r):] = True
+    return ids.to(device), mask.to(device)
+
+
+def right_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu",
+              min_width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lists of ids -> (ids[B, L] right-padded, mask[B, L] bool); L >= min_width."""
+    width = max([len(r) for r in rows] + [min_width])
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+            mask[i, :len(r)] = True
+    return ids.to(device), mask.to(device)
+
+
+def pick_tokens(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> torch.Tensor:
+    """logits[B, V] (banned tokens already at -inf) -> sampled token ids [B]."""
+    if sampling.temperature <= 0:
+        return logits.argmax(dim=-1)
+    probs = F.softmax(logits.float() / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_probs.cumsum(-1) - sorted_probs < sampling.top_p  # always keeps the top token
+        sorted_probs = sorted_probs * keep
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def generate(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], prompt_ids: torch.Tensor,
+             prompt_mask: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator, *,
+             eos_id: int, pad_id: int, banned_ids: Sequence[int] = ()) -> Samples:
+    """Batched autoregressive sampling with a stateful `step(ids[B, L], mask[B, L]) -> last logits[B, V]`
+    (the backend keeps its KV cache inside `step`). Rows stop at EOS; the loop stops when all have."""
+    B = prompt_ids.shape[0]
+    device = prompt_ids.device
+    tokens, logps = [], []
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    logits = step(prompt_ids, prompt_mask)
+    for _ in range(sampling.max_new_tokens):
+        logits = logits.float()
+        raw_logp = F.log_softmax(logits, dim=-1)
+        if banned_ids:
+            logits[:, list(banned_ids)] = float("-inf")
+        token = pick_tokens(logits, sampling, generator)
+        token = torch.where(finished, torch.full_like(token, pad_id), token)
+        tokens.append(token)
+        logps.append(torch.where(finished, torch.zeros(B, device=device), raw_logp.gather(1, token[:, None]).squeeze(1)))
+        live = ~finished
+        finished = finished | (token == eos_id)
+        if bool(finished.all()):
+            break
+        logits = step(token[:, None], live[:, None])
+    if not tokens:
+        empty = torch.zeros(B, 0, dtype=torch.long, device=device)
+        return Samples(empty, empty.bool(), empty.float())
+    completion_ids = torch.stack(tokens, 1)
+    # a token is real if the row had not finished before it (the EOS itself is real)
+    done_before = torch.cat([torch.zeros(B, 1, dtype=torch.bool, device=device),
+                             (completion_ids == eos_id).cumsum(1)[:, :-1] > 0], 1)
+    completion_mask = ~done_before
+    completion_ids = completion_ids.masked_fill(~completion_mask, pad_id)
+    return Samples(completion_ids, completion_mask, torch.stack(logps, 1) * completion_mask)
+
+
+def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor,
+                    entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits[B, T, V] predicting tokens[B, T] -> (logprobs[B, T], entropy[B, T] | None), zero where ~mask."""
+    logp_all = F.log_softmax(logits.float(), dim=-1)
+    logprobs = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) * mask
+    ent = None
+    if entropy:
+        ent = -(logp_all.exp() * logp_all).sum(-1) * mask
+    return logprobs, ent

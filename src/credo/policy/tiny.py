@@ -1,0 +1,116 @@
+"""The tiny policy backend: our GPT + a character tokenizer, saved as safetensors + JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from credo.policy.base import SamplingConfig, Samples, gather_logprobs, generate, left_pad, right_pad
+from credo.policy.gpt import GPT, GPTConfig
+from credo.policy.tokenizer import CharTokenizer
+from credo.runs import atomic_directory
+
+
+class TinyPolicy:
+    """A GPT of our own with a character tokenizer. Sampling uses a preallocated KV cache."""
+
+    def __init__(self, model: GPT, tokenizer: CharTokenizer, device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def create(cls, config: GPTConfig, tokenizer: CharTokenizer, seed: int = 0, device: str = "cpu") -> "TinyPolicy":
+        if config.vocab_size != tokenizer.vocab_size:
+            raise ValueError(f"model.vocab_size={config.vocab_size} but the tokenizer has {tokenizer.vocab_size} tokens")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = GPT(config)
+        return cls(model, tokenizer, device)
+
+    # --- text <-> tensors -------------------------------------------------------------------------
+    def encode_prompts(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompts -> (ids[B, P] left-padded with BOS first, mask[B, P])."""
+        return left_pad([self.tokenizer.encode(t, bos=True) for t in texts], self.tokenizer.pad_id, self.device)
+
+    def encode_completions(self, texts: Sequence[str], eos: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        return right_pad([self.tokenizer.encode(t, eos=eos) for t in texts], self.tokenizer.pad_id, self.device)
+
+    def decode(self, ids: torch.Tensor) -> str:
+        return self.tokenizer.decode(ids)
+
+    @property
+    def eos_id(self) -> int:
+        return self.tokenizer.eos_id
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_id
+
+    # --- sampling and scoring ---------------------------------------------------------------------
+    @torch.no_grad()
+    def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingConfig,
+               generator: torch.Generator) -> Samples:
+        was_training = self.model.training
+        self.model.eval()
+        budget = min(sampling.max_new_tokens, self.model.config.max_len - prompt_ids.shape[1])
+        if budget < sampling.max_new_tokens:
+            sampling = SamplingConfig(sampling.temperature, sampling.top_p, max(budget, 0))
+        cache = self.model.new_cache(prompt_ids.shape[0], prompt_ids.shape[1] + sampling.max_new_tokens)
+
+        def step(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.model(ids, mask, cache)[:, -1]
+
+        out = generate(step, prompt_ids, prompt_mask, sampling, generator, eos_id=self.eos_id,
+                       pad_id=self.pad_id, banned_ids=self.tokenizer.banned_ids)
+        self.model.train(was_training)
+        return out
+
+    def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                          completion_mask: torch.Tensor) -> torch.Tensor:
+        """logits[B, T, V] predicting each completion token (grad follows torch.is_grad_enabled)."""
+        P = prompt_ids.shape[1]
+        T = completion_ids.shape[1]
+        seq = torch.cat([prompt_ids, completion_ids], 1)
+        mask = torch.cat([prompt_mask, completion_mask], 1)
+        logits = self.model(seq, mask)
+        return logits[:, P - 1:P + T - 1]
+
+    def score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+              completion_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logprobs[B, T], entropy[B, T] | None) of the given completions, zero on padding."""
+        logits = self.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        return gather_logprobs(logits, completion_ids, completion_mask, entropy)
+
+    # --- persistence --------------------------------------------------------------------------------
+    def save(self, directory: str) -> None:
+        with atomic_directory(directory) as tmp:
+            self.save_into(tmp)
+
+    def save_into(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        state = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
+        save_file(state, os.path.join(directory, "model.safetensors"))
+        meta = {"backend": "tiny", "model": vars(self.model.config), "tokenizer": self.tokenizer.state()}
+        with open(os.path.join(directory, "policy.json"), "w") as f:
+            json.dump(meta, f, indent=2)
+
+    @classmethod
+    def load(cls, directory: str, device: str = "cpu") -> "TinyPolicy":
+        meta_path = os.path.join(directory, "policy.json")
+        if not os.path.exists(meta_path):
+            raise FileNotFoundError(f"{directory} is not a credo tiny-policy checkpoint (no policy.json)")
+        with open(meta_path) as f:
+            meta = json.load(f)
+        model = GPT(GPTConfig(**meta["model"]))
+        model.load_state_dict(load_file(os.path.join(directory, "model.safetensors")))
+        return cls(model, CharTokenizer.from_state(meta["tokenizer"]), device)
+
+    def copy(self) -> "TinyPolicy":
+        clone = GPT(self.model.config).to(self.device)
+        clone.load_state_dict(self.model.state_dict())
+        return TinyPolicy(clone, self.tokenizer, self.device)

@@ -1,0 +1,71 @@
+"""The Probe: the only door through which an estimator may use the model, and its cost meter.
+
+It scores given token sequences, returns next-token distributions, and samples continuations
+from prefixes (with rewards from the task). Everything runs without gradient, and every token
+forwarded or generated is counted, so each Credit can report what it cost.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from credo.policy.base import Policy, SamplingConfig, Samples
+from credo.rollouts import Cost
+from credo.tasks.base import Problem, Task, rewards_for
+
+
+class Probe:
+    """Counted, gradient-free access to `policy` for estimators. `cost` accumulates until `take_cost()`."""
+
+    def __init__(self, policy: Policy, task: Task | None, sampling: SamplingConfig, generator: torch.Generator) -> None:
+        self.policy = policy
+        self.task = task
+        self.sampling = sampling
+        self.generator = generator
+        self.cost = Cost()
+
+    def take_cost(self) -> Cost:
+        """The cost accumulated since the last call, and reset the meter."""
+        spent, self.cost = self.cost, Cost()
+        return spent
+
+    @torch.no_grad()
+    def score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+              completion_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log-probs[B, T] (and entropies) of given completions; counts all real tokens forwarded."""
+        self.cost.tokens_scored += int(prompt_mask.sum() + completion_mask.sum())
+        return self.policy.score(prompt_ids, prompt_mask, completion_ids, completion_mask, entropy)
+
+    @torch.no_grad()
+    def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                          completion_mask: torch.Tensor) -> torch.Tensor:
+        """Full next-token logits[B, T, V] at each completion position (for KL-based estimators)."""
+        self.cost.tokens_scored += int(prompt_mask.sum() + completion_mask.sum())
+        return self.policy.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
+
+    @torch.no_grad()
+    def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingConfig | None = None) -> Samples:
+        """Continuations of (left-padded) prefixes; counts prefix tokens as scored and new tokens as generated."""
+        out = self.policy.sample(prompt_ids, prompt_mask, sampling or self.sampling, self.generator)
+        self.cost.tokens_scored += int(prompt_mask.sum())
+        self.cost.tokens_generated += int(out.completion_mask.sum())
+        return out
+
+    def sample_rewards(self, problems: Sequence[Problem], prefixes: Sequence[str], batch_size: int = 512,
+                       sampling: SamplingConfig | None = None) -> torch.Tensor:
+        """One continuation per (problem, prefix text) -> rewards[N] of prefix + continuation.
+
+        `prefixes` are completion prefixes (the prompt is prepended here); batched across prefixes.
+        """
+        if self.task is None:
+            raise ValueError("Probe.sample_rewards needs a task to verify continuations")
+        rewards = []
+        for start in range(0, len(prefixes), batch_size):
+            chunk_p, chunk_x = problems[start:start + batch_size], prefixes[start:start + batch_size]
+            ids, mask = self.policy.encode_prompts([p.prompt + x for p, x in zip(chunk_p, chunk_x)])
+            out = self.sample(ids, mask, sampling)
+            texts = [x + self.policy.decode(row) for x, row in zip(chunk_x, out.completion_ids)]
+            rewards.append(rewards_for(self.task, chunk_p, texts)[0])
+        return torch.cat(rewards) if rewards else torch.zeros(0)

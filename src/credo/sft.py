@@ -1,0 +1,192 @@
+"""SFT warm start for the tiny policy: worked solutions, plus two teacher-forced abilities.
+
+The mixture (fractions configurable) holds
+  - plain examples: prompt -> worked solution;
+  - early-answer examples: prompt -> first k solution lines, the probe marker, the final answer
+    (what RREDCoT's forced-answer probe and the `value` localiser read);
+  - reference examples: a worked solution, the separator, then prompt -> solution (SC-GRPO's
+    teacher context).
+Training stops at the first validation check whose greedy accuracy reaches `target_accuracy`
+(a start that leaves room for RL), else keeps the best checkpoint seen. Results are cached by
+config hash under $CREDO_CACHE/sft/<hash>.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from credo.config import check, config_hash, dump_yaml
+from credo.evaluate import evaluate
+from credo.policy.base import right_pad
+from credo.policy.gpt import GPTConfig
+from credo.policy.tiny import TinyPolicy
+from credo.policy.tokenizer import CharTokenizer
+from credo.runs import MetricsLog, atomic_directory, atomic_write_json, atomic_write_text, cache_root
+from credo.tasks.arith import ArithConfig, ArithTask
+from credo.tasks.base import Problem
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm start of the tiny policy on the `arith` task.
+
+    Optimiser: AdamW(lr, betas=(beta1, beta2), weight_decay), linear warm-up then cosine decay to
+    10% over max_steps, gradient clipping at grad_clip. Loss on completion tokens only.
+    early_answer_frac / reference_frac: shares of the two auxiliary example kinds.
+    eval_every/eval_n: validation cadence and size (validation problems come from the training
+    split with a fixed seed, so held-out numbers stay untouched by checkpoint selection).
+    target_accuracy: stop once validation greedy accuracy reaches it (1.0 = train to max_steps).
+    """
+
+    task: ArithConfig = field(default_factory=ArithConfig)
+    model: GPTConfig = field(default_factory=GPTConfig)
+    max_steps: int = 3000
+    batch_size: int = 64
+    lr: float = 2e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.98
+    grad_clip: float = 1.0
+    early_answer_frac: float = 0.15
+    reference_frac: float = 0.1
+    eval_every: int = 100
+    eval_n: int = 200
+    target_accuracy: float = 0.45
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check(self.max_steps > 0, f"sft.max_steps must be > 0, got {self.max_steps}")
+        check(self.batch_size > 0, f"sft.batch_size must be > 0, got {self.batch_size}")
+        check(self.lr > 0, f"sft.lr must be > 0, got {self.lr}")
+        check(0 <= self.early_answer_frac and 0 <= self.reference_frac and self.early_answer_frac + self.reference_frac < 1,
+              f"sft.early_answer_frac + sft.reference_frac must be in [0, 1), got {self.early_answer_frac} + {self.reference_frac}")
+        check(0 < self.target_accuracy <= 1, f"sft.target_accuracy must be in (0, 1], got {self.target_accuracy}")
+        check(self.eval_every > 0 and self.eval_n > 0, "sft.eval_every and sft.eval_n must be > 0")
+
+
+def make_tokenizer() -> CharTokenizer:
+    return CharTokenizer(ArithTask.alphabet, ArithTask.banned_in_sampling)
+
+
+def sft_example(task: ArithTask, problem: Problem, kind: str, rng: random.Random) -> tuple[str, str]:
+    """(context text, target text) of one example of `kind` in {'plain', 'early', 'reference'}."""
+    if kind == "early":
+        n_lines = rng.randint(0, len(task.solution_lines(problem)) - 1)
+        return problem.prompt, task.early_answer_text(problem, n_lines)
+    if kind == "reference":
+        return task.reference_prompt(problem, task.solution(problem)), task.solution(problem)
+    return problem.prompt, task.solution(problem)
+
+
+def make_batch(task: ArithTask, tokenizer: CharTokenizer, config: SFTConfig, generator: torch.Generator,
+               rng: random.Random) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (input_ids[B, L], targets[B, L], loss_mask[B, L]); targets are inputs shifted left."""
+    problems = task.train_problems(config.batch_size, generator)
+    rows, starts = [], []
+    for problem in problems:
+        u = rng.random()
+        kind = "early" if u < config.early_answer_frac else "reference" if u < config.early_answer_frac + config.reference_frac else "plain"
+        context, target = sft_example(task, problem, kind, rng)
+        context_ids = tokenizer.encode(context, bos=True)
+        rows.append(context_ids + tokenizer.encode(target, eos=True))
+        starts.append(len(context_ids))
+    ids, mask = right_pad(rows, tokenizer.pad_id)
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    positions = torch.arange(targets.shape[1])[None]
+    loss_mask = mask[:, 1:] & (positions >= torch.tensor(starts)[:, None] - 1)
+    return inputs, targets, loss_mask
+
+
+def lr_at(step: int, config: SFTConfig) -> float:
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def validation_problems(task: ArithTask, n: int) -> list[Problem]:
+    return task.train_problems(n, torch.Generator().manual_seed(987_654))
+
+
+def train_sft(config: SFTConfig, out_dir: str, progress: bool = True) -> dict:
+    """Train from scratch into `out_dir` (atomically); returns a summary dict."""
+    torch.manual_seed(config.seed)
+    task = ArithTask(config.task)
+    tokenizer = make_tokenizer()
+    policy = TinyPolicy.create(replace(config.model, vocab_size=tokenizer.vocab_size), tokenizer, seed=config.seed)
+    model = policy.model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
+                                  weight_decay=config.weight_decay)
+    generator = torch.Generator().manual_seed(config.seed)
+    rng = random.Random(config.seed)
+    val = validation_problems(task, config.eval_n)
+    best = (-1.0, -1, None)  # (accuracy, step, state_dict)
+    history = []
+    start = time.time()
+    bar = tqdm(range(config.max_steps), desc="sft", disable=not progress, dynamic_ncols=True)
+    for step in bar:
+        model.train()
+        inputs, targets, loss_mask = make_batch(task, tokenizer, config, generator, rng)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config)
+        logits = model(inputs)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+        loss = (loss * loss_mask.reshape(-1)).sum() / loss_mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
+            model.eval()
+            acc = evaluate(policy, task, val).accuracy
+            history.append({"step": step + 1, "loss": float(loss.detach()), "val_accuracy": acc, "seconds": time.time() - start})
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", val_acc=f"{acc:.3f}")
+            if acc > best[0]:
+                best = (acc, step + 1, {k: v.clone() for k, v in model.state_dict().items()})
+            if acc >= config.target_accuracy:
+                break
+    bar.close()
+    model.load_state_dict(best[2])
+    summary = {"val_accuracy": best[0], "step": best[1], "seconds": time.time() - start, "config_hash": config_hash(config)}
+    with atomic_directory(out_dir) as tmp:
+        policy.save_into(tmp)
+        atomic_write_text(os.path.join(tmp, "sft_config.yaml"), dump_yaml(config))
+        atomic_write_json(os.path.join(tmp, "sft_summary.json"), summary)
+        log = MetricsLog(os.path.join(tmp, "metrics.jsonl"))
+        for row in history:
+            log.append(row)
+    return summary
+
+
+def packaged_start(config: SFTConfig) -> str | None:
+    """A start checkpoint shipped with the package for this exact config, if any."""
+    path = os.path.join(os.path.dirname(__file__), "assets", f"sft-{config_hash(config)}")
+    return path if os.path.isfile(os.path.join(path, "policy.json")) else None
+
+
+def ensure_sft(config: SFTConfig | None = None, force: bool = False, progress: bool = True) -> str:
+    """Path of the SFT start for `config`: from the cache, else the packaged copy, else trained now."""
+    config = config or SFTConfig()
+    path = os.path.join(cache_root(), "sft", config_hash(config))
+    if not force and os.path.isfile(os.path.join(path, "policy.json")):
+        return path
+    shipped = packaged_start(config)
+    if shipped and not force:
+        return shipped
+    train_sft(config, path, progress=progress)
+    return path
+
+
+def copy_checkpoint(source: str, destination: str) -> None:
+    with atomic_directory(destination) as tmp:
+        shutil.copytree(source, tmp, dirs_exist_ok=True)

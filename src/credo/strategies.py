@@ -1,0 +1,86 @@
+"""Rollout strategies decide *which* completions are sampled; estimators decide what credit they get.
+
+- `plain`: G completions for each of the step's prompts.
+- `dynamic` (DAPO): drop groups whose rewards are all equal and sample fresh prompts until the
+  batch holds `prompts_per_step` informative groups (or `max_rounds` is spent; then the batch is
+  topped up with uninformative groups so its size stays fixed).
+Every generated token is counted, including those of discarded groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from credo.policy.base import Policy, SamplingConfig
+from credo.rollouts import Rollouts, concat_rollouts
+from credo.tasks.base import Problem, Task, rewards_for
+
+
+@dataclass
+class Collected:
+    rollouts: Rollouts
+    tokens_generated: int
+    info: dict[str, float]
+
+
+def sample_groups(policy: Policy, task: Task, problems: Sequence[Problem], group_size: int,
+                  sampling: SamplingConfig, generator: torch.Generator, group_offset: int = 0) -> Rollouts:
+    """G completions per problem -> Rollouts (rewards from the task; old_logprobs from sampling)."""
+    repeated = [p for p in problems for _ in range(group_size)]
+    prompt_ids, prompt_mask = policy.encode_prompts([p.prompt for p in repeated])
+    out = policy.sample(prompt_ids, prompt_mask, sampling, generator)
+    texts = [policy.decode(row) for row in out.completion_ids]
+    rewards, correct = rewards_for(task, repeated, texts)
+    group = torch.arange(len(problems)).repeat_interleave(group_size) + group_offset
+    return Rollouts(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=out.completion_ids,
+                    completion_mask=out.completion_mask, group=group, rewards=rewards.to(prompt_ids.device),
+                    old_logprobs=out.logprobs, correct=correct.to(prompt_ids.device), problems=repeated,
+                    completions=texts)
+
+
+def mixed_groups(rollouts: Rollouts) -> torch.Tensor:
+    """[n_groups] bool over the sorted unique group ids: True where rewards differ inside the group."""
+    ids, inverse = torch.unique(rollouts.group, return_inverse=True)
+    hi = torch.full((len(ids),), -float("inf")).scatter_reduce(0, inverse, rollouts.rewards, "amax")
+    lo = torch.full((len(ids),), float("inf")).scatter_reduce(0, inverse, rollouts.rewards, "amin")
+    return hi > lo
+
+
+def collect_plain(policy: Policy, task: Task, draw: Callable[[int], list[Problem]], prompts: int, group_size: int,
+                  sampling: SamplingConfig, generator: torch.Generator) -> Collected:
+    rollouts = sample_groups(policy, task, draw(prompts), group_size, sampling, generator)
+    return Collected(rollouts, int(rollouts.completion_mask.sum()),
+                     {"mixed_groups": float(mixed_groups(rollouts).float().mean())})
+
+
+def collect_dynamic(policy: Policy, task: Task, draw: Callable[[int], list[Problem]], prompts: int, group_size: int,
+                    sampling: SamplingConfig, generator: torch.Generator, max_rounds: int = 4) -> Collected:
+    kept: list[Rollouts] = []
+    spare: list[Rollouts] = []
+    generated, n_kept, offset, rounds, first_mixed = 0, 0, 0, 0, None
+    while n_kept < prompts and rounds < max_rounds:
+        batch = sample_groups(policy, task, draw(prompts - n_kept if rounds else prompts), group_size, sampling,
+                              generator, group_offset=offset)
+        generated += int(batch.completion_mask.sum())
+        ids = torch.unique(batch.group)
+        offset = int(ids.max()) + 1
+        mixed = mixed_groups(batch)
+        first_mixed = float(mixed.float().mean()) if first_mixed is None else first_mixed
+        for gid, is_mixed in zip(ids.tolist(), mixed.tolist()):
+            rows = (batch.group == gid).nonzero().squeeze(1)
+            if is_mixed and n_kept < prompts:
+                kept.append(batch.select(rows))
+                n_kept += 1
+            else:
+                spare.append(batch.select(rows))
+        rounds += 1
+    kept.extend(spare[:prompts - n_kept])  # top up so the batch size stays fixed
+    rollouts = concat_rollouts(kept, policy.pad_id)
+    return Collected(rollouts, generated, {"mixed_groups": first_mixed or 0.0, "sampling_rounds": float(rounds),
+                                           "kept_mixed": n_kept / prompts})
+
+
+STRATEGIES = ("plain", "dynamic")

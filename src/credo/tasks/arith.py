@@ -1,0 +1,202 @@
+"""`arith`: stepwise chain arithmetic with known step truth.
+
+Prompt `37+48-12+55\\n`; worked solution, one step per line, then the answer line:
+
+    37+48=85
+    85-12=73
+    73+55=128
+    #### 128
+
+A step line is correct when it applies the problem's next operation to the value written on the
+line before (so an early slip is the *first* error, and later lines that carry it forward correctly
+are not errors). Two markers exist only for teacher forcing and are never sampled: `?` starts an
+early answer (the forced-answer probe of RREDCoT) and `|` separates a reference solution placed
+before the prompt (SC-GRPO's teacher context).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+
+import torch
+
+from credo.config import check
+from credo.tasks.base import Problem, StepTruth
+
+ALPHABET = "0123456789+-*=#\n ?|"
+PROBE_MARKER = "?"
+REFERENCE_SEPARATOR = "|"
+STEP_RE = re.compile(r"^(\d+)([+\-*])(\d+)=(-?\d+)$")
+ANSWER_RE = re.compile(r"^####\s*(-?\d+)$")
+HELDOUT_SEED = 20_261_130
+
+
+@dataclass(frozen=True)
+class ArithConfig:
+    """Difficulty of the chain-arithmetic task.
+
+    min_terms/max_terms: operands per problem (steps = terms - 1, plus the answer line).
+    digits: operand size (2 -> operands 10..99). ops: operators drawn uniformly ('+', '-', '*';
+    '*' multiplies by one digit 2..9). A '-' never takes the running total below zero.
+    heldout_permille: share (per mille) of all problems reserved for the held-out split; the split
+    is a hash of the problem text, so the two splits are disjoint by construction.
+    """
+
+    min_terms: int = 3
+    max_terms: int = 5
+    digits: int = 2
+    ops: str = "+-"
+    heldout_permille: int = 100
+
+    def __post_init__(self) -> None:
+        check(2 <= self.min_terms <= self.max_terms <= 12, f"task.min_terms/max_terms must satisfy 2 <= min <= max <= 12, got {self.min_terms}/{self.max_terms}")
+        check(1 <= self.digits <= 4, f"task.digits must be in 1..4, got {self.digits}")
+        check(bool(self.ops) and set(self.ops) <= set("+-*"), f"task.ops must be a non-empty subset of '+-*', got {self.ops!r}")
+        check(1 <= self.heldout_permille <= 500, f"task.heldout_permille must be in 1..500, got {self.heldout_permille}")
+
+
+class ArithTask:
+    """Chain arithmetic; see the module docstring for the format and the step-truth rule."""
+
+    name = "arith"
+    has_step_labels = True
+    alphabet = ALPHABET
+    banned_in_sampling = PROBE_MARKER + REFERENCE_SEPARATOR
+
+    def __init__(self, config: ArithConfig | None = None) -> None:
+        self.config = config or ArithConfig()
+        self._heldout_cache: list[Problem] = []
+
+    # --- problems and splits --------------------------------------------------------------------
+    def _random_problem(self, rng: random.Random) -> Problem:
+        cfg = self.config
+        lo, hi = (10 ** (cfg.digits - 1) if cfg.digits > 1 else 0), 10 ** cfg.digits - 1
+        n_terms = rng.randint(cfg.min_terms, cfg.max_terms)
+        terms, ops = [rng.randint(lo, hi)], []
+        total = terms[0]
+        for _ in range(n_terms - 1):
+            op = rng.choice(cfg.ops)
+            if op == "-" and total < lo:
+                op = "+" if "+" in cfg.ops else "*"
+            if op == "-":
+                operand = rng.randint(lo, min(hi, total))
+            elif op == "*":
+                operand = rng.randint(2, 9)
+            else:
+                operand = rng.randint(lo, hi)
+            total = _apply(total, op, operand)
+            ops.append(op)
+            terms.append(operand)
+        expression = str(terms[0]) + "".join(f"{o}{t}" for o, t in zip(ops, terms[1:]))
+        return Problem(key=expression, prompt=expression + "\n", answer=str(total), data={"terms": terms, "ops": ops})
+
+    def is_heldout(self, problem: Problem) -> bool:
+        digest = hashlib.sha256(problem.key.encode()).digest()
+        return int.from_bytes(digest[:4], "big") % 1000 < self.config.heldout_permille
+
+    def train_problems(self, n: int, generator: torch.Generator) -> list[Problem]:
+        """n training problems drawn with `generator` (never from the held-out split)."""
+        rng = random.Random(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        out = []
+        while len(out) < n:
+            p = self._random_problem(rng)
+            if not self.is_heldout(p):
+                out.append(p)
+        return out
+
+    def heldout_problems(self, n: int) -> list[Problem]:
+        """The first n problems of the fixed held-out sequence (the same on every machine)."""
+        if len(self._heldout_cache) < n:
+            rng = random.Random(HELDOUT_SEED)
+            seen: set[str] = set()
+            out: list[Problem] = []
+            while len(out) < n:
+                p = self._random_problem(rng)
+                if self.is_heldout(p) and p.key not in seen:
+                    seen.add(p.key)
+                    out.append(p)
+            self._heldout_cache = out
+        return self._heldout_cache[:n]
+
+    # --- solutions and verification ---------------------------------------------------------------
+    def solution_lines(self, problem: Problem) -> list[str]:
+        terms, ops = problem.data["terms"], problem.data["ops"]
+        lines, total = [], terms[0]
+        for op, operand in zip(ops, terms[1:]):
+            new = _apply(total, op, operand)
+            lines.append(f"{total}{op}{operand}={new}")
+            total = new
+        return lines + [f"#### {total}"]
+
+    def solution(self, problem: Problem) -> str:
+        return "\n".join(self.solution_lines(problem))
+
+    def extract_answer(self, completion: str) -> str | None:
+        lines = [line for line in completion.split("\n") if line != ""]
+        if not lines:
+            return None
+        match = ANSWER_RE.match(lines[-1].strip())
+        return match.group(1) if match else None
+
+    def is_correct(self, problem: Problem, completion: str) -> bool:
+        return self.extract_answer(completion) == problem.answer
+
+    def reward(self, problem: Problem, completion: str) -> float:
+        return 1.0 if self.is_correct(problem, completion) else 0.0
+
+    def step_truth(self, problem: Problem, completion: str) -> StepTruth:
+        """Which lines of `completion` are correct given the values written before them."""
+        terms, ops = problem.data["terms"], problem.data["ops"]
+        lines = completion.split("\n")
+        if lines and lines[-1] == "":
+            lines = lines[:-1]
+        n_steps = len(ops)
+        correct: list[bool] = []
+        previous: int | None = terms[0]
+        for k, line in enumerate(lines):
+            if k < n_steps:
+                match = STEP_RE.match(line)
+                ok = False
+                if match:
+                    left, op, right, result = int(match.group(1)), match.group(2), int(match.group(3)), int(match.group(4))
+                    ok = (previous is None or left == previous) and op == ops[k] and right == terms[k + 1] \
+                        and result == _apply(left, op, right)
+                    previous = result
+                else:
+                    previous = None
+                correct.append(ok)
+            elif k == n_steps:
+                match = ANSWER_RE.match(line)
+                correct.append(bool(match) and previous is not None and int(match.group(1)) == previous)
+            else:
+                correct.append(False)  # anything after the answer line is an error
+        if False in correct:
+            first_error = correct.index(False)
+        elif len(correct) < n_steps + 1:
+            first_error = len(correct)  # stopped before finishing: the missing step is the error
+        else:
+            first_error = None
+        return StepTruth(tuple(correct), first_error)
+
+    # --- probes and teacher context -----------------------------------------------------------------
+    def answer_probe(self, answer: str) -> tuple[str, str]:
+        """(template, answer text) teacher-forced after a partial solution; the policy appends EOS."""
+        return PROBE_MARKER, answer
+
+    def reference_prompt(self, problem: Problem, reference_solution: str) -> str:
+        """The prompt with a verified solution placed before it (SC-GRPO's teacher context)."""
+        return reference_solution + REFERENCE_SEPARATOR + problem.prompt
+
+    def early_answer_text(self, problem: Problem, n_lines: int) -> str:
+        """First `n_lines` solution lines followed by the early-answer probe (SFT mixture)."""
+        lines = self.solution_lines(problem)[:n_lines]
+        prefix = "".join(line + "\n" for line in lines)
+        template, answer = self.answer_probe(problem.answer)
+        return prefix + template + answer
+
+
+def _apply(left: int, op: str, right: int) -> int:
+    return left + right if op == "+" else left - right if op == "-" else left * right

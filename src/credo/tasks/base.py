@@ -1,0 +1,55 @@
+"""What a task is: problems with a prompt and a gold answer, a verifier, and (optionally) step truth.
+
+Tasks also own everything that depends on the answer format, so estimators stay task-agnostic:
+how to extract an answer, the forced-answer probe template (RREDCoT), and how a reference
+solution is placed before a prompt (SC-GRPO's teacher context).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem. `key` identifies it (for splits, caching); `data` holds task-specific fields."""
+
+    key: str
+    prompt: str
+    answer: str
+    data: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class StepTruth:
+    """Per-step truth of one completion: `correct[k]` for each step line, and the first wrong step
+    (None when every step is right and the solution is complete; == len(correct) when the solution
+    stops before its answer)."""
+
+    correct: tuple[bool, ...]
+    first_error: int | None
+
+
+class Task(Protocol):
+    name: str
+    has_step_labels: bool
+
+    def train_problems(self, n: int, generator: torch.Generator) -> list[Problem]: ...
+    def heldout_problems(self, n: int) -> list[Problem]: ...
+    def solution(self, problem: Problem) -> str: ...
+    def extract_answer(self, completion: str) -> str | None: ...
+    def is_correct(self, problem: Problem, completion: str) -> bool: ...
+    def reward(self, problem: Problem, completion: str) -> float: ...
+    def step_truth(self, problem: Problem, completion: str) -> StepTruth | None: ...
+    def answer_probe(self, answer: str) -> tuple[str, str]: ...
+    def reference_prompt(self, problem: Problem, reference_solution: str) -> str: ...
+
+
+def rewards_for(task: Task, problems: Sequence[Problem], completions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rewards[B] float, correct[B] bool) from the task's verifier."""
+    correct = torch.tensor([task.is_correct(p, c) for p, c in zip(problems, completions)], dtype=torch.bool)
+    rewards = torch.tensor([task.reward(p, c) for p, c in zip(problems, completions)], dtype=torch.float32)
+    return rewards, correct

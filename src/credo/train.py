@@ -1,0 +1,353 @@
+"""The RL trainer: sample groups, reward, credit, clipped-surrogate updates; resumable run directories.
+
+One step, in order (CleanRL-style, all visible here):
+  1. the strategy draws prompts and samples G completions each (plain or DAPO dynamic sampling);
+  2. rewards from the task's verifier (+ DAPO's overlong penalty);
+  3. old (and reference) log-probs from one no-grad scoring pass;
+  4. credit from the named estimator, through a counted Probe;
+  5. `epochs` passes of `minibatches` AdamW steps on the clipped surrogate.
+A run directory holds config.yaml, metrics.jsonl, checkpoints/step-N (atomic) and final/.
+`--resume RUN_DIR` restarts from the last checkpoint with every RNG state restored, so a resumed
+run on CPU ends with the same metrics as one that was never interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from tqdm import tqdm
+
+from credo import credit as credit_registry
+from credo import methods
+from credo.config import ConfigError, check, dump_yaml, from_dict, load_config, merge, parse_overrides, to_dict
+from credo.evaluate import evaluate
+from credo.loss import LossConfig, policy_loss
+from credo.policy import load_policy
+from credo.policy.base import Policy, SamplingConfig
+from credo.probe import Probe
+from credo.rollouts import Rollouts
+from credo.runs import MetricsLog, atomic_directory, atomic_write_text
+from credo.strategies import STRATEGIES, collect_dynamic, collect_plain
+from credo.tasks import make_task
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a `credo train` run needs. Method recipes (dapo, gspo, dr_grpo) change defaults only.
+
+    method: estimator or recipe name (`credo methods`). credit: the estimator's own options.
+    task/task_options: task name and its options. start: policy checkpoint to start from ('' = the
+    cached SFT start of the default config, built on first use).
+    steps: optimisation steps (one batch of prompts each); max_generated_tokens > 0 stops earlier once
+    that many tokens were sampled (strategies and estimators both count).
+    prompts_per_step x group_size completions per step, sampled at temperature/top_p, up to
+    max_new_tokens each. epochs x minibatches AdamW steps per batch (lr, beta1, beta2, weight_decay,
+    grad_clip). strategy: 'plain' or 'dynamic'; dynamic_max_rounds bounds DAPO's resampling.
+    overlong_buffer > 0 applies DAPO's overlong penalty over the last `overlong_buffer` tokens of
+    max_new_tokens, scaled by overlong_penalty. eval_every steps: greedy accuracy on eval_n held-out
+    problems (final_eval_n at the end). checkpoint_every steps: atomic checkpoint (the last
+    keep_checkpoints are kept). seed: every random draw of the run.
+    """
+
+    method: str = "grpo"
+    credit: dict = field(default_factory=dict)
+    task: str = "arith"
+    task_options: dict = field(default_factory=dict)
+    start: str = ""
+    steps: int = 60
+    max_generated_tokens: int = 0
+    prompts_per_step: int = 8
+    group_size: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 96
+    lr: float = 2e-5
+    beta1: float = 0.9
+    beta2: float = 0.99
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    epochs: int = 2
+    minibatches: int = 1
+    loss: LossConfig = field(default_factory=LossConfig)
+    strategy: str = "plain"
+    dynamic_max_rounds: int = 4
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    eval_every: int = 10
+    eval_n: int = 200
+    final_eval_n: int = 500
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check(self.steps > 0, f"train.steps must be > 0, got {self.steps}")
+        check(self.prompts_per_step > 0, f"train.prompts_per_step must be > 0, got {self.prompts_per_step}")
+        check(self.group_size >= 2, f"train.group_size must be >= 2 (group baselines need two samples), got {self.group_size}")
+        check(self.temperature >= 0, f"train.temperature must be >= 0, got {self.temperature}")
+        check(0 < self.top_p <= 1, f"train.top_p must be in (0, 1], got {self.top_p}")
+        check(self.max_new_tokens > 0, f"train.max_new_tokens must be > 0, got {self.max_new_tokens}")
+        check(self.lr > 0, f"train.lr must be > 0, got {self.lr}")
+        check(self.epochs > 0 and self.minibatches > 0, "train.epochs and train.minibatches must be > 0")
+        check(self.strategy in STRATEGIES, f"train.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        check(0 <= self.overlong_buffer < self.max_new_tokens, f"train.overlong_buffer must be in [0, max_new_tokens), got {self.overlong_buffer}")
+        check(self.eval_every > 0 and self.eval_n > 0 and self.final_eval_n >= 0, "train.eval_every/eval_n must be > 0")
+        check(self.checkpoint_every > 0 and self.keep_checkpoints > 0, "train.checkpoint_every/keep_checkpoints must be > 0")
+        try:
+            methods.resolve(self.method)
+        except KeyError as err:
+            raise ConfigError(f"train.method: {err.args[0]}") from None
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature, self.top_p, self.max_new_tokens)
+
+
+def load_train_config(path: str | None = None, overrides: list[str] | None = None,
+                      extra: dict[str, Any] | None = None) -> TrainConfig:
+    """Defaults <- method recipe <- YAML <- `extra` <- overrides. The recipe is looked up from the
+    method named by the user (in the file, `extra` or the overrides)."""
+    probe = load_config(TrainConfig, path, overrides, base=extra)
+    recipe = methods.resolve(probe.method).defaults
+    user = merge(merge(_read_yaml(path), extra or {}), parse_overrides(overrides or []))
+    return from_dict(TrainConfig, merge(recipe, user))
+
+
+def _read_yaml(path: str | None) -> dict:
+    if not path:
+        return {}
+    import yaml
+    with open(path) as f:
+        return yaml.safe_load(f) or {}
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float) -> torch.Tensor:
+    """DAPO soft overlong punishment: 0 up to max_len - buffer, then linear down to -factor at max_len."""
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    excess = (lengths.float() - (max_len - buffer)).clamp(min=0)
+    return -factor * (excess / buffer).clamp(max=1.0)
+
+
+class Trainer:
+    """GRPO-family trainer over any Policy backend. Subclass and override a phase to try an idea."""
+
+    def __init__(self, config: TrainConfig, run_dir: str, policy: Policy | None = None, progress: bool = True,
+                 on_step: Callable[["Trainer", dict], None] | None = None) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.progress = progress
+        self.on_step = on_step
+        self.task = make_task(config.task, config.task_options)
+        recipe = methods.resolve(config.method)
+        self.estimator = credit_registry.get(recipe.estimator)
+        self.credit_config = self.estimator.make_config(config.credit)
+        if policy is None:
+            policy = load_policy(self.start_path())
+        self.policy = policy
+        self.reference = policy.copy() if config.loss.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(self.policy.model.parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
+                                           weight_decay=config.weight_decay)
+        self.sample_generator = torch.Generator().manual_seed(config.seed)
+        self.problem_generator = torch.Generator().manual_seed(config.seed + 1)
+        self.minibatch_rng = random.Random(config.seed + 2)
+        self.probe = Probe(self.policy, self.task, config.sampling, torch.Generator().manual_seed(config.seed + 3))
+        self.step = 0
+        self.tokens_generated = 0
+        self.tokens_scored = 0
+        self.seconds = 0.0
+        self.log = MetricsLog(os.path.join(run_dir, "metrics.jsonl"))
+
+    def start_path(self) -> str:
+        if self.config.start:
+            return self.config.start
+        from credo.sft import ensure_sft
+        return ensure_sft(progress=self.progress)
+
+    # --- one step, phase by phase -----------------------------------------------------------------
+    def draw_problems(self, n: int) -> list:
+        return self.task.train_problems(n, self.problem_generator)
+
+    def collect(self):
+        c = self.config
+        if c.strategy == "dynamic":
+            return collect_dynamic(self.policy, self.task, self.draw_problems, c.prompts_per_step, c.group_size,
+                                   c.sampling, self.sample_generator, c.dynamic_max_rounds)
+        return collect_plain(self.policy, self.task, self.draw_problems, c.prompts_per_step, c.group_size,
+                             c.sampling, self.sample_generator)
+
+    @torch.no_grad()
+    def prepare(self, rollouts: Rollouts) -> Rollouts:
+        """Shaped rewards, exact old log-probs (same forward as training) and reference log-probs."""
+        c = self.config
+        rewards = rollouts.rewards + overlong_penalty(rollouts.lengths, c.max_new_tokens, c.overlong_buffer, c.overlong_penalty)
+        args = (rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, rollouts.completion_mask)
+        old, _ = self.policy.score(*args)
+        ref = self.reference.score(*args)[0] if self.reference is not None else None
+        return rollouts.with_fields(rewards=rewards, old_logprobs=old, ref_logprobs=ref)
+
+    def assign_credit(self, rollouts: Rollouts):
+        self.probe.take_cost()
+        result = self.estimator(rollouts, self.probe, self.credit_config)
+        return result
+
+    def update(self, rollouts: Rollouts, credit) -> dict[str, float]:
+        c = self.config
+        mask = rollouts.trainable_mask()
+        if credit.loss_mask is not None:
+            mask = mask & credit.loss_mask
+        B = rollouts.batch_size
+        stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        n_updates = 0
+        self.policy.model.train()
+        for _ in range(c.epochs):
+            order = list(range(B))
+            self.minibatch_rng.shuffle(order)
+            for chunk in range(c.minibatches):
+                idx = torch.tensor(order[chunk::c.minibatches], dtype=torch.long)
+                if idx.numel() == 0:
+                    continue
+                mb = rollouts.select(idx)
+                logprobs, _ = self.policy.score(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask)
+                loss, s = policy_loss(logprobs, mb.old_logprobs, credit.advantages[idx], mask[idx], c.loss,
+                                      norm_length=c.max_new_tokens,
+                                      weights=credit.weights[idx] if credit.weights is not None else None,
+                                      ref_logprobs=mb.ref_logprobs)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), c.grad_clip)
+                self.optimizer.step()
+                stats["loss"] += float(loss.detach())
+                stats["clip_frac"] += s["clip_frac"]
+                stats["kl"] += s["kl"]
+                stats["grad_norm"] += float(grad_norm)
+                n_updates += 1
+        return {k: v / max(n_updates, 1) for k, v in stats.items()}
+
+    def train_step(self) -> dict[str, Any]:
+        t0 = time.time()
+        collected = self.collect()
+        rollouts = self.prepare(collected.rollouts)
+        credit = self.assign_credit(rollouts)
+        update_stats = self.update(rollouts, credit)
+        self.step += 1
+        self.tokens_generated += collected.tokens_generated + credit.cost.tokens_generated
+        self.tokens_scored += credit.cost.tokens_scored
+        self.seconds += time.time() - t0
+        mask = rollouts.completion_mask
+        row = {
+            "step": self.step,
+            "tokens_generated": self.tokens_generated,
+            "tokens_scored": self.tokens_scored,
+            "seconds": round(self.seconds, 3),
+            "reward_mean": float(rollouts.rewards.mean()),
+            "train_accuracy": float(rollouts.correct.float().mean()),
+            "completion_length": float(mask.sum(1).float().mean()),
+            "advantage_abs_mean": float((credit.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)),
+            **{k: round(v, 6) for k, v in collected.info.items()},
+            **update_stats,
+            **{f"credit_{k}": v for k, v in credit.info.items()},
+        }
+        return row
+
+    # --- evaluation, checkpoints, the loop ----------------------------------------------------------
+    def evaluate(self, n: int) -> float:
+        self.policy.model.eval()
+        problems = self.task.heldout_problems(n)
+        return evaluate(self.policy, self.task, problems, max_new_tokens=self.config.max_new_tokens).accuracy
+
+    def checkpoint_dir(self, step: int) -> str:
+        return os.path.join(self.run_dir, "checkpoints", f"step-{step:06d}")
+
+    def save_checkpoint(self) -> None:
+        with atomic_directory(self.checkpoint_dir(self.step)) as tmp:
+            self.policy.save_into(tmp)
+            torch.save({
+                "step": self.step, "tokens_generated": self.tokens_generated, "tokens_scored": self.tokens_scored,
+                "seconds": self.seconds, "optimizer": self.optimizer.state_dict(),
+                "sample_generator": self.sample_generator.get_state(),
+                "problem_generator": self.problem_generator.get_state(),
+                "probe_generator": self.probe.generator.get_state(),
+                "minibatch_rng": self.minibatch_rng.getstate(),
+            }, os.path.join(tmp, "trainer_state.pt"))
+        existing = sorted(d for d in os.listdir(os.path.join(self.run_dir, "checkpoints")) if d.startswith("step-"))
+        for old in existing[:-self.config.keep_checkpoints]:
+            shutil.rmtree(os.path.join(self.run_dir, "checkpoints", old), ignore_errors=True)
+
+    def restore(self) -> bool:
+        """Load the newest checkpoint of run_dir, if any; returns whether one was found."""
+        folder = os.path.join(self.run_dir, "checkpoints")
+        steps = sorted(d for d in os.listdir(folder) if d.startswith("step-")) if os.path.isdir(folder) else []
+        if not steps:
+            return False
+        path = os.path.join(folder, steps[-1])
+        restored = load_policy(path)
+        self.policy.model.load_state_dict(restored.model.state_dict())
+        state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sample_generator.set_state(state["sample_generator"])
+        self.problem_generator.set_state(state["problem_generator"])
+        self.probe.generator.set_state(state["probe_generator"])
+        self.minibatch_rng.setstate(state["minibatch_rng"])
+        self.step, self.tokens_generated = state["step"], state["tokens_generated"]
+        self.tokens_scored, self.seconds = state["tokens_scored"], state["seconds"]
+        self.log.truncate_after(self.step)
+        return True
+
+    def budget_left(self) -> bool:
+        c = self.config
+        return self.step < c.steps and (c.max_generated_tokens <= 0 or self.tokens_generated < c.max_generated_tokens)
+
+    def train(self, stop_after: int | None = None) -> dict[str, Any]:
+        """Run until the step/token budget is spent (or `stop_after` steps in this call, for tests)."""
+        os.makedirs(self.run_dir, exist_ok=True)
+        config_path = os.path.join(self.run_dir, "config.yaml")
+        if not os.path.exists(config_path):
+            atomic_write_text(config_path, dump_yaml(self.config))
+        resumed = self.restore()
+        if not resumed:
+            self.log.truncate_after(-1)
+            self.log.append({"step": 0, "tokens_generated": 0, "seconds": 0.0, "eval_accuracy": self.evaluate(self.config.eval_n)})
+        bar = tqdm(total=self.config.steps, initial=self.step, desc=f"train {self.config.method}",
+                   disable=not self.progress, dynamic_ncols=True)
+        done_here = 0
+        while self.budget_left():
+            row = self.train_step()
+            if self.step % self.config.eval_every == 0 or not self.budget_left():
+                row["eval_accuracy"] = self.evaluate(self.config.eval_n)
+            self.log.append(row)
+            if self.on_step:
+                self.on_step(self, row)
+            if self.step % self.config.checkpoint_every == 0:
+                self.save_checkpoint()
+            bar.update(1)
+            bar.set_postfix(reward=f"{row['reward_mean']:.2f}", **({"eval": f"{row['eval_accuracy']:.3f}"} if "eval_accuracy" in row else {}))
+            done_here += 1
+            if stop_after is not None and done_here >= stop_after:
+                bar.close()
+                return {"stopped_at": self.step}
+        bar.close()
+        final = {"step": self.step, "tokens_generated": self.tokens_generated, "seconds": round(self.seconds, 3)}
+        if self.config.final_eval_n > 0:
+            final["final_accuracy"] = self.evaluate(self.config.final_eval_n)
+            final["final_eval_n"] = self.config.final_eval_n
+        self.policy.save(os.path.join(self.run_dir, "final"))
+        atomic_write_text(os.path.join(self.run_dir, "summary.json"), __import__("json").dumps(final, indent=2) + "\n")
+        return final
+
+
+def config_from_run(run_dir: str) -> TrainConfig:
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{run_dir} has no config.yaml: not a credo run directory")
+    return load_train_config(path)
+
+
+def as_dict(config: TrainConfig) -> dict:
+    return to_dict(config)

@@ -1,0 +1,73 @@
+import json
+import os
+import shutil
+
+import torch
+
+from credo.cli import main
+from credo.policy import load_policy
+from credo.train import Trainer, load_train_config
+
+FAST = ["eval_n=8", "final_eval_n=8", "eval_every=2", "checkpoint_every=2", "prompts_per_step=3", "group_size=4",
+        "max_new_tokens=20", "overlong_buffer=12", "lr=1e-3"]
+
+
+def config(start, *extra):
+    # dapo's overlong penalty varies the reward even for an untrained model, so updates are non-trivial
+    return load_train_config(None, ["method=dapo", f"start={start}", "steps=4", *FAST, *extra])
+
+
+def strip_time(rows):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+
+def test_resume_after_kill_matches_uninterrupted_run(saved_policy, tmp_path):
+    full = Trainer(config(saved_policy), str(tmp_path / "full"), progress=False)
+    summary_full = full.train()
+    killed = Trainer(config(saved_policy), str(tmp_path / "killed"), progress=False)
+    killed.train(stop_after=3)  # dies after step 3: its last checkpoint is step 2
+    resumed = Trainer(config(saved_policy), str(tmp_path / "killed"), progress=False)
+    summary_resumed = resumed.train()
+    assert strip_time(full.log.rows()) == strip_time(resumed.log.rows())
+    assert summary_full["final_accuracy"] == summary_resumed["final_accuracy"]
+    a = load_policy(str(tmp_path / "full" / "final")).model.state_dict()
+    b = load_policy(str(tmp_path / "killed" / "final")).model.state_dict()
+    start = load_policy(saved_policy).model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], start[k]) for k in a), "training never changed the weights"
+
+
+def test_same_seed_same_run_and_run_directory_contents(saved_policy, tmp_path):
+    rows = []
+    for name in ("a", "b"):
+        t = Trainer(config(saved_policy, "steps=2", "method=grpo"), str(tmp_path / name), progress=False)
+        t.train()
+        rows.append(strip_time(t.log.rows()))
+    assert rows[0] == rows[1]
+    run = tmp_path / "a"
+    assert {"config.yaml", "metrics.jsonl", "checkpoints", "final", "summary.json"} <= set(os.listdir(run))
+    assert not [f for f in os.listdir(run) if f.startswith(".tmp")]
+
+
+def test_dynamic_sampling_counts_discarded_tokens(saved_policy, tmp_path):
+    t = Trainer(config(saved_policy, "steps=1", "overlong_buffer=0"), str(tmp_path / "d"), progress=False)
+    row = t.train_step()
+    # an untrained model gets every reward 0: each round is discarded, so all rounds' tokens are counted
+    assert row["sampling_rounds"] == 4.0
+    assert row["tokens_generated"] > 3 * 4 * 4  # more than one round of 12 completions x >= 1 token
+
+
+def test_cli_train_eval_methods(saved_policy, tmp_path, capsys):
+    assert main(["methods"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.strip().splitlines()]
+    assert {"grpo", "dr_grpo", "rloo", "dapo", "gspo"} <= set(names)
+    out = str(tmp_path / "run")
+    args = ["train", "--method", "gspo", "--out", out, "--start", saved_policy, "--steps", "2", "--quiet"]
+    assert main(args + sum((["--set", s] for s in FAST), [])) == 0
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", out, "--n", "5", "--quiet"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("accuracy=") and 0.0 <= float(last.split("=")[1]) <= 1.0
+    assert main(args) == 2  # refuses to overwrite an existing run
+    assert main(["train", "--out", str(tmp_path / "x"), "--set", "loss.eps_hi=1"]) == 2
+    assert "loss.eps_hi" in capsys.readouterr().err
