@@ -100,6 +100,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    from credo.audit import AuditConfig, run_audit
+    from credo.config import from_dict, parse_overrides
+    values = parse_overrides(args.set or [])
+    values.update({"checkpoint": args.checkpoint or "", "n": args.n, "k_ref": args.k_ref, "seed": args.seed,
+                   "group_size": args.group_size, "methods": [m for m in args.methods.split(",") if m]})
+    config = from_dict(AuditConfig, values, prefix="audit.")
+    report = run_audit(config, args.out, progress=not args.quiet)
+    print(open(os.path.join(args.out, "audit.md")).read())
+    failures = report["config"].get("failures", {})
+    return 1 if failures else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="credo", description="Credit assignment for RL with verifiable rewards.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -129,6 +142,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a config field, e.g. --set lr=1e-5 --set loss.eps_high=0.28 (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("audit", help="score estimators' segment credit against Monte Carlo reference values")
+    p.add_argument("--checkpoint", help="policy directory (default: the SFT start)")
+    p.add_argument("--n", type=int, default=256, help="held-out traces to audit (default 256)")
+    p.add_argument("--group-size", type=int, default=8, help="traces sampled per prompt (default 8)")
+    p.add_argument("--k-ref", type=int, default=32, help="MC continuations per segment boundary for the reference (default 32)")
+    p.add_argument("--methods", default="vineppo", help="comma-separated estimators, each 'name' or 'name:key=value:...' "
+                   "(default vineppo, at k=4); random, grpo and first_step floors are always included")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled traces and the reference")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="other AuditConfig fields (repeatable)")
+    p.add_argument("--out", required=True, help="directory for audit.json, audit.md, audit.png")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(fn=cmd_audit)
 
     p = sub.add_parser("eval", help="held-out accuracy of a checkpoint; the last line is accuracy=<float>")
     p.add_argument("--checkpoint", default="sft", help="policy directory or run directory (default: the SFT start)")

@@ -7,13 +7,17 @@ forwarded or generated is counted, so each Credit can report what it cost.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from credo.policy.base import Policy, SamplingConfig, Samples
 from credo.rollouts import Cost
 from credo.tasks.base import Problem, Task, rewards_for
+
+if TYPE_CHECKING:
+    from credo.rollouts import Rollouts
+    from credo.segment import SegmenterConfig
 
 
 class Probe:
@@ -53,6 +57,18 @@ class Probe:
         self.cost.tokens_generated += int(out.completion_mask.sum())
         return out
 
+    def segment(self, rollouts: "Rollouts", config: "SegmenterConfig | str | dict") -> torch.Tensor:
+        """segment_ids[B, T] of `rollouts` by a segmenter (entropies are scored, and counted, only if needed)."""
+        from credo.segment import SegmentInputs, segment, segmenter_config
+        cfg = segmenter_config(config)
+        entropies = None
+        if cfg.name == "keyword_entropy":
+            _, entropies = self.score(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids,
+                                      rollouts.completion_mask, entropy=True)
+        strings = [self.policy.token_strings(row[m].tolist())
+                   for row, m in zip(rollouts.completion_ids, rollouts.completion_mask)]
+        return segment(SegmentInputs(strings, rollouts.completion_mask, rollouts.old_logprobs, entropies), cfg)
+
     def sample_rewards(self, problems: Sequence[Problem], prefixes: Sequence[str], batch_size: int = 512,
                        sampling: SamplingConfig | None = None) -> torch.Tensor:
         """One continuation per (problem, prefix text) -> rewards[N] of prefix + continuation.
@@ -69,3 +85,8 @@ class Probe:
             texts = [x + self.policy.decode(row) for x, row in zip(chunk_x, out.completion_ids)]
             rewards.append(rewards_for(self.task, chunk_p, texts)[0])
         return torch.cat(rewards) if rewards else torch.zeros(0)
+
+
+def prompt_tokens(rollouts_prompt_ids: torch.Tensor, rollouts_prompt_mask: torch.Tensor, row: int) -> list[int]:
+    """The real (unpadded) prompt ids of one row."""
+    return rollouts_prompt_ids[row][rollouts_prompt_mask[row]].tolist()

@@ -31,7 +31,15 @@ class EstimatorSpec:
         return from_dict(self.config_cls, dict(values or {}), prefix="credit.")
 
     def __call__(self, rollouts: Any, probe: Any = None, config: Any = None) -> Any:
-        return self.fn(rollouts, probe, config if config is not None else self.make_config())
+        """Run the estimator; whatever it spent through `probe` is added to the Credit's cost."""
+        if self.uses_model and probe is None:
+            raise ValueError(f"estimator {self.name!r} uses the model: pass a Probe")
+        if probe is not None:
+            probe.take_cost()
+        result = self.fn(rollouts, probe, config if config is not None else self.make_config())
+        if probe is not None:
+            result.cost = result.cost + probe.take_cost()
+        return result
 
 
 _REGISTRY: dict[str, EstimatorSpec] = {}

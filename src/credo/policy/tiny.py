@@ -43,6 +43,10 @@ class TinyPolicy:
     def decode(self, ids: torch.Tensor) -> str:
         return self.tokenizer.decode(ids)
 
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """Text of each token (EOS and PAD as '') so segmenters can find delimiters."""
+        return [self.tokenizer.id_to_char.get(int(i), "") for i in ids]
+
     @property
     def eos_id(self) -> int:
         return self.tokenizer.eos_id

@@ -1,0 +1,109 @@
+import json
+import math
+import os
+
+import torch
+
+from credo import credit
+from credo.audit import AuditConfig, fidelity, first_error_top1, run_audit, METRICS
+from credo.credit.mc import mc_values
+from credo.policy.base import SamplingConfig
+from credo.probe import Probe
+from credo.rollouts import Rollouts
+from credo.tasks.arith import ArithTask
+from credo.tasks.base import Problem, rewards_for
+
+PROBLEM = Problem("37+48", "37+48\n", "85", {"terms": [37, 48], "ops": ["+"]})
+
+
+def rollouts_of(policy, task, texts, problem=PROBLEM):
+    prompt_ids, prompt_mask = policy.encode_prompts([problem.prompt] * len(texts))
+    ids, mask = policy.encode_completions(texts)
+    rewards, correct = rewards_for(task, [problem] * len(texts), texts)
+    return Rollouts(prompt_ids, prompt_mask, ids, mask, torch.zeros(len(texts), dtype=torch.long), rewards,
+                    torch.zeros(ids.shape), correct, [problem] * len(texts), list(texts))
+
+
+def probe_for(policy, task, seed=0):
+    return Probe(policy, task, SamplingConfig(max_new_tokens=12), torch.Generator().manual_seed(seed))
+
+
+def test_mc_values_telescope_bound_and_terminal_prefix(policy):
+    task = ArithTask()
+    texts = ["37+48=85\n#### 85\n1+1=2", "37+48=85\n#### 85", "37+48=86\n#### 86"]
+    r = rollouts_of(policy, task, texts)
+    probe = probe_for(policy, task)
+    seg = probe.segment(r, "lines")
+    mc = mc_values(probe, r, seg, k=3)
+    for v, reward in zip(mc.values, r.rewards):
+        assert ((v >= 0) & (v <= 1)).all()
+        assert v[-1] == reward
+        diffs = v[1:] - v[:-1]
+        assert torch.isclose(diffs.sum(), reward - v[0])
+    # the prefix "37+48=85\n#### 85\n" already states the (correct) answer: terminal, value 1, unsampled
+    assert mc.values[0].tolist()[2] == 1.0 and mc.values[0][-1] == 0.0
+    assert torch.isnan(mc.samples[0][2]).all()
+
+
+def test_mc_cost_counts_every_continuation(policy):
+    task = ArithTask()
+    texts = ["37+48=85\n#### 85", "37+48=86\n#### 86", "1"]
+    r = rollouts_of(policy, task, texts)
+    probe = probe_for(policy, task)
+    seg = probe.segment(r, "lines")
+    probe.take_cost()
+    k = 4
+    mc_values(probe, r, seg, k=k)
+    spent = probe.take_cost()
+    boundaries = 2 + 2 + 1  # s_0 and s_1 for two-line traces, s_0 for the one-segment trace
+    prefix_tokens = sum(int(r.prompt_mask[i].sum()) + cut for i, cuts in enumerate([[0, 9], [0, 9], [0]]) for cut in cuts)
+    assert spent.tokens_scored == k * prefix_tokens
+    assert 0 < spent.tokens_generated <= k * boundaries * 12
+
+
+def test_vineppo_and_spo_chain_zero_on_padding_and_cost_reported(policy):
+    task = ArithTask()
+    r = rollouts_of(policy, task, ["37+48=85\n#### 85", "37+48=86\n#### 86", "3"])
+    with torch.no_grad():
+        old, _ = policy.score(r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+    r = r.with_fields(old_logprobs=old)
+    for name in ("vineppo", "spo_chain"):
+        spec = credit.get(name)
+        result = spec(r, probe_for(policy, task), spec.make_config({"k": 2}))
+        assert (result.advantages[~r.completion_mask] == 0).all()
+        assert torch.isfinite(result.advantages).all()
+        assert result.cost.tokens_generated > 0 and result.cost.tokens_scored > 0
+        for seg_credit, reward in zip(result.segment_credit, r.rewards):
+            assert seg_credit.numel() >= 1
+
+
+def test_fidelity_of_the_reference_itself_is_one_and_constant_credit_zero():
+    ref = [torch.tensor([0.1, -0.5, 0.3]), torch.tensor([0.0, 0.2, -0.1, 0.4])]
+    sp, pe, n = fidelity(ref, ref)
+    assert abs(sp - 1) < 1e-9 and abs(pe - 1) < 1e-9 and n == 2
+    sp, _, _ = fidelity([torch.zeros(3), torch.zeros(4)], ref)
+    assert sp == 0.0
+
+
+def test_first_error_top1_ties_are_shared():
+    credit_ = [torch.tensor([0.0, -1.0, 0.5]), torch.zeros(4), torch.tensor([-1.0, -1.0])]
+    assert first_error_top1(credit_, [1, 2, 0]) == (1.0 + 0.25 + 0.5) / 3
+    assert math.isnan(first_error_top1(credit_, [None, None, 5]))  # no labelled trace in range: undefined
+
+
+def test_audit_writes_schema(saved_policy, tmp_path):
+    cfg = AuditConfig(checkpoint=saved_policy, n=8, group_size=4, k_ref=2, methods=("vineppo:k=2", "rloo"),
+                      max_new_tokens=16)
+    report = run_audit(cfg, str(tmp_path / "audit"), progress=False)
+    on_disk = json.load(open(tmp_path / "audit" / "audit.json"))
+    assert set(on_disk) == {"config", "methods"}
+    assert {"random", "grpo", "first_step", "vineppo:k=2", "rloo", "mc_reference"} <= set(on_disk["methods"])
+    for row in on_disk["methods"].values():
+        assert set(row) == set(METRICS)
+    assert on_disk["methods"]["grpo"]["spearman"] == 0.0
+    assert on_disk["methods"]["vineppo:k=2"]["tokens_generated_per_trace"] > 0
+    assert os.path.getsize(tmp_path / "audit" / "audit.png") > 1000
+    assert "| vineppo:k=2 |" in open(tmp_path / "audit" / "audit.md").read()
+    # second run reuses the cached reference: identical reference row
+    again = run_audit(cfg, str(tmp_path / "audit2"), progress=False)
+    assert again["methods"]["mc_reference"]["first_error_top1"] == report["methods"]["mc_reference"]["first_error_top1"]
