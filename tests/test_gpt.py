@@ -59,3 +59,20 @@ def test_greedy_sampling_is_deterministic_and_seeded_sampling_repeats(policy):
     assert torch.equal(a.completion_ids, b.completion_ids)
     g = policy.sample(ids, mask, SamplingConfig(temperature=0, max_new_tokens=8), torch.Generator())
     assert all(torch.equal(g.completion_ids[0], row) for row in g.completion_ids)
+
+
+def test_branch_scoring_with_prefix_reuse_equals_rescoring_each_prefix(policy):
+    prompt_ids, prompt_mask = policy.encode_prompts(["37+48\n", "5+6+7\n"])
+    comp_ids, comp_mask = policy.encode_completions(["37+48=85\n#### 85", "5+6=11\n"])
+    q = policy.tokenizer.encode("?85", eos=True)
+    branches = [(0, 0, q), (0, 9, q), (0, 9, policy.tokenizer.encode("?8", eos=True)), (1, 3, q), (1, 7, [5])]
+    policy.model.eval()
+    fast, cost_fast = policy.score_branches(prompt_ids, prompt_mask, comp_ids, comp_mask, branches, True)
+    slow, cost_slow = policy.score_branches(prompt_ids, prompt_mask, comp_ids, comp_mask, branches, False)
+    for a, b in zip(fast, slow):
+        assert torch.allclose(a, b, atol=1e-5)
+    # reuse: each row forwarded once plus every branch token; no reuse: each branch re-reads its prefix
+    real = int(prompt_mask.sum() + comp_mask.sum())
+    assert cost_fast == real + sum(len(t) for _, _, t in branches)
+    prefix = lambda r, c: int(prompt_mask[r].sum()) + c
+    assert cost_slow == sum(prefix(r, c) + len(t) for r, c, t in branches)

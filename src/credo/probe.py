@@ -50,6 +50,16 @@ class Probe:
         return self.policy.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
 
     @torch.no_grad()
+    def score_branches(self, rollouts: "Rollouts", branches: Sequence[tuple[int, int, Sequence[int]]],
+                       reuse_prefix: bool = True) -> list[torch.Tensor]:
+        """Per-token log-probs of each (row, cut, tokens) branch teacher-forced after
+        prompt + completion[row, :cut]; counts the tokens actually forwarded (see the backend)."""
+        out, forwarded = self.policy.score_branches(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids,
+                                                    rollouts.completion_mask, branches, reuse_prefix)
+        self.cost.tokens_scored += forwarded
+        return out
+
+    @torch.no_grad()
     def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingConfig | None = None) -> Samples:
         """Continuations of (left-padded) prefixes; counts prefix tokens as scored and new tokens as generated."""
         out = self.policy.sample(prompt_ids, prompt_mask, sampling or self.sampling, self.generator)

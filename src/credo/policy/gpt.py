@@ -111,19 +111,28 @@ class GPT(nn.Module):
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         p = self.tok_emb.weight
-        return KVCache(self.config, batch, min(max_len, self.config.max_len), p.device, p.dtype)
+        return KVCache(self.config, batch, max_len, p.device, p.dtype)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, positions: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids[B, L] -> logits[B, L, V].
 
         attention_mask[B, L] (bool, True = real token) enables left/right padding; None means every
         token is real and plain causal attention is used. With `cache`, the L new tokens are appended
-        after the cached ones.
+        after the cached ones. `positions[B, L]` with `attn_mask[B, L, S]` (S = cached + L keys) give
+        full control (tree attention: many branches off one cached prefix in one pass); the new
+        tokens are then not recorded as real keys for later calls.
         """
         B, L = input_ids.shape
         start = cache.length if cache is not None else 0
-        if attention_mask is None and cache is None:
+        if positions is not None and attn_mask is not None:
+            if cache is not None and start + L > cache.max_len:
+                raise ValueError(f"sequence of {start + L} tokens exceeds the KV cache of {cache.max_len}")
+            if cache is not None:
+                cache.key_mask[:, start:start + L] = False
+            attn_mask = attn_mask[:, None]
+        elif attention_mask is None and cache is None:
             positions = torch.arange(L, device=input_ids.device).expand(B, L)
             attn_mask = None
         else:
