@@ -43,6 +43,10 @@ class TinyPolicy:
     def decode(self, ids: torch.Tensor) -> str:
         return self.tokenizer.decode(ids)
 
+    def encode_continuation(self, text: str, eos: bool = False) -> list[int]:
+        """Token ids of `text` appended to an existing sequence (no BOS)."""
+        return self.tokenizer.encode(text, eos=eos)
+
     def token_strings(self, ids: Sequence[int]) -> list[str]:
         """Text of each token (EOS and PAD as '') so segmenters can find delimiters."""
         return [self.tokenizer.id_to_char.get(int(i), "") for i in ids]

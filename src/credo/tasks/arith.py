@@ -144,6 +144,10 @@ class ArithTask:
     def is_correct(self, problem: Problem, completion: str) -> bool:
         return self.extract_answer(completion) == problem.answer
 
+    def check_answer(self, problem: Problem, answer: str) -> bool:
+        """Whether a bare final answer (as extract_answer returns it) is right."""
+        return answer.strip() == problem.answer
+
     def reward(self, problem: Problem, completion: str) -> float:
         return 1.0 if self.is_correct(problem, completion) else 0.0
 

@@ -1,0 +1,95 @@
+import pytest
+import torch
+
+from credo import credit
+from credo.credit.outcome import grpo_advantages
+from credo.credit.rredcot import RREDCoTConfig, probe_values, redistribute
+from credo.policy.base import SamplingConfig
+from credo.probe import Probe
+from credo.rollouts import Rollouts
+from credo.tasks.arith import ArithTask
+from credo.tasks.base import Problem, rewards_for
+
+P1 = Problem("37+48", "37+48\n", "85", {"terms": [37, 48], "ops": ["+"]})
+P2 = Problem("12+13+14", "12+13+14\n", "39", {"terms": [12, 13, 14], "ops": ["+", "+"]})
+
+
+def batch(policy, task):
+    rows = [(P1, "37+48=85\n#### 85", 0), (P1, "37+48=86\n#### 86", 0), (P1, "#### 85", 0),
+            (P2, "12+13=25\n25+14=39\n#### 39", 1), (P2, "12+13=25\n25+14=38\n#### 38", 1), (P2, "12+13=26\n", 1)]
+    problems, texts, groups = zip(*rows)
+    prompt_ids, prompt_mask = policy.encode_prompts([p.prompt for p in problems])
+    ids, mask = policy.encode_completions(list(texts))
+    rewards, correct = rewards_for(task, problems, texts)
+    with torch.no_grad():
+        old, _ = policy.score(prompt_ids, prompt_mask, ids, mask)
+    return Rollouts(prompt_ids, prompt_mask, ids, mask, torch.tensor(groups), rewards, old, correct,
+                    list(problems), list(texts))
+
+
+def probe(policy, task):
+    return Probe(policy, task, SamplingConfig(max_new_tokens=8), torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("mode", ["normalized", "absolute"])
+@pytest.mark.parametrize("v0", ["probe", "group_mean"])
+def test_redistribution_telescopes_and_values_are_probabilities(policy, mode, v0):
+    task = ArithTask()
+    r = batch(policy, task)
+    pr = probe(policy, task)
+    cfg = RREDCoTConfig(probe=mode, v0=v0)
+    values = probe_values(r, pr, pr.segment(r, "lines"), cfg)
+    for v, R, reward in zip(values, redistribute(values), r.rewards):
+        assert ((v >= 0) & (v <= 1)).all()
+        assert torch.isclose(R.sum(), reward - v[0], atol=1e-6)
+        assert v[-1] == reward
+
+
+@pytest.mark.parametrize("mode", ["additive", "replace", "weight"])
+def test_one_segment_traces_get_exactly_grpo(policy, mode):
+    task = ArithTask()
+    r = batch(policy, task)
+    spec = credit.get("rredcot")
+    # one segment per trace: fixed segments longer than any completion
+    cfg = spec.make_config({"mode": mode, "segmenter": {"name": "fixed", "n": 64}})
+    adv = spec(r, probe(policy, task), cfg).advantages
+    expected = grpo_advantages(r.rewards, r.group)[:, None] * r.completion_mask
+    assert torch.allclose(adv, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["additive", "replace", "weight"])
+def test_credit_is_zero_on_padding_and_finite(policy, mode):
+    task = ArithTask()
+    r = batch(policy, task)
+    spec = credit.get("rredcot")
+    out = spec(r, probe(policy, task), spec.make_config({"mode": mode}))
+    assert (out.advantages[~r.completion_mask] == 0).all() and torch.isfinite(out.advantages).all()
+    assert out.cost.tokens_generated == 0
+
+
+def test_additive_mode_moves_credit_within_a_trace_and_keeps_its_mean(policy):
+    task = ArithTask()
+    r = batch(policy, task)
+    spec = credit.get("rredcot")
+    out = spec(r, probe(policy, task), spec.make_config({"lam": 0.5}))
+    from credo.segment import segment_means
+    seg_ids = probe(policy, task).segment(r, "lines")
+    a_grpo = grpo_advantages(r.rewards, r.group)
+    for i, means in enumerate(segment_means(out.advantages, seg_ids)):
+        assert torch.isclose(means.mean(), a_grpo[i], atol=1e-5)
+
+
+def test_cost_counter_matches_prefix_reuse_formula(policy):
+    task = ArithTask()
+    r = batch(policy, task).select([0, 1])  # one group, two 2-segment traces, candidates {85 (gold), 86}
+    pr = probe(policy, task)
+    spec = credit.get("rredcot")
+    out = spec(r, pr, spec.make_config({}))
+    branch = len(policy.encode_continuation("?85", eos=True))
+    # s_0 (the prompt) is shared by the group: 2 candidates once; s_1 differs per trace: 2 candidates each
+    n_branches = 2 + 2 * 2
+    trace_tokens = int(r.prompt_mask.sum() + r.completion_mask.sum())
+    assert out.cost.tokens_scored == trace_tokens + n_branches * branch
+    no_reuse = spec(r, pr, spec.make_config({"reuse_prefix": False}))
+    assert torch.allclose(no_reuse.advantages, out.advantages, atol=1e-5)
+    assert no_reuse.cost.tokens_scored > out.cost.tokens_scored
