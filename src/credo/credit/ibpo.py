@@ -1,0 +1,146 @@
+"""IBPO: implicit process advantages from counterfactual comparison inside a group.
+
+An incorrect trajectory w is compared with the most similar correct one c* of its group (token
+alignment, difflib's matching blocks). The tokens where they differ are the implicit alternative
+decisions:
+  E_w = tokens of w in replaced/deleted spans, E_c = tokens of c* in replaced/inserted spans;
+  A_{w,t} = A_w on E_w and kappa * A_w elsewhere; the same for c* on E_c (the union over every
+  incorrect trajectory that chose it). Correct trajectories no one chose keep their GRPO advantage.
+  preserve_mass rescales each reshaped row so sum_t A_t = |o| * A (the GRPO total).
+Groups with no correct or no incorrect member get plain GRPO.
+mode=correct (ours for models that cannot follow a repair instruction): w is resampled
+`repair_tries` times from the first token where it diverges from c*; the first continuation that
+verifies is the repair, and its diff against w defines E_w. When no repair verifies, the row falls
+back to alignment. Cost: alignment is free; correct mode generates the repair continuations.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+import torch
+
+from credo.config import check
+from credo.credit.outcome import grpo_advantages
+from credo.credit.registry import register
+from credo.policy.base import left_pad
+from credo.probe import Probe, prompt_tokens
+from credo.rollouts import Credit, Rollouts
+from credo.tasks.base import rewards_for
+
+
+@dataclass(frozen=True)
+class IBPOConfig:
+    """mode: alignment | correct. kappa: credit share of unedited tokens. preserve_mass: keep each
+    row's advantage total equal to GRPO's. repair_tries: continuations per incorrect trace (correct mode)."""
+
+    mode: str = "alignment"
+    kappa: float = 0.1
+    preserve_mass: bool = False
+    repair_tries: int = 2
+
+    def __post_init__(self) -> None:
+        check(self.mode in ("alignment", "correct"), f"credit.mode must be 'alignment' or 'correct', got {self.mode!r}")
+        check(0 <= self.kappa <= 1, f"credit.kappa must be in [0, 1], got {self.kappa}")
+        check(self.repair_tries >= 1, f"credit.repair_tries must be >= 1, got {self.repair_tries}")
+
+
+def edited_sets(wrong: list[int], right: list[int]) -> tuple[set[int], set[int]]:
+    """Token positions of `wrong` in replaced/deleted spans and of `right` in replaced/inserted spans."""
+    matcher = difflib.SequenceMatcher(a=wrong, b=right, autojunk=False)
+    e_w, e_c = set(), set()
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag in ("replace", "delete"):
+            e_w.update(range(i1, i2))
+        if tag in ("replace", "insert"):
+            e_c.update(range(j1, j2))
+    return e_w, e_c
+
+
+def similarity(a: list[int], b: list[int]) -> float:
+    return difflib.SequenceMatcher(a=a, b=b, autojunk=False).ratio()
+
+
+def first_divergence(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def repair_edits(rollouts: Rollouts, probe: Probe, pairs: list[tuple[int, int]], tokens: list[list[int]],
+                 tries: int) -> dict[int, set[int]]:
+    """For (wrong row, chosen correct row) pairs: resample w from its divergence point; the edited set
+    of the first verified repair, per wrong row (rows without a verified repair are absent)."""
+    jobs = []
+    for w, c in pairs:
+        d = first_divergence(tokens[w], tokens[c])
+        prefix = tokens[w][:d]
+        for _ in range(tries):
+            jobs.append((w, prefix))
+    if not jobs:
+        return {}
+    policy = probe.policy
+    ids, mask = left_pad([prompt_tokens(rollouts.prompt_ids, rollouts.prompt_mask, w) + p for w, p in jobs],
+                         policy.pad_id, rollouts.prompt_ids.device)
+    out = probe.sample(ids, mask)
+    found: dict[int, set[int]] = {}
+    texts, repaired = [], []
+    for (w, prefix), cont, m in zip(jobs, out.completion_ids, out.completion_mask):
+        full = prefix + cont[m].tolist()
+        if full and full[-1] == policy.eos_id:
+            full = full[:-1]
+        repaired.append(full)
+        texts.append(policy.decode(torch.tensor(full, dtype=torch.long)))
+    ok = rewards_for(probe.task, [rollouts.problems[w] for w, _ in jobs], texts)[1]
+    for (w, _), full, good in zip(jobs, repaired, ok.tolist()):
+        if good and w not in found:
+            found[w] = edited_sets(tokens[w], full)[0]
+    return found
+
+
+@register("ibpo", "IBPO: credit on the tokens where an incorrect trace differs from its most similar correct one",
+          IBPOConfig, uses_model=False)
+def ibpo(rollouts: Rollouts, probe: Probe | None, config: IBPOConfig) -> Credit:
+    if config.mode == "correct" and probe is None:
+        raise ValueError("ibpo mode=correct generates repairs: pass a Probe")
+    a = grpo_advantages(rollouts.rewards, rollouts.group)
+    mask = rollouts.trainable_mask()
+    tokens = [row[m].tolist() for row, m in zip(rollouts.completion_ids, rollouts.completion_mask)]
+    groups: dict[int, list[int]] = {}
+    for row, g in enumerate(rollouts.group.tolist()):
+        groups.setdefault(g, []).append(row)
+    correct = rollouts.correct.tolist()
+    pairs, edits_w, edits_c = [], {}, {}
+    for members in groups.values():
+        good = [i for i in members if correct[i]]
+        bad = [i for i in members if not correct[i]]
+        if not good or not bad:
+            continue
+        for w in bad:
+            c = max(good, key=lambda j: (similarity(tokens[w], tokens[j]), -j))
+            e_w, e_c = edited_sets(tokens[w], tokens[c])
+            pairs.append((w, c))
+            edits_w[w] = e_w
+            edits_c.setdefault(c, set()).update(e_c)
+    repaired = 0
+    if config.mode == "correct" and pairs:
+        found = repair_edits(rollouts, probe, pairs, tokens, config.repair_tries)
+        edits_w.update(found)
+        repaired = len(found)
+    scale = torch.ones_like(mask, dtype=torch.float32)
+    for row, edited in list(edits_w.items()) + list(edits_c.items()):
+        row_scale = torch.full((mask.shape[1],), config.kappa)
+        if edited:
+            row_scale[list(edited)] = 1.0
+        scale[row] = row_scale
+    advantages = a[:, None] * scale * mask
+    if config.preserve_mass:
+        n = mask.sum(1).float()
+        total = advantages.sum(1)
+        target = a * n
+        factor = torch.where(total.abs() > 1e-12, target / total, torch.ones_like(total))
+        advantages = advantages * factor[:, None]
+    return Credit(advantages=advantages, info={"pairs": float(len(pairs)), "repaired": float(repaired)})
