@@ -64,6 +64,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             value = getattr(args, key)
             if value not in (None, ""):
                 extra[key] = value
+        if args.localiser:
+            extra["reset"] = {"localiser": args.localiser}
         config = load_train_config(args.config, args.set, extra)
         run_dir = args.out
         if os.path.exists(os.path.join(run_dir, "config.yaml")):
@@ -137,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start", help="policy checkpoint to start from (default: the cached SFT start)")
     p.add_argument("--task", help="task name (default arith)")
     p.add_argument("--seed", type=int, help="random seed of the run")
+    p.add_argument("--localiser", help="reset localiser for rrpo/srpo: random, value, prompt or oracle")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set lr=1e-5 --set loss.eps_high=0.28 (repeatable)")

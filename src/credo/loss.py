@@ -16,15 +16,18 @@ class LossConfig:
     """eps_low/eps_high: clip range of the ratio (DAPO's clip-higher uses 0.2/0.28).
     ratio: 'token' (PPO/GRPO) or 'sequence' (GSPO: (pi/pi_old)^(1/|o|) per sequence).
     aggregation: 'seq-mean-token-mean' (GRPO), 'token-mean' (DAPO), 'seq-mean-token-sum-norm'
-    (Dr. GRPO: sum over tokens / (B * norm_length)). kl_coef: weight of the k3 KL to the reference."""
+    (Dr. GRPO: sum over tokens / (B * norm_length)). kl_coef: weight of the k3 KL to the reference.
+    kind: 'clip' (PPO clipped surrogate) or 'pg' (SRPO public code: -A * log pi, no ratio, no clip)."""
 
     eps_low: float = 0.2
     eps_high: float = 0.2
     ratio: str = "token"
     aggregation: str = "seq-mean-token-mean"
     kl_coef: float = 0.0
+    kind: str = "clip"
 
     def __post_init__(self) -> None:
+        check(self.kind in ("clip", "pg"), f"train.loss.kind must be 'clip' or 'pg', got {self.kind!r}")
         check(0 <= self.eps_low < 1, f"train.eps_low must be in [0, 1), got {self.eps_low}")
         check(self.eps_high >= 0, f"train.eps_high must be >= 0, got {self.eps_high}")
         check(self.ratio in ("token", "sequence"), f"train.ratio must be 'token' or 'sequence', got {self.ratio!r}")
@@ -68,6 +71,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     ratio = torch.exp(log_ratio.clamp(-20, 20))
     clipped = ratio.clamp(1 - config.eps_low, 1 + config.eps_high)
     per_token = -torch.min(ratio * advantages, clipped * advantages)
+    if config.kind == "pg":
+        per_token = -advantages * logprobs
     if weights is not None:
         per_token = per_token * weights
     kl_value = torch.zeros((), dtype=logprobs.dtype)

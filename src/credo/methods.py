@@ -5,6 +5,8 @@ an estimator with defaults that the user's config may still override:
   dr_grpo  Dr. GRPO advantages + loss normalised by a constant length
   dapo     GRPO advantages + clip-higher (0.2/0.28) + token-mean + dynamic sampling + overlong penalty
   gspo     GRPO advantages + sequence-level ratio (pi/pi_old)^(1/|o|), clipped per sequence
+  rrpo     reset rollouts at random steps of failed traces; -A log pi on suffixes (no ratio, no clip)
+  srpo     reset rollouts at the self-localised first error; same loss (`loss.kind=clip`: srpo_clip)
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ RECIPES: dict[str, Recipe] = {
     "dapo": Recipe("grpo", "DAPO: clip-higher 0.2/0.28, token-mean loss, dynamic sampling, overlong penalty",
                    {"loss": {"eps_low": 0.2, "eps_high": 0.28, "aggregation": "token-mean"},
                     "strategy": "dynamic", "overlong_buffer": 16}),
+    "rrpo": Recipe("grpo", "RRPO: reset a failed trace at a random step, resample suffixes; groups z-scored apart",
+                   {"strategy": "resets", "reset": {"localiser": "random"}, "credit": {"std": "population"},
+                    "loss": {"kind": "pg"}, "epochs": 1}),
+    "srpo": Recipe("grpo", "SRPO: reset where the model itself localises the first error (value probe on the tiny model)",
+                   {"strategy": "resets", "reset": {"localiser": "value"}, "credit": {"std": "population"},
+                    "loss": {"kind": "pg"}, "epochs": 1}),
     "gspo": Recipe("grpo", "GSPO: sequence-level importance ratio (pi/pi_old)^(1/|o|), clipped per sequence",
                    {"loss": {"ratio": "sequence", "eps_low": 3e-4, "eps_high": 4e-4}}),
 }

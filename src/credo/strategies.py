@@ -9,8 +9,8 @@ Every generated token is counted, including those of discarded groups.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -24,6 +24,7 @@ class Collected:
     rollouts: Rollouts
     tokens_generated: int
     info: dict[str, float]
+    details: dict[str, Any] = field(default_factory=dict)  # e.g. reset parents, for diagnostics and tests
 
 
 def sample_groups(policy: Policy, task: Task, problems: Sequence[Problem], group_size: int,
@@ -83,4 +84,4 @@ def collect_dynamic(policy: Policy, task: Task, draw: Callable[[int], list[Probl
                                            "kept_mixed": n_kept / prompts})
 
 
-STRATEGIES = ("plain", "dynamic")
+STRATEGIES = ("plain", "dynamic", "resets")

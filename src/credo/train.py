@@ -31,6 +31,7 @@ from credo.loss import LossConfig, policy_loss
 from credo.policy import load_policy
 from credo.policy.base import Policy, SamplingConfig
 from credo.probe import Probe
+from credo.resets import ResetConfig, collect_resets
 from credo.rollouts import Rollouts
 from credo.runs import MetricsLog, atomic_directory, atomic_write_text
 from credo.strategies import STRATEGIES, collect_dynamic, collect_plain
@@ -48,7 +49,8 @@ class TrainConfig:
     that many tokens were sampled (strategies and estimators both count).
     prompts_per_step x group_size completions per step, sampled at temperature/top_p, up to
     max_new_tokens each. epochs x minibatches AdamW steps per batch (lr, beta1, beta2, weight_decay,
-    grad_clip). strategy: 'plain' or 'dynamic'; dynamic_max_rounds bounds DAPO's resampling.
+    grad_clip). strategy: 'plain', 'dynamic' or 'resets'; dynamic_max_rounds bounds DAPO's
+    resampling; reset: the RRPO/SRPO reset settings (group_size is unused by resets).
     overlong_buffer > 0 applies DAPO's overlong penalty over the last `overlong_buffer` tokens of
     max_new_tokens, scaled by overlong_penalty. eval_every steps: greedy accuracy on eval_n held-out
     problems (final_eval_n at the end). checkpoint_every steps: atomic checkpoint (the last
@@ -77,6 +79,7 @@ class TrainConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     strategy: str = "plain"
     dynamic_max_rounds: int = 4
+    reset: ResetConfig = field(default_factory=ResetConfig)
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
     eval_every: int = 10
@@ -157,6 +160,7 @@ class Trainer:
         self.sample_generator = torch.Generator().manual_seed(config.seed)
         self.problem_generator = torch.Generator().manual_seed(config.seed + 1)
         self.minibatch_rng = random.Random(config.seed + 2)
+        self.reset_rng = random.Random(config.seed + 4)
         self.probe = Probe(self.policy, self.task, config.sampling, torch.Generator().manual_seed(config.seed + 3))
         self.step = 0
         self.tokens_generated = 0
@@ -176,6 +180,9 @@ class Trainer:
 
     def collect(self):
         c = self.config
+        if c.strategy == "resets":
+            return collect_resets(self.policy, self.task, self.draw_problems, c.prompts_per_step, c.reset, c.sampling,
+                                  self.sample_generator, self.probe, self.reset_rng)
         if c.strategy == "dynamic":
             return collect_dynamic(self.policy, self.task, self.draw_problems, c.prompts_per_step, c.group_size,
                                    c.sampling, self.sample_generator, c.dynamic_max_rounds)
@@ -232,13 +239,15 @@ class Trainer:
 
     def train_step(self) -> dict[str, Any]:
         t0 = time.time()
+        self.probe.take_cost()
         collected = self.collect()
+        strategy_cost = self.probe.take_cost()  # localisers that score or sample through the probe
         rollouts = self.prepare(collected.rollouts)
         credit = self.assign_credit(rollouts)
         update_stats = self.update(rollouts, credit)
         self.step += 1
-        self.tokens_generated += collected.tokens_generated + credit.cost.tokens_generated
-        self.tokens_scored += credit.cost.tokens_scored
+        self.tokens_generated += collected.tokens_generated + credit.cost.tokens_generated + strategy_cost.tokens_generated
+        self.tokens_scored += credit.cost.tokens_scored + strategy_cost.tokens_scored
         self.seconds += time.time() - t0
         mask = rollouts.completion_mask
         row = {
@@ -275,6 +284,7 @@ class Trainer:
                 "problem_generator": self.problem_generator.get_state(),
                 "probe_generator": self.probe.generator.get_state(),
                 "minibatch_rng": self.minibatch_rng.getstate(),
+                "reset_rng": self.reset_rng.getstate(),
             }, os.path.join(tmp, "trainer_state.pt"))
         existing = sorted(d for d in os.listdir(os.path.join(self.run_dir, "checkpoints")) if d.startswith("step-"))
         for old in existing[:-self.config.keep_checkpoints]:
@@ -295,6 +305,7 @@ class Trainer:
         self.problem_generator.set_state(state["problem_generator"])
         self.probe.generator.set_state(state["probe_generator"])
         self.minibatch_rng.setstate(state["minibatch_rng"])
+        self.reset_rng.setstate(state["reset_rng"])
         self.step, self.tokens_generated = state["step"], state["tokens_generated"]
         self.tokens_scored, self.seconds = state["tokens_scored"], state["seconds"]
         self.log.truncate_after(self.step)
