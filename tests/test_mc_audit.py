@@ -93,7 +93,7 @@ def test_first_error_top1_ties_are_shared():
 
 def test_audit_writes_schema(saved_policy, tmp_path):
     cfg = AuditConfig(checkpoint=saved_policy, n=8, group_size=4, k_ref=2, methods=("vineppo:k=2", "rloo"),
-                      max_new_tokens=16)
+                      max_new_tokens=16, localisers=("random", "oracle", "value"))
     report = run_audit(cfg, str(tmp_path / "audit"), progress=False)
     on_disk = json.load(open(tmp_path / "audit" / "audit.json"))
     assert set(on_disk) == {"config", "methods"}
@@ -104,6 +104,10 @@ def test_audit_writes_schema(saved_policy, tmp_path):
     assert on_disk["methods"]["vineppo:k=2"]["tokens_generated_per_trace"] > 0
     assert os.path.getsize(tmp_path / "audit" / "audit.png") > 1000
     assert "| vineppo:k=2 |" in open(tmp_path / "audit" / "audit.md").read()
+    loc = json.load(open(tmp_path / "audit" / "localisers.json"))
+    assert set(loc["localisers"]) == {"random", "oracle", "value"}
+    if loc["traces"]:
+        assert loc["localisers"]["oracle"]["localisation_top1"] == 1.0
     # second run reuses the cached reference: identical reference row
     again = run_audit(cfg, str(tmp_path / "audit2"), progress=False)
     assert again["methods"]["mc_reference"]["first_error_top1"] == report["methods"]["mc_reference"]["first_error_top1"]

@@ -65,6 +65,7 @@ class AuditConfig:
     group_size: int = 8
     k_ref: int = 32
     methods: tuple[str, ...] = ("vineppo",)
+    localisers: tuple[str, ...] = ()
     segmenter: str = "lines"
     temperature: float = 1.0
     max_new_tokens: int = 96
@@ -74,6 +75,9 @@ class AuditConfig:
     def __post_init__(self) -> None:
         check(self.n >= self.group_size >= 2, f"audit.n must be >= audit.group_size >= 2, got {self.n}/{self.group_size}")
         check(self.k_ref >= 2, f"audit.k_ref must be >= 2, got {self.k_ref}")
+        from credo.resets import LOCALISERS
+        for name in self.localisers:
+            check(name in LOCALISERS, f"audit.localisers: unknown localiser {name!r}; available: {LOCALISERS}")
 
 
 def parse_method(spec: str) -> tuple[str, str, dict[str, str]]:
@@ -271,7 +275,12 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
     }
     os.makedirs(out_dir, exist_ok=True)
     atomic_write_json(os.path.join(out_dir, "audit.json"), report)
-    atomic_write_text(os.path.join(out_dir, "audit.md"), markdown_table(report))
+    table = markdown_table(report)
+    if config.localisers:
+        loc = audit_localisers(config, rollouts, segment_ids, data.reference, first_errors, policy, task, progress)
+        atomic_write_json(os.path.join(out_dir, "localisers.json"), loc)
+        table += "\n" + localiser_table(loc)
+    atomic_write_text(os.path.join(out_dir, "audit.md"), table)
     plot_audit(report, os.path.join(out_dir, "audit.png"))
     return report
 
@@ -321,3 +330,48 @@ def plot_audit(report: dict[str, Any], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch.Tensor, reference: MCValues,
+                     first_errors: Sequence[int | None], policy: Any, task: Any, progress: bool) -> dict[str, Any]:
+    """For each localiser, on incorrect traces with a labelled first error e (a segment of the trace):
+    localisation_top1 = share where it picks e; reset_success = mean reference value V(s_k) of its
+    reset state (prefix = steps < k); after_error_success = mean V(s_{e+1}) (resetting just after the
+    wrong step); clean_prefix_gain = their difference (the paper's "a clean prefix corrects more often")."""
+    import random as _random
+    from credo.resets import localise
+    rows = [i for i, f in enumerate(first_errors) if f is not None and f < len(reference.values[i]) - 1]
+    out: dict[str, Any] = {"traces": len(rows), "localisers": {}, "failures": {}}
+    sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
+    for name in config.localisers:
+        if progress:
+            print(f"audit: localiser {name} ...", flush=True)
+        probe = Probe(policy, task, sampling, torch.Generator().manual_seed(config.seed + 3))
+        try:
+            picks = localise(name, rollouts, rows, probe, segment_ids, _random.Random(config.seed))
+        except Exception as err:
+            out["failures"][name] = f"{type(err).__name__}: {err}"
+            continue
+        spent = probe.take_cost()
+        hits = [float(k == first_errors[i]) for k, i in zip(picks, rows)]
+        success = [float(reference.values[i][k]) for k, i in zip(picks, rows)]
+        after = [float(reference.values[i][first_errors[i] + 1]) for i in rows]
+        n = max(len(rows), 1)
+        out["localisers"][name] = {
+            "localisation_top1": sum(hits) / n, "reset_success": sum(success) / n,
+            "after_error_success": sum(after) / n, "clean_prefix_gain": (sum(success) - sum(after)) / n,
+            "tokens_scored_per_trace": spent.tokens_scored / n, "tokens_generated_per_trace": spent.tokens_generated / n,
+        }
+    return out
+
+
+def localiser_table(loc: dict[str, Any]) -> str:
+    lines = [f"## Reset localisers ({loc['traces']} incorrect traces with a labelled first error)", "",
+             "| localiser | localisation_top1 | reset_success | after_error_success | clean_prefix_gain | tokens scored / trace |",
+             "|---|---|---|---|---|---|"]
+    for name, m in loc["localisers"].items():
+        lines.append(f"| {name} | {m['localisation_top1']:.3f} | {m['reset_success']:.3f} | {m['after_error_success']:.3f} | "
+                     f"{m['clean_prefix_gain']:+.3f} | {m['tokens_scored_per_trace']:.0f} |")
+    for name, why in loc["failures"].items():
+        lines.append(f"| {name} | failed: {why} | | | | |")
+    return "\n".join(lines) + "\n"

@@ -107,7 +107,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from credo.config import from_dict, parse_overrides
     values = parse_overrides(args.set or [])
     values.update({"checkpoint": args.checkpoint or "", "n": args.n, "k_ref": args.k_ref, "seed": args.seed,
-                   "group_size": args.group_size, "methods": [m for m in args.methods.split(",") if m]})
+                   "group_size": args.group_size, "methods": [m for m in args.methods.split(",") if m],
+                   "localisers": [m for m in args.localisers.split(",") if m]})
     config = from_dict(AuditConfig, values, prefix="audit.")
     report = run_audit(config, args.out, progress=not args.quiet)
     print(open(os.path.join(args.out, "audit.md")).read())
@@ -153,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k-ref", type=int, default=32, help="MC continuations per segment boundary for the reference (default 32)")
     p.add_argument("--methods", default="vineppo", help="comma-separated estimators, each 'name' or 'name:key=value:...' "
                    "(default vineppo, at k=4); random, grpo and first_step floors are always included")
+    p.add_argument("--localisers", default="", help="comma-separated reset localisers to score against the first "
+                   "wrong step: random, value, oracle (prompt needs a chat model)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled traces and the reference")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="other AuditConfig fields (repeatable)")
     p.add_argument("--out", required=True, help="directory for audit.json, audit.md, audit.png")
