@@ -116,6 +116,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from credo.compare import compare
+    methods = tuple(m for m in (args.methods or "").split(",") if m) or None
+    seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
+    results = compare(args.preset, args.out, methods, seeds, start=args.start, progress=not args.quiet)
+    print(open(os.path.join(args.out, "report.md")).read())
+    return 1 if results["failures"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="credo", description="Credit assignment for RL with verifiable rewards.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -161,6 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory for audit.json, audit.md, audit.png")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_audit)
+
+    p = sub.add_parser("compare", help="train every method from the same start on the same token budget; one report")
+    p.add_argument("--preset", default="quick", help="quick (~15 min, 1 seed, 4 methods), full (3 seeds, every method) or smoke")
+    p.add_argument("--methods", help="comma-separated methods to run instead of the preset's (grpo is always added)")
+    p.add_argument("--seeds", help="comma-separated seeds instead of the preset's, e.g. 0,1,2")
+    p.add_argument("--start", help="start checkpoint (default: the cached SFT start)")
+    p.add_argument("--out", required=True, help="run directory (resumable: finished runs inside it are reused)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_compare)
 
     p = sub.add_parser("eval", help="held-out accuracy of a checkpoint; the last line is accuracy=<float>")
     p.add_argument("--checkpoint", default="sft", help="policy directory or run directory (default: the SFT start)")

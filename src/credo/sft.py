@@ -49,7 +49,7 @@ class SFTConfig:
 
     task: ArithConfig = field(default_factory=ArithConfig)
     model: GPTConfig = field(default_factory=GPTConfig)
-    max_steps: int = 3000
+    max_steps: int = 1600
     batch_size: int = 64
     lr: float = 2e-3
     warmup_steps: int = 100
@@ -61,7 +61,7 @@ class SFTConfig:
     reference_frac: float = 0.1
     eval_every: int = 100
     eval_n: int = 200
-    target_accuracy: float = 0.45
+    target_accuracy: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:

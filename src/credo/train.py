@@ -48,7 +48,9 @@ class TrainConfig:
     steps: optimisation steps (one batch of prompts each); max_generated_tokens > 0 stops earlier once
     that many tokens were sampled (strategies and estimators both count).
     prompts_per_step x group_size completions per step, sampled at temperature/top_p, up to
-    max_new_tokens each. epochs x minibatches AdamW steps per batch (lr, beta1, beta2, weight_decay,
+    max_new_tokens each. eval_every_tokens > 0 evaluates whenever generated tokens cross a multiple of
+    it (instead of every eval_every steps), so methods with different step costs share one x axis.
+    epochs x minibatches AdamW steps per batch (lr, beta1, beta2, weight_decay,
     grad_clip). strategy: 'plain', 'dynamic' or 'resets'; dynamic_max_rounds bounds DAPO's
     resampling; reset: the RRPO/SRPO reset settings (group_size is unused by resets).
     overlong_buffer > 0 applies DAPO's overlong penalty over the last `overlong_buffer` tokens of
@@ -83,6 +85,7 @@ class TrainConfig:
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
     eval_every: int = 10
+    eval_every_tokens: int = 0
     eval_n: int = 200
     final_eval_n: int = 500
     checkpoint_every: int = 10
@@ -101,6 +104,7 @@ class TrainConfig:
         check(self.strategy in STRATEGIES, f"train.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         check(0 <= self.overlong_buffer < self.max_new_tokens, f"train.overlong_buffer must be in [0, max_new_tokens), got {self.overlong_buffer}")
         check(self.eval_every > 0 and self.eval_n > 0 and self.final_eval_n >= 0, "train.eval_every/eval_n must be > 0")
+        check(self.eval_every_tokens >= 0 and self.max_generated_tokens >= 0, "train.eval_every_tokens/max_generated_tokens must be >= 0")
         check(self.checkpoint_every > 0 and self.keep_checkpoints > 0, "train.checkpoint_every/keep_checkpoints must be > 0")
         try:
             methods.resolve(self.method)
@@ -311,6 +315,12 @@ class Trainer:
         self.log.truncate_after(self.step)
         return True
 
+    def eval_due(self, tokens_before: int) -> bool:
+        every = self.config.eval_every_tokens
+        if every > 0:
+            return self.tokens_generated // every > tokens_before // every
+        return self.step % self.config.eval_every == 0
+
     def budget_left(self) -> bool:
         c = self.config
         return self.step < c.steps and (c.max_generated_tokens <= 0 or self.tokens_generated < c.max_generated_tokens)
@@ -329,8 +339,9 @@ class Trainer:
                    disable=not self.progress, dynamic_ncols=True)
         done_here = 0
         while self.budget_left():
+            before = self.tokens_generated
             row = self.train_step()
-            if self.step % self.config.eval_every == 0 or not self.budget_left():
+            if self.eval_due(before) or not self.budget_left():
                 row["eval_accuracy"] = self.evaluate(self.config.eval_n)
             self.log.append(row)
             if self.on_step:

@@ -1,0 +1,267 @@
+"""`credo compare`: every method trained from the same start, side by side, in one run directory.
+
+Each (method, seed) run starts from the same cached SFT checkpoint, sees the same prompts per step
+and group size, and stops at the same budget of *generated* tokens (resets and MC continuations
+count). Held-out accuracy is measured whenever the generated-token count crosses a multiple of the
+eval interval, so every curve shares one x axis. The run directory holds
+  runs/<method>-s<seed>/   each training run (config, metrics.jsonl, checkpoints, final/)
+  audit/                   the credit audit of the start checkpoint for the estimators compared
+  results.json             curves, finals, tokens-to-GRPO-final, step times, audit rows, failures
+  report.md, curves.png, audit.png
+A method that fails is reported in the table and the comparison goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tqdm import tqdm
+
+from credo import methods as method_registry
+from credo.audit import AuditConfig, run_audit
+from credo.runs import atomic_write_json, atomic_write_text
+from credo.train import Trainer, load_train_config
+
+ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain", "rredcot", "ibpo", "sc_grpo", "rrpo", "srpo")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """methods/seeds: what to run. token_budget: generated tokens per run. eval_every_tokens, eval_n:
+    the shared accuracy curve; final_eval_n: the final held-out evaluation. train: TrainConfig
+    overrides for every run. audit_*: the credit audit of the start (audit_n = 0 skips it)."""
+
+    methods: tuple[str, ...]
+    seeds: tuple[int, ...]
+    token_budget: int
+    eval_every_tokens: int
+    eval_n: int
+    final_eval_n: int
+    train: dict[str, Any] = field(default_factory=dict)
+    audit_n: int = 64
+    audit_k_ref: int = 16
+
+
+PRESETS = {
+    # ~15 minutes on 2 cores: the baseline, the cheapest credit method, a reset method, and self-conditioning
+    "quick": Preset(methods=("grpo", "rredcot", "srpo", "sc_grpo"), seeds=(0,), token_budget=260_000,
+                    eval_every_tokens=65_000, eval_n=200, final_eval_n=500, audit_n=64, audit_k_ref=16),
+    "full": Preset(methods=ALL_METHODS, seeds=(0, 1, 2), token_budget=1_200_000, eval_every_tokens=150_000,
+                   eval_n=300, final_eval_n=500, audit_n=256, audit_k_ref=32),
+    # for tests: a minute on a tiny model
+    "smoke": Preset(methods=("grpo", "rredcot"), seeds=(0,), token_budget=1_500, eval_every_tokens=600, eval_n=8,
+                    final_eval_n=8, train={"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 24},
+                    audit_n=8, audit_k_ref=2),
+}
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on_step: Any) -> dict[str, Any]:
+    overrides = {**preset.train, "method": method, "seed": seed, "start": start, "steps": 1_000_000,
+                 "max_generated_tokens": preset.token_budget, "eval_every_tokens": preset.eval_every_tokens,
+                 "eval_n": preset.eval_n, "final_eval_n": preset.final_eval_n, "checkpoint_every": 50}
+    config = load_train_config(None, None, overrides)
+    if os.path.exists(os.path.join(run_dir, "summary.json")):  # finished earlier: reuse (compare is resumable)
+        trainer = Trainer(config, run_dir, progress=False)
+        summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    else:
+        trainer = Trainer(config, run_dir, progress=False, on_step=on_step)
+        summary = trainer.train()
+    rows = trainer.log.rows()
+    curve = [{"tokens_generated": r["tokens_generated"], "seconds": r["seconds"], "accuracy": r["eval_accuracy"]}
+             for r in rows if "eval_accuracy" in r]
+    steps = [r for r in rows if r.get("step", 0) > 0]
+    curve.append({"tokens_generated": summary["tokens_generated"], "seconds": summary["seconds"],
+                  "accuracy": summary["final_accuracy"], "final": True})
+    return {"curve": curve, "final_accuracy": summary["final_accuracy"], "steps": summary["step"],
+            "tokens_generated": summary["tokens_generated"], "seconds": summary["seconds"],
+            "seconds_per_step": summary["seconds"] / max(summary["step"], 1),
+            "tokens_scored": steps[-1].get("tokens_scored", 0) if steps else 0}
+
+
+def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
+    for point in curve:
+        if point["accuracy"] >= target and point["tokens_generated"] > 0:
+            return point["tokens_generated"]
+    return None
+
+
+def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
+            start: str | None = None, progress: bool = True) -> dict[str, Any]:
+    if preset_name not in PRESETS:
+        raise KeyError(f"unknown preset {preset_name!r}; available: {', '.join(PRESETS)}")
+    preset = PRESETS[preset_name]
+    preset = replace(preset, methods=tuple(methods or preset.methods), seeds=tuple(seeds if seeds is not None else preset.seeds))
+    for m in preset.methods:
+        method_registry.resolve(m)  # unknown names fail before any training
+    if "grpo" not in preset.methods:
+        preset = replace(preset, methods=("grpo",) + preset.methods)  # the yardstick is always run
+    if not start:
+        from credo.sft import ensure_sft
+        start = ensure_sft(progress=progress)
+    os.makedirs(out_dir, exist_ok=True)
+    began = time.time()
+    results: dict[str, Any] = {"preset": preset_name, "start": start, "commit": _git_commit(),
+                               "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cpus",
+                               "token_budget": preset.token_budget, "methods": {}, "failures": {}}
+    total = len(preset.methods) * len(preset.seeds) * preset.token_budget
+    bar = tqdm(total=total, unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True)
+    for method in preset.methods:
+        per_seed = {}
+        for seed in preset.seeds:
+            run_dir = os.path.join(out_dir, "runs", f"{method}-s{seed}")
+            progress_at = {"tokens": 0}
+
+            def on_step(trainer: Trainer, row: dict, method: str = method, seed: int = seed, state: dict = progress_at) -> None:
+                bar.update(min(row["tokens_generated"], preset.token_budget) - state["tokens"])
+                state["tokens"] = min(row["tokens_generated"], preset.token_budget)
+                bar.set_description(f"{method} seed {seed} step {row['step']}")
+
+            try:
+                per_seed[str(seed)] = run_one(method, seed, preset, start, run_dir, on_step)
+            except Exception as err:  # reported, never hidden
+                results["failures"][f"{method}-s{seed}"] = f"{type(err).__name__}: {err}"
+                atomic_write_text(os.path.join(out_dir, f"failure-{method}-s{seed}.txt"), traceback.format_exc())
+            bar.update(preset.token_budget - progress_at["tokens"])
+        results["methods"][method] = {"seeds": per_seed}
+        atomic_write_json(os.path.join(out_dir, "results.json"), results)  # partial results survive a crash
+    bar.close()
+    summarise(results)
+    if preset.audit_n > 0:
+        results["audit"] = audit_rows(preset, start, out_dir, progress)
+    results["wall_seconds"] = time.time() - began
+    atomic_write_json(os.path.join(out_dir, "results.json"), results)
+    atomic_write_text(os.path.join(out_dir, "report.md"), report(results))
+    plot_curves(results, os.path.join(out_dir, "curves.png"))
+    return results
+
+
+def summarise(results: dict[str, Any]) -> None:
+    """Adds mean/std of finals, tokens-to-GRPO-final and step-time ratios to each method."""
+    grpo = results["methods"].get("grpo", {}).get("seeds", {})
+    grpo_finals = [r["final_accuracy"] for r in grpo.values()]
+    target = statistics.mean(grpo_finals) if grpo_finals else math.nan
+    grpo_tokens = [tokens_to_reach(r["curve"], target) for r in grpo.values()]
+    grpo_tokens_mean = statistics.mean([t for t in grpo_tokens if t]) if any(grpo_tokens) else math.nan
+    grpo_step = statistics.mean([r["seconds_per_step"] for r in grpo.values()]) if grpo else math.nan
+    results["grpo_final_target"] = target
+    for name, entry in results["methods"].items():
+        runs = entry["seeds"]
+        finals = [r["final_accuracy"] for r in runs.values()]
+        for r in runs.values():
+            r["tokens_to_grpo_final"] = tokens_to_reach(r["curve"], target)
+        reached = [r["tokens_to_grpo_final"] for r in runs.values() if r["tokens_to_grpo_final"]]
+        entry["final_mean"] = statistics.mean(finals) if finals else None
+        entry["final_std"] = statistics.stdev(finals) if len(finals) > 1 else 0.0 if finals else None
+        entry["tokens_to_grpo_final_ratio"] = (statistics.mean(reached) / grpo_tokens_mean
+                                               if reached and len(reached) == len(runs) and grpo_tokens_mean == grpo_tokens_mean else None)
+        entry["step_time_ratio"] = (statistics.mean([r["seconds_per_step"] for r in runs.values()]) / grpo_step
+                                    if runs and grpo_step == grpo_step else None)
+
+
+def audit_rows(preset: Preset, start: str, out_dir: str, progress: bool) -> dict[str, Any]:
+    """Credit audit of the start checkpoint for the compared methods that are estimators."""
+    from credo import credit
+    estimators = []
+    for m in preset.methods:
+        name = method_registry.resolve(m).estimator
+        if name in credit.names() and name not in estimators and name not in ("grpo",):
+            estimators.append(name)
+    config = AuditConfig(checkpoint=start, n=preset.audit_n, group_size=8 if preset.audit_n >= 16 else 4,
+                         k_ref=preset.audit_k_ref, methods=tuple(estimators))
+    try:
+        report_ = run_audit(config, os.path.join(out_dir, "audit"), progress=progress)
+        shutil.copy(os.path.join(out_dir, "audit", "audit.png"), os.path.join(out_dir, "audit.png"))
+        return report_
+    except Exception as err:
+        return {"failure": f"{type(err).__name__}: {err}"}
+
+
+def _fmt(value: Any, pattern: str = "{:.3f}") -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else pattern.format(value)
+
+
+def report(results: dict[str, Any]) -> str:
+    audit = results.get("audit", {}).get("methods", {})
+    lines = [f"# credo compare ({results['preset']})", "",
+             f"Start `{results['start']}` · budget {results['token_budget']:,} generated tokens per run · "
+             f"commit `{results['commit'][:10]}` · {results['date']} · {results['machine']}", "",
+             "| method | final accuracy (mean ± std) | seeds | tokens to GRPO's final (× GRPO) | step time (× GRPO) | audit spearman | audit first_error_top1 | audit cost (× trace) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, entry in results["methods"].items():
+        estimator = method_registry.resolve(name).estimator
+        a = audit.get(estimator, {})
+        n = len(entry["seeds"])
+        final = f"{entry['final_mean']:.3f} ± {entry['final_std']:.3f}" if entry.get("final_mean") is not None else "failed"
+        lines.append(f"| {name} | {final} | {n} | {_fmt(entry.get('tokens_to_grpo_final_ratio'), '{:.2f}')} | "
+                     f"{_fmt(entry.get('step_time_ratio'), '{:.2f}')} | {_fmt(a.get('spearman'))} | "
+                     f"{_fmt(a.get('first_error_top1'))} | {_fmt(a.get('cost_vs_grpo_step'), '{:.2f}')} |")
+    for run, why in results["failures"].items():
+        lines.append(f"| {run} | failed: {why} | | | | | | |")
+    lines += ["", "## Reading", "", reading(results)]
+    return "\n".join(lines) + "\n"
+
+
+def reading(results: dict[str, Any]) -> str:
+    entries = {k: v for k, v in results["methods"].items() if v.get("final_mean") is not None}
+    if "grpo" not in entries:
+        return "GRPO failed, so nothing can be read against it."
+    g = entries["grpo"]
+    best = max(entries.items(), key=lambda kv: kv[1]["final_mean"])
+    seeds = max(len(v["seeds"]) for v in entries.values())
+    parts = [f"GRPO ends at {g['final_mean']:.3f}. The best final accuracy is {best[0]}'s {best[1]['final_mean']:.3f} "
+             f"({best[1]['final_mean'] - g['final_mean']:+.3f})."]
+    faster = [k for k, v in entries.items() if k != "grpo" and v.get("tokens_to_grpo_final_ratio") is not None
+              and v["tokens_to_grpo_final_ratio"] < 1]
+    if faster:
+        parts.append("Reached GRPO's final accuracy with fewer generated tokens: " + ", ".join(
+            f"{k} ({entries[k]['tokens_to_grpo_final_ratio']:.2f}x)" for k in faster) + ".")
+    if seeds < 3:
+        parts.append(f"With {seeds} seed(s) and one standard error of ~2 points on 500 problems, differences under "
+                     f"~5 points are not evidence; run `--preset full` (3 seeds) before drawing conclusions.")
+    return " ".join(parts)
+
+
+def plot_curves(results: dict[str, Any], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, entry in results["methods"].items():
+        runs = [r["curve"] for r in entry["seeds"].values() if r.get("curve")]
+        if not runs:
+            continue
+        grid = sorted({p["tokens_generated"] for c in runs for p in c if not p.get("final")})
+        if not grid:
+            continue
+        ys = np.array([[next((p["accuracy"] for p in reversed(c) if p["tokens_generated"] <= x and not p.get("final")), np.nan)
+                        for x in grid] for c in runs])
+        mean = np.nanmean(ys, 0)
+        line, = ax.plot(grid, mean, marker="o", ms=3, label=name)
+        if len(runs) > 1:
+            ax.fill_between(grid, np.nanmin(ys, 0), np.nanmax(ys, 0), color=line.get_color(), alpha=0.15)
+    ax.set_xlabel("generated tokens")
+    ax.set_ylabel(f"held-out greedy accuracy")
+    ax.set_title("accuracy vs generated tokens (band: min-max over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
