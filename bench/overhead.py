@@ -1,0 +1,56 @@
+"""Wall time of one training step per method, as ratios to GRPO, measured in the same run on the
+same batches (same seed), on the shipped SFT start. Goals: sc_grpo <= 1.3x, ibpo alignment <= 1.05x.
+
+Usage: python bench/overhead.py [--steps 6] [--methods grpo,sc_grpo,ibpo,ibpo_correct,rredcot]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from common import write  # noqa: E402
+
+from credo.policy import load_policy  # noqa: E402
+from credo.sft import ensure_sft  # noqa: E402
+from credo.train import Trainer, load_train_config  # noqa: E402
+
+VARIANTS = {"ibpo_correct": ("ibpo", ["credit.mode=correct"])}
+
+
+def step_seconds(name: str, steps: int, start: str) -> float:
+    method, extra = VARIANTS.get(name, (name, []))
+    config = load_train_config(None, [f"method={method}", f"start={start}", *extra])
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(config, tmp, policy=load_policy(start), progress=False)
+        trainer.train_step()  # warm-up
+        begin = time.perf_counter()
+        for _ in range(steps):
+            trainer.train_step()
+        return (time.perf_counter() - begin) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--methods", default="grpo,sc_grpo,ibpo,ibpo_correct,rredcot")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best per method is kept")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    start = ensure_sft()
+    names = args.methods.split(",")
+    best = {n: float("inf") for n in names}
+    for _ in range(args.rounds):  # interleave so machine noise hits every method alike
+        for n in names:
+            best[n] = min(best[n], step_seconds(n, args.steps, start))
+    rows = [{"method": n, "seconds_per_step": best[n], "ratio_to_grpo": best[n] / best["grpo"]} for n in names]
+    write("overhead", rows, "Default TrainConfig (8 prompts x 8 samples, 2 epochs); best of interleaved rounds.")
+
+
+if __name__ == "__main__":
+    main()
