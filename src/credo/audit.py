@@ -135,7 +135,7 @@ def build_reference(config: AuditConfig, checkpoint: str, progress: bool = True)
     start = time.time()
     if progress:
         print(f"audit: reference MC values, k_ref={config.k_ref}, {rollouts.batch_size} traces ...", flush=True)
-    reference = mc_values(probe, rollouts, segment_ids, config.k_ref, config.batch_size)
+    reference = mc_values(probe, rollouts, segment_ids, config.k_ref, config.batch_size, progress=progress)
     spent = probe.take_cost()
     n = rollouts.batch_size
     reference_cost = {"tokens_scored_per_trace": spent.tokens_scored / n,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from credo.config import check
 from credo.credit.registry import register
@@ -36,7 +37,8 @@ class MCValues:
         return [v[1:] - v[:-1] for v in self.values]
 
 
-def mc_values(probe: Probe, rollouts: Rollouts, segment_ids: torch.Tensor, k: int, batch_size: int = 1024) -> MCValues:
+def mc_values(probe: Probe, rollouts: Rollouts, segment_ids: torch.Tensor, k: int, batch_size: int = 1024,
+              progress: bool = False) -> MCValues:
     """MC values at every segment boundary of every row, with `k` continuations per boundary."""
     task = probe.task
     policy = probe.policy
@@ -55,7 +57,8 @@ def mc_values(probe: Probe, rollouts: Rollouts, segment_ids: torch.Tensor, k: in
             jobs.append((row, j, prompt + completion[:cut], text))
     repeated = [job for job in jobs for _ in range(k)]
     rewards = torch.zeros(len(repeated))
-    for start in range(0, len(repeated), batch_size):
+    for start in tqdm(range(0, len(repeated), batch_size), desc=f"MC continuations (k={k})", disable=not progress,
+                      unit="batch", dynamic_ncols=True):
         chunk = repeated[start:start + batch_size]
         ids, mask = left_pad([job[2] for job in chunk], policy.pad_id, rollouts.prompt_ids.device)
         out = probe.sample(ids, mask)
