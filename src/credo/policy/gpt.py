@@ -69,6 +69,10 @@ class SelfAttention(nn.Module):
             v = cache.v[layer, :, :, :start + L]
         if attn_mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif L == 1:
+            # one query per row (decoding): plain matmuls beat SDPA's kernel dispatch at this size on CPU
+            scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
+            y = scores.masked_fill(~attn_mask, float("-inf")).softmax(-1) @ v
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return self.proj(y.transpose(1, 2).reshape(B, L, D))
