@@ -60,6 +60,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             print("credo train: --out DIR is required (or --resume RUN_DIR)", file=sys.stderr)
             return 2
         extra = {}
+        if args.model:
+            args.start = args.model
         for key in ("method", "steps", "start", "seed", "task"):
             value = getattr(args, key)
             if value not in (None, ""):
@@ -94,7 +96,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     elif os.path.isdir(os.path.join(checkpoint, "final")):
         checkpoint = os.path.join(checkpoint, "final")  # a run directory: evaluate its final policy
     task = make_task(args.task, parse_overrides(args.set or []))
-    policy = load_policy(checkpoint)
+    from credo.policy import bind_task
+    policy = bind_task(load_policy(checkpoint), task)
     result = evaluate(policy, task, task.heldout_problems(args.n), k=args.k, max_new_tokens=args.max_new_tokens,
                       seed=args.seed)
     print(json.dumps(result.as_dict()))
@@ -147,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML file of TrainConfig fields")
     p.add_argument("--steps", type=int, help="number of optimisation steps")
     p.add_argument("--start", help="policy checkpoint to start from (default: the cached SFT start)")
-    p.add_argument("--task", help="task name (default arith)")
+    p.add_argument("--model", help="a Hugging Face model directory or 'smollm2-135m' (same as --start)")
+    p.add_argument("--task", help="task: arith (default), gym:<reasoning-gym dataset>, jsonl:<path>")
     p.add_argument("--seed", type=int, help="random seed of the run")
     p.add_argument("--localiser", help="reset localiser for rrpo/srpo: random, value, prompt or oracle")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")

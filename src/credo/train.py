@@ -28,7 +28,7 @@ from credo import methods
 from credo.config import ConfigError, check, dump_yaml, from_dict, load_config, merge, parse_overrides, to_dict
 from credo.evaluate import evaluate
 from credo.loss import LossConfig, policy_loss
-from credo.policy import load_policy
+from credo.policy import bind_task, load_policy
 from credo.policy.base import Policy, SamplingConfig
 from credo.probe import Probe
 from credo.resets import ResetConfig, collect_resets
@@ -43,8 +43,10 @@ class TrainConfig:
     """Everything a `credo train` run needs. Method recipes (dapo, gspo, dr_grpo) change defaults only.
 
     method: estimator or recipe name (`credo methods`). credit: the estimator's own options.
-    task/task_options: task name and its options. start: policy checkpoint to start from ('' = the
-    cached SFT start of the default config, built on first use).
+    task/task_options: task name ('arith', 'gym:<dataset>', 'jsonl:<path>') and its options.
+    start: policy to start from: a credo checkpoint, any Hugging Face model directory, or
+    'smollm2-135m' ('' = the cached SFT start of the tiny policy). lora_r > 0 trains LoRA adapters
+    (rank lora_r, alpha lora_alpha, on lora_targets) instead of every weight (HF models only).
     steps: optimisation steps (one batch of prompts each); max_generated_tokens > 0 stops earlier once
     that many tokens were sampled (strategies and estimators both count).
     prompts_per_step x group_size completions per step, sampled at temperature/top_p, up to
@@ -64,6 +66,9 @@ class TrainConfig:
     task: str = "arith"
     task_options: dict = field(default_factory=dict)
     start: str = ""
+    lora_r: int = 0
+    lora_alpha: int = 16
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
     steps: int = 60
     max_generated_tokens: int = 0
     prompts_per_step: int = 8
@@ -156,10 +161,11 @@ class Trainer:
         self.estimator = credit_registry.get(recipe.estimator)
         self.credit_config = self.estimator.make_config(config.credit)
         if policy is None:
-            policy = load_policy(self.start_path())
-        self.policy = policy
-        self.reference = policy.copy() if config.loss.kl_coef > 0 else None
-        self.optimizer = torch.optim.AdamW(self.policy.model.parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
+            policy = load_policy(self.start_path(), lora_r=config.lora_r, lora_alpha=config.lora_alpha,
+                                 lora_targets=config.lora_targets)
+        self.policy = bind_task(policy, self.task)
+        self.reference = self.policy.copy() if config.loss.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad], lr=config.lr, betas=(config.beta1, config.beta2),
                                            weight_decay=config.weight_decay)
         self.sample_generator = torch.Generator().manual_seed(config.seed)
         self.problem_generator = torch.Generator().manual_seed(config.seed + 1)
@@ -232,7 +238,7 @@ class Trainer:
                                       ref_logprobs=mb.ref_logprobs)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), c.grad_clip)
+                grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.policy.model.parameters() if p.requires_grad], c.grad_clip)
                 self.optimizer.step()
                 stats["loss"] += float(loss.detach())
                 stats["clip_frac"] += s["clip_frac"]
@@ -301,8 +307,7 @@ class Trainer:
         if not steps:
             return False
         path = os.path.join(folder, steps[-1])
-        restored = load_policy(path)
-        self.policy.model.load_state_dict(restored.model.state_dict())
+        self.policy.load_weights_from(path)
         state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.sample_generator.set_state(state["sample_generator"])

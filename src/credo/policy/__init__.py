@@ -1,9 +1,37 @@
-"""Policy backends: the tiny GPT (fast on CPU) behind one interface."""
+"""Policy backends behind one interface: the tiny GPT (fast on CPU) and Hugging Face causal LMs."""
+
+from __future__ import annotations
+
+import json
+import os
 
 from credo.policy.base import Policy, SamplingConfig, Samples  # noqa: F401
 from credo.policy.tiny import TinyPolicy  # noqa: F401
 
 
-def load_policy(path: str, device: str = "cpu") -> "Policy":
-    """Load a saved policy directory (tiny backend)."""
-    return TinyPolicy.load(path, device)
+def load_policy(path: str, device: str = "cpu", lora_r: int = 0, lora_alpha: int = 16,
+                lora_targets: tuple[str, ...] = ("q_proj", "v_proj")) -> "Policy":
+    """A policy from a credo checkpoint, any Hugging Face model directory, or an alias (smollm2-135m)."""
+    from credo.policy.smollm import ALIASES, ensure_smollm2
+    if path in ALIASES:
+        path = ensure_smollm2()
+    meta_path = os.path.join(path, "policy.json")
+    backend = json.load(open(meta_path)).get("backend") if os.path.exists(meta_path) else None
+    if backend == "tiny":
+        if lora_r:
+            raise ValueError("LoRA (lora_r > 0) needs a Hugging Face model; the tiny policy trains in full")
+        return TinyPolicy.load(path, device)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        from credo.policy.hf import HFPolicy
+        policy = HFPolicy.load(path, device)
+        if lora_r:
+            policy.add_lora(lora_r, lora_alpha, lora_targets)
+        return policy
+    raise FileNotFoundError(f"{path} is neither a credo checkpoint (policy.json) nor a Hugging Face model (config.json)")
+
+
+def bind_task(policy: "Policy", task: object) -> "Policy":
+    """Give a chat backend the task's system prompt (the answer format its verifier expects)."""
+    if hasattr(policy, "system_prompt") and getattr(task, "system_prompt", None) and not getattr(policy, "system_prompt", None):
+        policy.system_prompt = task.system_prompt
+    return policy

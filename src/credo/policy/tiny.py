@@ -177,6 +177,9 @@ class TinyPolicy:
         model.load_state_dict(load_file(os.path.join(directory, "model.safetensors")))
         return cls(model, CharTokenizer.from_state(meta["tokenizer"]), device)
 
+    def load_weights_from(self, directory: str) -> None:
+        self.model.load_state_dict(load_file(os.path.join(directory, "model.safetensors")))
+
     def copy(self) -> "TinyPolicy":
         clone = GPT(self.model.config).to(self.device)
         clone.load_state_dict(self.model.state_dict())

@@ -1,0 +1,192 @@
+"""Hugging Face backend: any `AutoModelForCausalLM` behind the Policy interface (fp32 on CPU).
+
+Prompts are left-padded and completions right-padded, as in the tiny backend; positions come from
+the attention mask, so padded rows match unpadded ones. Sampling runs the shared loop of
+credo.policy.base with the model's own KV cache. With `chat=True` prompts are wrapped in the
+tokenizer's chat template (a system prompt when the task gives one). Branch scoring re-reads
+each prefix (no tree attention through HF models), and reports that cost honestly.
+LoRA adapters come from peft (`lora_r > 0`); only adapter weights then train.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Sequence
+
+import torch
+
+from credo.policy.base import SamplingConfig, Samples, gather_logprobs, generate, left_pad, right_pad
+from credo.runs import atomic_directory
+
+
+class HFPolicy:
+    """A transformers causal LM + tokenizer with the interface of credo.policy.base.Policy."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: object, device: str | torch.device = "cpu",
+                 chat: bool | None = None, system_prompt: str | None = None) -> None:
+        self.device = torch.device(device)
+        self.model = model.to(self.device).float()
+        self.tokenizer = tokenizer
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        self.chat = has_template if chat is None else (chat and has_template)
+        self.system_prompt = system_prompt
+        self.banned_ids: list[int] = []
+
+    # --- construction -----------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: str, device: str = "cpu", chat: bool | None = None, lora_r: int = 0,
+                        lora_alpha: int = 16, lora_targets: Sequence[str] = ("q_proj", "v_proj")) -> "HFPolicy":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+        policy = cls(model, tokenizer, device, chat)
+        if lora_r > 0:
+            policy.add_lora(lora_r, lora_alpha, lora_targets)
+        return policy
+
+    def add_lora(self, r: int, alpha: int, targets: Sequence[str]) -> None:
+        """Wrap the model with peft LoRA adapters; only they keep requires_grad."""
+        from peft import LoraConfig, get_peft_model
+        self.model = get_peft_model(self.model, LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets),
+                                                           lora_dropout=0.0, task_type="CAUSAL_LM"))
+
+    # --- text <-> tensors -------------------------------------------------------------------------
+    @property
+    def eos_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id)
+
+    def format_prompt(self, text: str) -> str:
+        """Chat template with the task's system prompt; text before a SYSTEM_SPLIT marker (SC-GRPO's
+        reference solution) joins the system prompt."""
+        from credo.tasks.chat import SYSTEM_SPLIT
+        extra, _, user = text.rpartition(SYSTEM_SPLIT)
+        if not self.chat:
+            return (extra + "\n\n" if extra else "") + user
+        system = "\n\n".join(x for x in (self.system_prompt, extra) if x)
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def encode_prompts(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = [self.tokenizer(self.format_prompt(t), add_special_tokens=not self.chat)["input_ids"] for t in texts]
+        return left_pad(rows, self.pad_id, self.device)
+
+    def encode_continuation(self, text: str, eos: bool = False) -> list[int]:
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return ids + ([self.eos_id] if eos else [])
+
+    def encode_completions(self, texts: Sequence[str], eos: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        return right_pad([self.encode_continuation(t, eos) for t in texts], self.pad_id, self.device)
+
+    def decode(self, ids: torch.Tensor | Sequence[int]) -> str:
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        if self.eos_id in ids:
+            ids = ids[:ids.index(self.eos_id)]
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        return ["" if int(i) in (self.eos_id, self.pad_id) else self.tokenizer.decode([int(i)]) for i in ids]
+
+    # --- model calls --------------------------------------------------------------------------------
+    @staticmethod
+    def _positions(mask: torch.Tensor, offset: torch.Tensor | int = 0) -> torch.Tensor:
+        return (offset + mask.long().cumsum(1) - 1).clamp(min=0)
+
+    @torch.no_grad()
+    def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingConfig,
+               generator: torch.Generator) -> Samples:
+        from transformers import DynamicCache
+        was_training = self.model.training
+        self.model.eval()
+        state = {"cache": DynamicCache(), "mask": None, "next": torch.zeros(prompt_ids.shape[0], dtype=torch.long)}
+
+        def step(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            full = mask if state["mask"] is None else torch.cat([state["mask"], mask], 1)
+            positions = self._positions(mask, state["next"][:, None])
+            out = self.model(input_ids=ids, attention_mask=full.long(), position_ids=positions,
+                             cache=state["cache"], use_cache=True)
+            state["cache"], state["mask"] = out.past_key_values, full
+            state["next"] = state["next"] + mask.long().sum(1)
+            return out.logits[:, -1]
+
+        result = generate(step, prompt_ids, prompt_mask, sampling, generator, eos_id=self.eos_id, pad_id=self.pad_id,
+                          banned_ids=self.banned_ids)
+        self.model.train(was_training)
+        return result
+
+    def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                          completion_mask: torch.Tensor) -> torch.Tensor:
+        P, T = prompt_ids.shape[1], completion_ids.shape[1]
+        seq = torch.cat([prompt_ids, completion_ids], 1)
+        mask = torch.cat([prompt_mask, completion_mask], 1)
+        logits = self.model(input_ids=seq, attention_mask=mask.long(), position_ids=self._positions(mask)).logits
+        return logits[:, P - 1:P + T - 1]
+
+    def score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+              completion_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logits = self.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        return gather_logprobs(logits, completion_ids, completion_mask, entropy)
+
+    @torch.no_grad()
+    def score_branches(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                       completion_mask: torch.Tensor, branches: Sequence[tuple[int, int, Sequence[int]]],
+                       reuse_prefix: bool = True) -> tuple[list[torch.Tensor], int]:
+        """Same contract as TinyPolicy.score_branches; every branch re-reads its prefix here."""
+        if not branches:
+            return [], 0
+        out, forwarded = [], 0
+        for start in range(0, len(branches), 64):
+            chunk = branches[start:start + 64]
+            prefixes = [prompt_ids[r][prompt_mask[r]].tolist() + completion_ids[r, :c].tolist() for r, c, _ in chunk]
+            p_ids, p_mask = left_pad(prefixes, self.pad_id, self.device)
+            b_ids, b_mask = right_pad([list(t) for _, _, t in chunk], self.pad_id, self.device)
+            logprobs, _ = self.score(p_ids, p_mask, b_ids, b_mask)
+            out.extend(logprobs[i, :len(t)] for i, (_, _, t) in enumerate(chunk))
+            forwarded += int(p_mask.sum() + b_mask.sum())
+        return out, forwarded
+
+    # --- persistence --------------------------------------------------------------------------------
+    def save(self, directory: str) -> None:
+        with atomic_directory(directory) as tmp:
+            self.save_into(tmp)
+
+    def save_into(self, directory: str) -> None:
+        model = self.model
+        if hasattr(model, "merge_and_unload"):  # peft: save a merged copy (loadable anywhere) + the adapters
+            from peft import get_peft_model_state_dict
+            torch.save(get_peft_model_state_dict(model), os.path.join(directory, "adapter_state.pt"))
+            model = copy.deepcopy(model).merge_and_unload()
+        model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        with open(os.path.join(directory, "policy.json"), "w") as f:
+            json.dump({"backend": "hf", "chat": self.chat, "system_prompt": self.system_prompt}, f, indent=2)
+
+    def load_weights_from(self, directory: str) -> None:
+        """Restore trainable weights saved by save_into (adapters for a LoRA model)."""
+        adapter = os.path.join(directory, "adapter_state.pt")
+        if hasattr(self.model, "merge_and_unload") and os.path.exists(adapter):
+            from peft import set_peft_model_state_dict
+            set_peft_model_state_dict(self.model, torch.load(adapter, weights_only=True))
+            return
+        self.model.load_state_dict(HFPolicy.load(directory).model.state_dict())
+
+    @classmethod
+    def load(cls, directory: str, device: str = "cpu") -> "HFPolicy":
+        meta_path = os.path.join(directory, "policy.json")
+        meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+        policy = cls.from_pretrained(directory, device, meta.get("chat"))
+        policy.system_prompt = meta.get("system_prompt")
+        return policy
+
+    def copy(self) -> "HFPolicy":
+        clone = HFPolicy(copy.deepcopy(self.model), self.tokenizer, self.device, self.chat, self.system_prompt)
+        clone.banned_ids = list(self.banned_ids)
+        return clone

@@ -1,0 +1,71 @@
+"""`gym:<name>`: any reasoning-gym dataset, scored by its own verifier, answers in <answer> tags.
+
+Train and held-out problems come from different generator seeds; a training problem whose question
+also occurs among the first `heldout_size` held-out problems is dropped, so the splits are disjoint.
+Dataset options (e.g. min_terms, max_digits for chain_sum) pass straight to reasoning-gym.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from credo.tasks.base import Problem
+from credo.tasks.chat import FreeFormTask
+
+HELDOUT_SEED = 20_261_130
+
+
+class GymTask(FreeFormTask):
+    def __init__(self, name: str, options: dict[str, Any] | None = None, heldout_size: int = 1000) -> None:
+        try:
+            import reasoning_gym
+            from reasoning_gym.utils import SYSTEM_PROMPTS, extract_answer
+        except ImportError as err:
+            raise ImportError("gym: tasks need reasoning-gym: pip install reasoning-gym==0.1.25") from err
+        self.name = f"gym:{name}"
+        self.dataset_name = name
+        self.options = dict(options or {})
+        self._create = reasoning_gym.create_dataset
+        self._extract = extract_answer
+        self.system_prompt = SYSTEM_PROMPTS["default"]
+        try:
+            self.scorer = self._create(name, size=1, seed=0, **self.options)
+        except Exception as err:  # unknown dataset or option: name what the user passed
+            raise ValueError(f"task gym:{name} with options {self.options}: {err}") from None
+        self.heldout_size = heldout_size
+        self._heldout: list[Problem] = []
+
+    def _problems(self, seed: int, n: int) -> list[Problem]:
+        dataset = self._create(self.dataset_name, size=n, seed=seed, **self.options)
+        return [Problem(key=e["question"], prompt=e["question"], answer=str(e["answer"]), data={"entry": e})
+                for e in (dataset[i] for i in range(n))]
+
+    def heldout_problems(self, n: int) -> list[Problem]:
+        if len(self._heldout) < max(n, self.heldout_size):
+            self._heldout = self._problems(HELDOUT_SEED, max(n, self.heldout_size))
+        return self._heldout[:n]
+
+    def train_problems(self, n: int, generator: torch.Generator) -> list[Problem]:
+        held = {p.key for p in self.heldout_problems(self.heldout_size)}
+        out: list[Problem] = []
+        while len(out) < n:
+            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+            out.extend(p for p in self._problems(seed, n) if p.key not in held)
+        return out[:n]
+
+    def extract_answer(self, completion: str) -> str | None:
+        answer = self._extract(completion, tag_name="answer")
+        return answer.strip() if isinstance(answer, str) else None
+
+    def check_answer(self, problem: Problem, answer: str) -> bool:
+        return float(self.scorer.score_answer(answer, problem.data["entry"])) >= 1.0
+
+    def reward(self, problem: Problem, completion: str) -> float:
+        answer = self.extract_answer(completion)
+        return float(self.scorer.score_answer(answer, problem.data["entry"])) if answer is not None else 0.0
+
+    def answer_probe(self, answer: str) -> tuple[str, str]:
+        return "\n<answer>", f"{answer}</answer>"

@@ -1,0 +1,132 @@
+"""The Hugging Face backend on a tiny random Llama with a tokenizer built here (no hub access)."""
+
+import random
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from credo import credit  # noqa: E402
+from credo.policy.base import SamplingConfig  # noqa: E402
+from credo.policy.hf import HFPolicy  # noqa: E402
+from credo.probe import Probe  # noqa: E402
+from credo.resets import localise  # noqa: E402
+from credo.rollouts import Rollouts  # noqa: E402
+from credo.tasks import make_task  # noqa: E402
+from credo.tasks.base import rewards_for  # noqa: E402
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["State the final answer to the following arithmetic problem: 4 - 1 - 7 =",
+              "Let me add. So 3 + 4 = 7. Wait, check. Therefore <answer>7</answer>",
+              "The final answer is \\boxed{12}. Step 1: 2 + 3 = 5\n\nStep 2: 5 * 2 = 10"] * 20
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<pad>", "<eos>", "<|user|>",
+                                                                  "<|assistant|>", "<|system|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>",
+                                                unk_token="<unk>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+@pytest.fixture(scope="module")
+def hf_policy():
+    tokenizer = build_tokenizer()
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                                      max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+                                      eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    return HFPolicy(model, tokenizer, chat=True)
+
+
+@pytest.fixture(scope="module")
+def gym_task():
+    return make_task("gym:chain_sum", {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1})
+
+
+def test_sampling_matches_scoring_with_left_padding_and_cache(hf_policy):
+    ids, mask = hf_policy.encode_prompts(["2 + 3 =", "State the final answer to the following arithmetic problem: 4 - 1 ="])
+    assert not mask[0, 0] and mask[0, -1]  # left-padded
+    out = hf_policy.sample(ids, mask, SamplingConfig(max_new_tokens=12), torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        lp, _ = hf_policy.score(ids, mask, out.completion_ids, out.completion_mask)
+    assert torch.allclose(lp, out.logprobs, atol=1e-4)
+    assert (lp[~out.completion_mask] == 0).all()
+
+
+def gym_rollouts(policy, task):
+    problems = task.train_problems(2, torch.Generator().manual_seed(0))
+    texts = []
+    for p in problems:
+        texts += [f"Let me add. So it is {p.answer}. <answer>{p.answer}</answer>", "Wait. <answer>0</answer>",
+                  f"Therefore\n\n<answer>{p.answer}</answer>", "no idea"]
+    rows = [p for p in problems for _ in range(4)]
+    p_ids, p_mask = policy.encode_prompts([p.prompt for p in rows])
+    ids, mask = policy.encode_completions(texts)
+    rewards, correct = rewards_for(task, rows, texts)
+    with torch.no_grad():
+        old, _ = policy.score(p_ids, p_mask, ids, mask)
+    return Rollouts(p_ids, p_mask, ids, mask, torch.arange(2).repeat_interleave(4), rewards, old, correct, rows, texts)
+
+
+@pytest.mark.parametrize("name", sorted(credit.names()))
+def test_every_estimator_runs_through_the_hf_backend(hf_policy, gym_task, name):
+    r = gym_rollouts(hf_policy, gym_task)
+    assert r.correct.any() and not r.correct.all()
+    spec = credit.get(name)
+    options = {"k": 2} if name in ("vineppo", "spo_chain") else {}
+    if name in ("oar",):
+        options = {"unit": "segment"}
+    if "segmenter" in {f for f in spec.config_cls.__dataclass_fields__}:
+        options["segmenter"] = "keyword_entropy"
+    probe = Probe(hf_policy, gym_task, SamplingConfig(max_new_tokens=6), torch.Generator().manual_seed(0))
+    out = spec(r, probe, spec.make_config(options))
+    assert torch.isfinite(out.advantages).all()
+    assert (out.advantages[~r.completion_mask] == 0).all()
+
+
+@pytest.mark.parametrize("localiser", ["value", "prompt"])
+def test_reset_localisers_run_through_the_hf_backend(hf_policy, gym_task, localiser):
+    r = gym_rollouts(hf_policy, gym_task)
+    probe = Probe(hf_policy, gym_task, SamplingConfig(max_new_tokens=6), torch.Generator().manual_seed(0))
+    seg = probe.segment(r, "keyword_entropy")
+    rows = [i for i in range(r.batch_size) if not bool(r.correct[i])]
+    picks = localise(localiser, r, rows, probe, seg, random.Random(0))
+    counts = [int((seg[i] >= 0).sum() and seg[i].max() + 1) for i in rows]
+    assert all(0 <= k < max(n, 1) for k, n in zip(picks, counts))
+
+
+def test_lora_step_changes_only_adapter_weights(hf_policy, gym_task):
+    from credo.loss import LossConfig, policy_loss
+    policy = hf_policy.copy()
+    policy.add_lora(4, 8, ("q_proj", "v_proj"))
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    r = gym_rollouts(policy, gym_task)
+    adv = credit.get("grpo")(r).advantages
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    lp, _ = policy.score(r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+    loss, _ = policy_loss(lp, r.old_logprobs, adv, r.completion_mask, LossConfig(), 32)
+    loss.backward()
+    opt.step()
+    changed = {n for n, p in policy.model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert changed and all("lora_" in n for n in changed)
+
+
+def test_system_prompt_and_reference_context(hf_policy, gym_task):
+    from credo.policy import bind_task
+    policy = bind_task(hf_policy.copy(), gym_task)
+    text = policy.format_prompt(gym_task.reference_prompt(gym_task.heldout_problems(1)[0], "SOLUTION"))
+    assert text.startswith("<|system|>") and "SOLUTION" in text.split("<|user|>")[0]
+    assert "<answer>" in text.split("<|user|>")[0]  # the task's answer format rides in the system prompt
