@@ -1,0 +1,53 @@
+import threading
+
+import pytest
+import torch
+
+from credo.tasks import make_task
+from credo.tasks.jsonl import last_boxed
+
+
+def write(tmp_path, lines):
+    path = tmp_path / "math.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_jsonl_malformed_row_names_its_line_and_can_be_skipped(tmp_path, capsys):
+    path = write(tmp_path, ['{"question": "1+1?", "answer": "2"}', '{"question": "no answer"}', "not json",
+                            '{"question": "half of 1?", "answer": "\\\\frac{1}{2}"}'])
+    with pytest.raises(ValueError, match=r"math.jsonl:2: .*answer"):
+        make_task(f"jsonl:{path}")
+    task = make_task(f"jsonl:{path}", {"skip_bad_rows": True})
+    assert "skipped 2 malformed row(s)" in capsys.readouterr().err
+    problems = task.train_problems(20, torch.Generator().manual_seed(0)) + task.heldout_problems(5)
+    assert {p.answer for p in problems} <= {"2", "\\frac{1}{2}"}
+    with pytest.raises(ValueError, match="unknown task option"):
+        make_task(f"jsonl:{path}", {"skip_bad": True})
+
+
+def test_boxed_extraction_and_math_verify_on_and_off_the_main_thread(tmp_path):
+    path = write(tmp_path, ['{"question": "half of 1?", "answer": "\\\\frac{1}{2}"}'])
+    task = make_task(f"jsonl:{path}")
+    p = task.heldout_problems(1)[0]
+    assert last_boxed("so \\boxed{3} no, \\boxed{\\frac{1}{2}}.") == "\\frac{1}{2}"
+    assert task.reward(p, "It is \\boxed{0.5}") == 1.0
+    assert task.reward(p, "It is \\boxed{0.6}") == 0.0 and task.reward(p, "no box") == 0.0
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("r", task.reward(p, "\\boxed{1/2}")))
+    thread.start()
+    thread.join()
+    assert result["r"] == 1.0
+
+
+def test_gym_task_splits_disjoint_and_scorer(tmp_path):
+    task = make_task("gym:chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
+    held = {p.key for p in task.heldout_problems(1000)}
+    train = task.train_problems(200, torch.Generator().manual_seed(0))
+    assert not held & {p.key for p in train}
+    p = train[0]
+    assert task.reward(p, f"think <answer>{p.answer}</answer>") == 1.0
+    assert task.reward(p, "<answer>nonsense</answer>") == 0.0
+    assert task.answer_probe("7") == ("\n<answer>", "7</answer>")
+    with pytest.raises(ValueError, match="gym:no_such_dataset"):
+        make_task("gym:no_such_dataset")
