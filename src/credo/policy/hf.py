@@ -25,9 +25,10 @@ class HFPolicy:
     """A transformers causal LM + tokenizer with the interface of credo.policy.base.Policy."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: object, device: str | torch.device = "cpu",
-                 chat: bool | None = None, system_prompt: str | None = None) -> None:
+                 chat: bool | None = None, system_prompt: str | None = None, cast: bool = True) -> None:
         self.device = torch.device(device)
-        self.model = model.to(self.device).float()
+        # cast=False wraps a model owned by someone else (a TRL trainer) without touching its dtype/device
+        self.model = model.to(self.device).float() if cast else model
         self.tokenizer = tokenizer
         has_template = bool(getattr(tokenizer, "chat_template", None))
         self.chat = has_template if chat is None else (chat and has_template)

@@ -60,12 +60,18 @@ class GymTask(FreeFormTask):
         answer = self._extract(completion, tag_name="answer")
         return answer.strip() if isinstance(answer, str) else None
 
+    @staticmethod
+    def entry(problem: Problem) -> dict:
+        """The reasoning-gym entry (rebuilt from question/answer when the problem came from elsewhere, e.g. TRL)."""
+        return problem.data.get("entry") or {"question": problem.prompt, "answer": problem.answer,
+                                             "metadata": problem.data.get("metadata", {})}
+
     def check_answer(self, problem: Problem, answer: str) -> bool:
-        return float(self.scorer.score_answer(answer, problem.data["entry"])) >= 1.0
+        return float(self.scorer.score_answer(answer, self.entry(problem))) >= 1.0
 
     def reward(self, problem: Problem, completion: str) -> float:
         answer = self.extract_answer(completion)
-        return float(self.scorer.score_answer(answer, problem.data["entry"])) if answer is not None else 0.0
+        return float(self.scorer.score_answer(answer, self.entry(problem))) if answer is not None else 0.0
 
     def answer_probe(self, answer: str) -> tuple[str, str]:
         return "\n<answer>", f"{answer}</answer>"

@@ -1,0 +1,1 @@
+"""Drop-in credo credit for the trainers users already run (TRL, verl)."""

@@ -1,0 +1,138 @@
+"""credo credit inside TRL: a `GRPOTrainer` subclass that hands TRL per-token advantages.
+
+    from credo.integrations.trl import CreditGRPOTrainer
+    trainer = CreditGRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(...), train_dataset=...,
+                                credit="rredcot", credit_config={"lam": 0.5}, task=make_task("gym:chain_sum"))
+
+After TRL samples and scores a batch, the subclass builds credo `Rollouts` from it (TRL's left-padded
+prompts and right-padded completions, group = position // num_generations, rewards = TRL's
+weighted reward sum), runs the named credo estimator through a Probe backed by the trainer's own
+model, and replaces TRL's per-sequence advantages with the estimator's `(B, T)` advantages, which
+TRL's loss accepts as they are. Token weights (SC-GRPO) are folded into the advantages (the clipped
+surrogate is linear in a non-negative weight); a loss mask (SPO-chain) zeroes advantages outside it.
+Group statistics use TRL's gathered rewards; the per-token expansion happens on each process for its
+own rows. TRL's logged advantages are replaced by the per-sequence means of credo's advantages.
+For `grpo` the subclass reproduces TRL's own advantages (sample std + 1e-4, as TRL computes them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+SUPPORTED_TRL = "1.16.0"
+
+try:
+    import trl
+    from trl import GRPOTrainer
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError(f"credo.integrations.trl needs trl=={SUPPORTED_TRL}: pip install trl=={SUPPORTED_TRL}") from err
+
+if trl.__version__ != SUPPORTED_TRL:
+    raise ImportError(f"credo.integrations.trl is written against trl=={SUPPORTED_TRL} (it overrides private "
+                      f"GRPOTrainer methods); found trl=={trl.__version__}. Install trl=={SUPPORTED_TRL}.")
+
+from credo import credit as credit_registry  # noqa: E402
+from credo.policy.base import SamplingConfig  # noqa: E402
+from credo.probe import Probe  # noqa: E402
+from credo.rollouts import Rollouts  # noqa: E402
+from credo.tasks.base import Problem  # noqa: E402
+
+
+class CreditGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose advantages come from a credo estimator.
+
+    credit: estimator name (`credo methods`). credit_config: its options. task: a credo task (answer
+    template, verifier, teacher context) for estimators that probe the model; the dataset's `answer`
+    column becomes each problem's gold answer. sampling: what the Probe samples with (MC estimators).
+    """
+
+    def __init__(self, *args: Any, credit: str = "grpo", credit_config: dict | None = None, task: Any = None,
+                 sampling: SamplingConfig | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.credit_spec = credit_registry.get(credit)
+        options = dict(credit_config or {})
+        if credit == "grpo":
+            options.setdefault("eps", 1e-4)  # TRL adds 1e-4 to the std
+        self.credit_options = self.credit_spec.make_config(options)
+        if self.credit_spec.uses_model and task is None:
+            raise ValueError(f"estimator {credit!r} probes the model: pass task=credo.tasks.make_task(...)")
+        self.credit_task = task
+        self.credit_sampling = sampling or SamplingConfig(max_new_tokens=self.max_completion_length)
+        self.credit_generator = torch.Generator().manual_seed(self.args.seed)
+        self._credo_rewards: torch.Tensor | None = None
+        self._credo_inputs: list[dict] = []
+        self.credit_cost_total = {"tokens_scored": 0, "tokens_generated": 0}
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # noqa: ANN001, ANN202
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._credo_rewards = rewards_per_func
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):  # noqa: ANN001, ANN202
+        self._credo_inputs = list(inputs)
+        output = super()._generate_and_score_completions(inputs)
+        if not self.model.training:
+            return output
+        rollouts = self._rollouts(output)
+        probe = Probe(self._probe_policy(), self.credit_task, self.credit_sampling, self.credit_generator)
+        result = self.credit_spec(rollouts, probe, self.credit_options)
+        advantages = result.advantages
+        if result.weights is not None:
+            advantages = advantages * result.weights
+        if result.loss_mask is not None:
+            advantages = advantages * result.loss_mask
+        output["advantages"] = advantages.to(output["completion_ids"].device)
+        self._replace_logged_advantages(advantages, rollouts.completion_mask)
+        self.credit_cost_total["tokens_scored"] += result.cost.tokens_scored
+        self.credit_cost_total["tokens_generated"] += result.cost.tokens_generated
+        mode = "train"
+        self._metrics[mode]["credo/tokens_scored"].append(float(result.cost.tokens_scored))
+        self._metrics[mode]["credo/tokens_generated"].append(float(result.cost.tokens_generated))
+        return output
+
+    # --- building blocks ------------------------------------------------------------------------------
+    def _local_rewards(self, n: int) -> tuple[torch.Tensor, int]:
+        """TRL's gathered rewards (weighted sum over reward functions) and this process's first row."""
+        rpf = self._credo_rewards
+        weights = self.reward_weights.to(rpf.device).unsqueeze(0)
+        rewards = torch.nan_to_num((rpf * weights).nansum(dim=1), nan=0.0)
+        return rewards, self.accelerator.process_index * n
+
+    def _rollouts(self, output: dict) -> Rollouts:
+        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"].bool()
+        B = completion_ids.shape[0]
+        all_rewards, start = self._local_rewards(B)
+        rewards = all_rewards[start:start + B].float().cpu()
+        # rows are grouped in blocks of num_generations in TRL's global order; ids stay global
+        group = (torch.arange(B) + start) // self.num_generations
+        tokenizer = self.processing_class
+        texts = [tokenizer.decode(row[m], skip_special_tokens=True) for row, m in zip(completion_ids, completion_mask)]
+        problems = []
+        for x in self._credo_inputs:
+            prompt = x["prompt"] if isinstance(x["prompt"], str) else x["prompt"][-1]["content"]
+            problems.append(Problem(key=prompt, prompt=prompt, answer=str(x.get("answer", "")), data=dict(x)))
+        task = self.credit_task
+        correct = torch.tensor([bool(task.is_correct(p, t)) if task is not None else float(r) >= 1.0
+                                for p, t, r in zip(problems, texts, rewards)])
+        old = output.get("old_per_token_logps")
+        old = old.detach().float().cpu() if old is not None else torch.zeros(completion_ids.shape)
+        return Rollouts(prompt_ids=output["prompt_ids"].cpu(), prompt_mask=output["prompt_mask"].bool().cpu(),
+                        completion_ids=completion_ids.cpu(), completion_mask=completion_mask.cpu(), group=group,
+                        rewards=rewards, old_logprobs=old * completion_mask.cpu(), correct=correct, problems=problems,
+                        completions=texts)
+
+    def _probe_policy(self) -> Any:
+        from credo.policy.hf import HFPolicy
+        model = self.accelerator.unwrap_model(self.model)
+        policy = HFPolicy(model, self.processing_class, device=model.device, chat=None, cast=False)
+        return policy
+
+    def _replace_logged_advantages(self, advantages: torch.Tensor, mask: torch.Tensor) -> None:
+        per_sequence = (advantages.cpu() * mask).sum(1) / mask.sum(1).clamp(min=1)
+        gathered = self.accelerator.gather(per_sequence.to(self.accelerator.device)).cpu()
+        logged = self._logs["advantages"]
+        for _ in range(min(len(gathered), len(logged))):
+            logged.pop()
+        logged.extend(gathered.tolist())
