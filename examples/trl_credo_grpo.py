@@ -52,8 +52,8 @@ def main() -> None:
     else:
         model, tokenizer = tiny_model_and_tokenizer()
 
-    def reward(completions, prompt, answer, **kwargs):  # TRL passes dataset columns by name
-        return [task.reward(Problem(key=q, prompt=q, answer=a), c) for c, q, a in zip(completions, prompt, answer)]
+    def reward(prompts, completions, answer, **kwargs):  # TRL passes dataset columns by name
+        return [task.reward(Problem(key=q, prompt=q, answer=a), c) for c, q, a in zip(completions, prompts, answer)]
 
     rows = [{"prompt": task.system_prompt + "\n\n" + p.prompt, "answer": p.answer}
             for p in task.train_problems(64, torch.Generator().manual_seed(0))]
