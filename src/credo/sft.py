@@ -61,7 +61,7 @@ class SFTConfig:
     reference_frac: float = 0.1
     eval_every: int = 100
     eval_n: int = 200
-    target_accuracy: float = 1.0
+    target_accuracy: float = 0.4
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -69,7 +69,7 @@ class TrainConfig:
     lora_r: int = 0
     lora_alpha: int = 16
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
-    steps: int = 60
+    steps: int = 150
     max_generated_tokens: int = 0
     prompts_per_step: int = 8
     group_size: int = 8

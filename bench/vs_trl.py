@@ -1,0 +1,85 @@
+"""credo's trainer vs TRL's GRPOTrainer: the same tiny HF model, prompts, group size, lengths and
+optimiser, both with GRPO advantages, timed in one run. Prints credo's step time over TRL's (goal <= 0.5).
+
+Usage: python bench/vs_trl.py [--steps 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+from common import write  # noqa: E402
+from trl_credo_grpo import tiny_model_and_tokenizer  # noqa: E402
+
+PROMPTS, GROUP, LENGTH, LR = 8, 4, 32, 1e-5
+
+
+def credo_step_seconds(model_dir: str, steps: int) -> float:
+    from credo.train import Trainer, load_train_config
+    config = load_train_config(None, [f"start={model_dir}", "task=gym:chain_sum", f"prompts_per_step={PROMPTS}",
+                                      f"group_size={GROUP}", f"max_new_tokens={LENGTH}", f"lr={LR}", "epochs=1",
+                                      "beta2=0.999", "eval_n=1", "final_eval_n=0"])
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(config, tmp, progress=False)
+        trainer.train_step()
+        start = time.perf_counter()
+        for _ in range(steps):
+            trainer.train_step()
+        return (time.perf_counter() - start) / steps
+
+
+def trl_step_seconds(model_dir: str, steps: int) -> float:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+    from credo.tasks import make_task
+    task = make_task("gym:chain_sum")
+    rows = [{"prompt": p.prompt, "answer": p.answer} for p in task.train_problems(64, torch.Generator().manual_seed(0))]
+    with tempfile.TemporaryDirectory() as tmp:
+        args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
+                          max_completion_length=LENGTH, max_steps=steps + 1, learning_rate=LR, report_to=[], use_cpu=True,
+                          bf16=False, save_strategy="no", logging_steps=1000)
+        trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), processing_class=AutoTokenizer.from_pretrained(model_dir),
+                              reward_funcs=lambda completions, **kw: [float(len(c) % 2) for c in completions], args=args,
+                              train_dataset=Dataset.from_list(rows))
+        times: list[float] = []
+        from transformers import TrainerCallback
+
+        class Clock(TrainerCallback):
+            def on_step_begin(self, *a, **k):
+                self.t = time.perf_counter()
+
+            def on_step_end(self, *a, **k):
+                times.append(time.perf_counter() - self.t)
+
+        trainer.add_callback(Clock())
+        trainer.train()
+        return sum(times[1:]) / max(len(times) - 1, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    model, tokenizer = tiny_model_and_tokenizer()
+    with tempfile.TemporaryDirectory() as model_dir:
+        model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+        ours = credo_step_seconds(model_dir, args.steps)
+        theirs = trl_step_seconds(model_dir, args.steps)
+    write("vs_trl", [{"trainer": "credo", "seconds_per_step": ours, "ratio_to_trl": ours / theirs},
+                     {"trainer": "trl GRPOTrainer", "seconds_per_step": theirs, "ratio_to_trl": 1.0}],
+          f"{PROMPTS} prompts x {GROUP} completions, up to {LENGTH} new tokens, 1 optimisation pass, tiny Llama on CPU.")
+
+
+if __name__ == "__main__":
+    main()
