@@ -13,6 +13,7 @@ run on CPU ends with the same metrics as one that was never interrupted.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -58,7 +59,8 @@ class TrainConfig:
     overlong_buffer > 0 applies DAPO's overlong penalty over the last `overlong_buffer` tokens of
     max_new_tokens, scaled by overlong_penalty. eval_every steps: greedy accuracy on eval_n held-out
     problems (final_eval_n at the end). checkpoint_every steps: atomic checkpoint (the last
-    keep_checkpoints are kept). seed: every random draw of the run.
+    keep_checkpoints are kept). data_parallel: split each step's prompts over the processes of an
+    accelerate/torchrun launch (plain strategy; see credo.distributed). seed: every random draw of the run.
     """
 
     method: str = "grpo"
@@ -95,6 +97,7 @@ class TrainConfig:
     final_eval_n: int = 500
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
+    data_parallel: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -111,6 +114,8 @@ class TrainConfig:
         check(self.eval_every > 0 and self.eval_n > 0 and self.final_eval_n >= 0, "train.eval_every/eval_n must be > 0")
         check(self.eval_every_tokens >= 0 and self.max_generated_tokens >= 0, "train.eval_every_tokens/max_generated_tokens must be >= 0")
         check(self.checkpoint_every > 0 and self.keep_checkpoints > 0, "train.checkpoint_every/keep_checkpoints must be > 0")
+        check(not self.data_parallel or self.strategy == "plain",
+              f"train.data_parallel supports strategy 'plain' only, got {self.strategy!r}")
         try:
             methods.resolve(self.method)
         except KeyError as err:
@@ -177,6 +182,13 @@ class Trainer:
         self.tokens_scored = 0
         self.seconds = 0.0
         self.log = MetricsLog(os.path.join(run_dir, "metrics.jsonl"))
+        self.dp = None
+        if config.data_parallel:
+            from credo.distributed import DataParallel
+            self.dp = DataParallel()
+            if config.prompts_per_step % self.dp.world:
+                raise ConfigError(f"train.prompts_per_step={config.prompts_per_step} must be divisible by the "
+                                  f"{self.dp.world} data-parallel processes")
 
     def start_path(self) -> str:
         if self.config.start:
@@ -190,6 +202,8 @@ class Trainer:
 
     def collect(self):
         c = self.config
+        if self.dp is not None:
+            return self.collect_sharded()
         if c.strategy == "resets":
             return collect_resets(self.policy, self.task, self.draw_problems, c.prompts_per_step, c.reset, c.sampling,
                                   self.sample_generator, self.probe, self.reset_rng)
@@ -198,6 +212,22 @@ class Trainer:
                                    c.sampling, self.sample_generator, c.dynamic_max_rounds)
         return collect_plain(self.policy, self.task, self.draw_problems, c.prompts_per_step, c.group_size,
                              c.sampling, self.sample_generator)
+
+    def collect_sharded(self):
+        """Data-parallel plain sampling: this rank's prompts, each group with its own seeded generator."""
+        from credo.distributed import group_generator
+        from credo.rollouts import concat_rollouts
+        from credo.strategies import Collected, mixed_groups, sample_groups
+        c = self.config
+        problems = self.draw_problems(c.prompts_per_step)
+        parts = []
+        for i in self.dp.shard(len(problems)):
+            part = sample_groups(self.policy, self.task, [problems[i]], c.group_size, c.sampling,
+                                 group_generator(c.seed, self.step, i), group_offset=i)
+            parts.append(part)
+        rollouts = concat_rollouts(parts, self.policy.pad_id)
+        generated = int(self.dp.sum(int(rollouts.completion_mask.sum())))
+        return Collected(rollouts, generated, {"mixed_groups": self.dp.mean(float(mixed_groups(rollouts).float().mean()))})
 
     @torch.no_grad()
     def prepare(self, rollouts: Rollouts) -> Rollouts:
@@ -220,6 +250,11 @@ class Trainer:
         if credit.loss_mask is not None:
             mask = mask & credit.loss_mask
         B = rollouts.batch_size
+        # data parallel: token-mean divides by the *global* token count, so the ranks' average is the global loss
+        scale = 1.0
+        if self.dp is not None and c.loss.aggregation == "token-mean":
+            local = float(mask.sum())
+            scale = local * self.dp.world / max(self.dp.sum(local), 1.0)
         stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "grad_norm": 0.0}
         n_updates = 0
         self.policy.model.train()
@@ -237,8 +272,11 @@ class Trainer:
                                       weights=credit.weights[idx] if credit.weights is not None else None,
                                       ref_logprobs=mb.ref_logprobs)
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.policy.model.parameters() if p.requires_grad], c.grad_clip)
+                (loss * scale).backward()
+                trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
+                if self.dp is not None:
+                    self.dp.average_gradients(trainable)
+                grad_norm = torch.nn.utils.clip_grad_norm_(trainable, c.grad_clip)
                 self.optimizer.step()
                 stats["loss"] += float(loss.detach())
                 stats["clip_frac"] += s["clip_frac"]
@@ -256,8 +294,12 @@ class Trainer:
         credit = self.assign_credit(rollouts)
         update_stats = self.update(rollouts, credit)
         self.step += 1
-        self.tokens_generated += collected.tokens_generated + credit.cost.tokens_generated + strategy_cost.tokens_generated
-        self.tokens_scored += credit.cost.tokens_scored + strategy_cost.tokens_scored
+        credit_generated = credit.cost.tokens_generated + strategy_cost.tokens_generated
+        credit_scored = credit.cost.tokens_scored + strategy_cost.tokens_scored
+        if self.dp is not None:  # collected.tokens_generated is already global
+            credit_generated, credit_scored = int(self.dp.sum(credit_generated)), int(self.dp.sum(credit_scored))
+        self.tokens_generated += collected.tokens_generated + credit_generated
+        self.tokens_scored += credit_scored
         self.seconds += time.time() - t0
         mask = rollouts.completion_mask
         row = {
@@ -273,7 +315,14 @@ class Trainer:
             **update_stats,
             **{f"credit_{k}": v for k, v in credit.info.items()},
         }
+        if self.dp is not None:  # equal shards: the mean of the ranks' means is the global mean
+            for key in ("reward_mean", "train_accuracy", "completion_length", "advantage_abs_mean", "loss", "clip_frac", "kl"):
+                row[key] = self.dp.mean(row[key])
         return row
+
+    @property
+    def is_main(self) -> bool:
+        return self.dp is None or self.dp.is_main
 
     # --- evaluation, checkpoints, the loop ----------------------------------------------------------
     def evaluate(self, n: int) -> float:
@@ -334,9 +383,11 @@ class Trainer:
         """Run until the step/token budget is spent (or `stop_after` steps in this call, for tests)."""
         os.makedirs(self.run_dir, exist_ok=True)
         config_path = os.path.join(self.run_dir, "config.yaml")
-        if not os.path.exists(config_path):
+        if self.is_main and not os.path.exists(config_path):
             atomic_write_text(config_path, dump_yaml(self.config))
         resumed = self.restore()
+        if not self.is_main:  # only the main process writes the run directory
+            self.log = _NullLog()
         if not resumed:
             self.log.truncate_after(-1)
             self.log.append({"step": 0, "tokens_generated": 0, "seconds": 0.0, "eval_accuracy": self.evaluate(self.config.eval_n)})
@@ -351,7 +402,7 @@ class Trainer:
             self.log.append(row)
             if self.on_step:
                 self.on_step(self, row)
-            if self.step % self.config.checkpoint_every == 0:
+            if self.step % self.config.checkpoint_every == 0 and self.is_main:
                 self.save_checkpoint()
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward_mean']:.2f}", **({"eval": f"{row['eval_accuracy']:.3f}"} if "eval_accuracy" in row else {}))
@@ -364,9 +415,25 @@ class Trainer:
         if self.config.final_eval_n > 0:
             final["final_accuracy"] = self.evaluate(self.config.final_eval_n)
             final["final_eval_n"] = self.config.final_eval_n
-        self.policy.save(os.path.join(self.run_dir, "final"))
-        atomic_write_text(os.path.join(self.run_dir, "summary.json"), __import__("json").dumps(final, indent=2) + "\n")
+        if self.is_main:
+            self.policy.save(os.path.join(self.run_dir, "final"))
+            atomic_write_text(os.path.join(self.run_dir, "summary.json"), json.dumps(final, indent=2) + "\n")
+        if self.dp is not None:
+            self.dp.barrier()
         return final
+
+
+class _NullLog:
+    """Metrics sink of non-main data-parallel ranks."""
+
+    def truncate_after(self, step: int) -> None:
+        pass
+
+    def append(self, row: dict) -> None:
+        pass
+
+    def rows(self) -> list[dict]:
+        return []
 
 
 def config_from_run(run_dir: str) -> TrainConfig:
