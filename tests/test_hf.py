@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402
 
 from credo import credit  # noqa: E402
 from credo.policy.base import SamplingConfig  # noqa: E402

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-pytest.importorskip("trl")
-datasets = pytest.importorskip("datasets")
+import datasets  # noqa: E402  (trl and datasets are pinned dependencies: a missing one must fail, not skip)
 
 from credo.integrations.trl import CreditGRPOTrainer  # noqa: E402
 from credo.tasks import make_task  # noqa: E402
