@@ -293,7 +293,7 @@ def _random_expectation(reference: Sequence[torch.Tensor], first_errors: Sequenc
 
 def markdown_table(report: dict[str, Any]) -> str:
     cfg = report["config"]
-    lines = [f"# credo audit", "",
+    lines = ["# credo audit", "",
              f"checkpoint `{cfg['checkpoint']}` · {cfg['traces']} traces ({cfg['group_size']} per prompt) · "
              f"K_ref={cfg['k_ref']} · segmenter `{cfg['segmenter']}` · "
              f"{cfg['incorrect_with_first_error']} incorrect traces with a labelled first error · "

@@ -259,7 +259,7 @@ def plot_curves(results: dict[str, Any], path: str) -> None:
         if len(runs) > 1:
             ax.fill_between(grid, np.nanmin(ys, 0), np.nanmax(ys, 0), color=line.get_color(), alpha=0.15)
     ax.set_xlabel("generated tokens")
-    ax.set_ylabel(f"held-out greedy accuracy")
+    ax.set_ylabel("held-out greedy accuracy")
     ax.set_title("accuracy vs generated tokens (band: min-max over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=2)

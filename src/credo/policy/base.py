@@ -134,3 +134,21 @@ def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tens
     if entropy:
         ent = -(logp_all.exp() * logp_all).sum(-1) * mask
     return logprobs, ent
+
+
+def score_branches_by_rescoring(policy: "Policy", prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                                completion_ids: torch.Tensor, branches: Sequence[tuple[int, int, Sequence[int]]],
+                                chunk: int = 256) -> tuple[list[torch.Tensor], int]:
+    """Branch scoring without prefix reuse: each (row, cut, tokens) branch re-reads prompt + completion[:cut].
+    Returns (per-branch log-probs, tokens forwarded)."""
+    out: list[torch.Tensor] = []
+    forwarded = 0
+    for start in range(0, len(branches), chunk):
+        part = branches[start:start + chunk]
+        prefixes = [prompt_ids[r][prompt_mask[r]].tolist() + completion_ids[r, :c].tolist() for r, c, _ in part]
+        p_ids, p_mask = left_pad(prefixes, policy.pad_id, prompt_ids.device)
+        b_ids, b_mask = right_pad([list(t) for _, _, t in part], policy.pad_id, prompt_ids.device)
+        logprobs, _ = policy.score(p_ids, p_mask, b_ids, b_mask)
+        out.extend(logprobs[i, :len(t)] for i, (_, _, t) in enumerate(part))
+        forwarded += int(p_mask.sum() + b_mask.sum())
+    return out, forwarded

@@ -17,7 +17,8 @@ from typing import Sequence
 
 import torch
 
-from credo.policy.base import SamplingConfig, Samples, gather_logprobs, generate, left_pad, right_pad
+from credo.policy.base import (SamplingConfig, Samples, gather_logprobs, generate, left_pad, right_pad,
+                               score_branches_by_rescoring)
 from credo.runs import atomic_directory
 
 
@@ -141,18 +142,7 @@ class HFPolicy:
                        completion_mask: torch.Tensor, branches: Sequence[tuple[int, int, Sequence[int]]],
                        reuse_prefix: bool = True) -> tuple[list[torch.Tensor], int]:
         """Same contract as TinyPolicy.score_branches; every branch re-reads its prefix here."""
-        if not branches:
-            return [], 0
-        out, forwarded = [], 0
-        for start in range(0, len(branches), 64):
-            chunk = branches[start:start + 64]
-            prefixes = [prompt_ids[r][prompt_mask[r]].tolist() + completion_ids[r, :c].tolist() for r, c, _ in chunk]
-            p_ids, p_mask = left_pad(prefixes, self.pad_id, self.device)
-            b_ids, b_mask = right_pad([list(t) for _, _, t in chunk], self.pad_id, self.device)
-            logprobs, _ = self.score(p_ids, p_mask, b_ids, b_mask)
-            out.extend(logprobs[i, :len(t)] for i, (_, _, t) in enumerate(chunk))
-            forwarded += int(p_mask.sum() + b_mask.sum())
-        return out, forwarded
+        return score_branches_by_rescoring(self, prompt_ids, prompt_mask, completion_ids, branches, chunk=64)
 
     # --- persistence --------------------------------------------------------------------------------
     def save(self, directory: str) -> None:

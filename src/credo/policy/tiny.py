@@ -9,7 +9,8 @@ from typing import Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
-from credo.policy.base import SamplingConfig, Samples, gather_logprobs, generate, left_pad, right_pad
+from credo.policy.base import (SamplingConfig, Samples, gather_logprobs, generate, left_pad, right_pad,
+                               score_branches_by_rescoring)
 from credo.policy.gpt import GPT, GPTConfig
 from credo.policy.tokenizer import CharTokenizer
 from credo.runs import atomic_directory
@@ -109,11 +110,7 @@ class TinyPolicy:
         if not branches:
             return [], 0
         if not reuse_prefix:
-            prefixes = [prompt_ids[r][prompt_mask[r]].tolist() + completion_ids[r, :c].tolist() for r, c, _ in branches]
-            p_ids, p_mask = left_pad(prefixes, self.pad_id, self.device)
-            b_ids, b_mask = right_pad([list(t) for _, _, t in branches], self.pad_id, self.device)
-            logprobs, _ = self.score(p_ids, p_mask, b_ids, b_mask)
-            return [logprobs[i, :len(t)] for i, (_, _, t) in enumerate(branches)], int(p_mask.sum() + b_mask.sum())
+            return score_branches_by_rescoring(self, prompt_ids, prompt_mask, completion_ids, branches)
         rows = sorted({r for r, _, _ in branches})
         row_index = {r: i for i, r in enumerate(rows)}
         P = prompt_ids.shape[1]

@@ -7,7 +7,6 @@ Dataset options (e.g. min_terms, max_digits for chain_sum) pass straight to reas
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import torch
