@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from credo import credit as credit_registry
 from credo import methods
-from credo.config import ConfigError, dump_yaml, to_dict
+from credo.config import ConfigError, dump_yaml
 from credo.evaluate import evaluate
 from credo.loss import policy_loss
 from credo.policy import bind_task, load_policy
@@ -328,7 +328,3 @@ def config_from_run(run_dir: str) -> TrainConfig:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{run_dir} has no config.yaml: not a credo run directory")
     return load_train_config(path)
-
-
-def as_dict(config: TrainConfig) -> dict:
-    return to_dict(config)
