@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from credo import methods as method_registry
 from credo.audit import AuditConfig, run_audit
-from credo.runs import atomic_write_json, atomic_write_text
+from credo.runs import MetricsLog, atomic_write_json, atomic_write_text
 from credo.train import Trainer, load_train_config
 
 ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain", "rredcot", "ibpo", "sc_grpo", "rrpo", "srpo")
@@ -78,12 +78,10 @@ def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on
                  "eval_n": preset.eval_n, "final_eval_n": preset.final_eval_n, "checkpoint_every": 50}
     config = load_train_config(None, None, overrides)
     if os.path.exists(os.path.join(run_dir, "summary.json")):  # finished earlier: reuse (compare is resumable)
-        trainer = Trainer(config, run_dir, progress=False)
         summary = json.load(open(os.path.join(run_dir, "summary.json")))
     else:
-        trainer = Trainer(config, run_dir, progress=False, on_step=on_step)
-        summary = trainer.train()
-    rows = trainer.log.rows()
+        summary = Trainer(config, run_dir, progress=False, on_step=on_step).train()
+    rows = MetricsLog(os.path.join(run_dir, "metrics.jsonl")).rows()
     curve = [{"tokens_generated": r["tokens_generated"], "seconds": r["seconds"], "accuracy": r["eval_accuracy"]}
              for r in rows if "eval_accuracy" in r]
     steps = [r for r in rows if r.get("step", 0) > 0]

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from credo.config import check
-from credo.policy.base import Policy, SamplingConfig, left_pad
+from credo.policy.base import Policy, SamplingConfig, left_pad, right_pad
 from credo.probe import Probe, prompt_tokens
 from credo.rollouts import Rollouts, concat_rollouts
 from credo.segment import segment_bounds, segmenter_config
@@ -115,7 +115,7 @@ def continue_from(policy: Policy, task: Task, base: Rollouts, row: int, cut: int
     ids, mask = left_pad([prompt + prefix] * n, policy.pad_id, base.prompt_ids.device)
     out = policy.sample(ids, mask, sampling, generator)
     completions = [prefix + c[m].tolist() for c, m in zip(out.completion_ids, out.completion_mask)]
-    comp_ids, comp_mask = policy_pad(policy, completions, base.prompt_ids.device)
+    comp_ids, comp_mask = right_pad(completions, policy.pad_id, base.prompt_ids.device)
     texts = [policy.decode(torch.tensor(c, dtype=torch.long)) for c in completions]
     problem = base.problems[row]
     rewards, correct = rewards_for(task, [problem] * n, texts)
@@ -124,11 +124,6 @@ def continue_from(policy: Policy, task: Task, base: Rollouts, row: int, cut: int
     loss_mask[:, :cut] = False
     return Rollouts(p_ids, p_mask, comp_ids, comp_mask, torch.full((n,), group_id, dtype=torch.long), rewards,
                     torch.zeros(comp_ids.shape), correct, [problem] * n, texts, loss_mask=loss_mask)
-
-
-def policy_pad(policy: Policy, rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    from credo.policy.base import right_pad
-    return right_pad(rows, policy.pad_id, device)
 
 
 def collect_resets(policy: Policy, task: Task, draw: Callable[[int], list[Problem]], prompts: int, config: ResetConfig,
