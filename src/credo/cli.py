@@ -123,7 +123,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from credo.compare import compare
     methods = tuple(m for m in (args.methods or "").split(",") if m) or None
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
-    results = compare(args.preset, args.out, methods, seeds, start=args.start, progress=not args.quiet)
+    results = compare(args.preset, args.out, methods, seeds, start=args.start, progress=not args.quiet,
+                      jobs=args.jobs)
     print(open(os.path.join(args.out, "report.md")).read())
     return 1 if results["failures"] else 0
 
@@ -181,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", help="comma-separated seeds instead of the preset's, e.g. 0,1,2")
     p.add_argument("--start", help="start checkpoint (default: the cached SFT start)")
     p.add_argument("--out", required=True, help="run directory (resumable: finished runs inside it are reused)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="trainings run at once, each in its own process with cpu_count/jobs threads (default 1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_compare)
 
