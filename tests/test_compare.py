@@ -40,3 +40,40 @@ def test_a_failing_method_is_reported_and_the_rest_still_runs(saved_policy, tmp_
     assert results["failures"] == {"rloo-s0": "RuntimeError: boom"}
     assert results["methods"]["grpo"]["final_mean"] is not None
     assert "rloo-s0 | failed: RuntimeError: boom" in open(os.path.join(out, "report.md")).read()
+
+
+def test_parallel_jobs_give_the_same_runs_as_one_job(saved_policy, tmp_path):
+    """--jobs 2 runs each training in a one-thread worker; with one thread here too, every curve must match."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        serial = compare("smoke", str(tmp_path / "serial"), methods=("rloo",), seeds=(0, 1), start=saved_policy,
+                         progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    parallel = compare("smoke", str(tmp_path / "parallel"), methods=("rloo",), seeds=(0, 1), start=saved_policy,
+                       progress=False, jobs=2)
+    assert parallel["failures"] == {} and serial["failures"] == {}
+    for method in ("grpo", "rloo"):
+        assert set(parallel["methods"][method]["seeds"]) == {"0", "1"}
+        for seed in ("0", "1"):
+            a, b = serial["methods"][method]["seeds"][seed], parallel["methods"][method]["seeds"][seed]
+            assert [p["accuracy"] for p in a["curve"]] == [p["accuracy"] for p in b["curve"]]
+            assert a["tokens_generated"] == b["tokens_generated"] and a["steps"] == b["steps"]
+    # the two seeds are different runs, not one run reported twice
+    runs = parallel["methods"]["grpo"]["seeds"]
+    assert runs["0"]["tokens_generated"] != runs["1"]["tokens_generated"] or runs["0"]["curve"] != runs["1"]["curve"]
+
+
+def test_report_checks_the_goals_and_can_be_rebuilt(saved_policy, tmp_path):
+    from credo.compare import rewrite_report
+    out = str(tmp_path / "cmp")
+    compare("smoke", out, methods=("sc_grpo",), start=saved_policy, progress=False)
+    on_disk = json.load(open(os.path.join(out, "results.json")))
+    goals = {g["goal"]: g for g in on_disk["goals"]}
+    sc = on_disk["methods"]["sc_grpo"]
+    assert goals["SC-GRPO ends above GRPO"]["holds"] == (sc["delta_vs_grpo_mean"] > max(sc["delta_vs_grpo_std"], 1e-9))
+    os.remove(os.path.join(out, "report.md"))
+    rewrite_report(out)
+    assert "## Goals" in open(os.path.join(out, "report.md")).read()

@@ -123,8 +123,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from credo.compare import compare
     methods = tuple(m for m in (args.methods or "").split(",") if m) or None
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
-    results = compare(args.preset, args.out, methods, seeds, start=args.start, progress=not args.quiet,
-                      jobs=args.jobs)
+    if args.report_only:
+        from credo.compare import rewrite_report
+        results = rewrite_report(args.out)
+    else:
+        results = compare(args.preset, args.out, methods, seeds, start=args.start, progress=not args.quiet,
+                          jobs=args.jobs)
     print(open(os.path.join(args.out, "report.md")).read())
     return 1 if results["failures"] else 0
 
@@ -184,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="run directory (resumable: finished runs inside it are reused)")
     p.add_argument("--jobs", type=int, default=1,
                    help="trainings run at once, each in its own process with cpu_count/jobs threads (default 1)")
+    p.add_argument("--report-only", action="store_true",
+                   help="rebuild report.md, curves.png and the goal checks from --out's results.json; train nothing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_compare)
 

@@ -154,13 +154,13 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
                     outcomes[futures[future]] = future.result()
                 except Exception:  # the worker itself died (killed, out of memory)
                     outcomes[futures[future]] = (None, traceback.format_exc())
-            running = [plan[futures[f]] for f in pending]
-            now = sum(preset.token_budget for i in outcomes) + sum(
-                _tokens_so_far(d, preset.token_budget) for _, _, d in running)
+            started = sorted((futures[f], _tokens_so_far(plan[futures[f]][2], preset.token_budget)) for f in pending)
+            started = [(i, tokens) for i, tokens in started if tokens > 0]  # queued runs have no log yet
+            now = preset.token_budget * len(outcomes) + sum(tokens for _, tokens in started)
             bar.update(now - shown)
             shown = now
             bar.set_description(f"{len(outcomes)}/{len(plan)} runs done; running "
-                                + ", ".join(f"{m} s{s}" for m, s, _ in running[:jobs]))
+                                + ", ".join(f"{plan[i][0]} s{plan[i][1]}" for i, _ in started[:jobs]))
     return [outcomes[i] for i in range(len(plan))]
 
 
@@ -194,7 +194,8 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     began = time.time()
     results: dict[str, Any] = {"preset": preset_name, "start": start, "commit": _git_commit(),
                                "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cpus",
-                               "token_budget": preset.token_budget, "methods": {}, "failures": {}}
+                               "token_budget": preset.token_budget, "final_eval_n": preset.final_eval_n,
+                               "methods": {}, "failures": {}}
     total = len(preset.methods) * len(preset.seeds) * preset.token_budget
     bar = tqdm(total=total, unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True)
     # seed-major: an interrupted comparison has every method at its first seeds
@@ -211,13 +212,29 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
             atomic_write_text(os.path.join(out_dir, f"failure-{method}-s{seed}.txt"), error)
     atomic_write_json(os.path.join(out_dir, "results.json"), results)
     bar.close()
-    summarise(results)
     if preset.audit_n > 0:
         results["audit"] = audit_rows(preset, start, out_dir, progress)
     results["wall_seconds"] = time.time() - began
+    write_report(results, out_dir)
+    return results
+
+
+def write_report(results: dict[str, Any], out_dir: str) -> None:
+    """(Re)derives the summary and goal checks, then writes results.json, report.md and curves.png."""
+    summarise(results)
+    results["goals"] = goals(results)
     atomic_write_json(os.path.join(out_dir, "results.json"), results)
     atomic_write_text(os.path.join(out_dir, "report.md"), report(results))
     plot_curves(results, os.path.join(out_dir, "curves.png"))
+
+
+def rewrite_report(out_dir: str) -> dict[str, Any]:
+    """Rebuilds a finished comparison's report from its results.json (after a change to the report)."""
+    path = os.path.join(out_dir, "results.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no results.json; run `credo compare --out {out_dir}` first")
+    results = json.load(open(path))
+    write_report(results, out_dir)
     return results
 
 
@@ -238,8 +255,14 @@ def summarise(results: dict[str, Any]) -> None:
         reached = [r["tokens_to_grpo_final"] for r in runs.values() if r["tokens_to_grpo_final"]]
         entry["final_mean"] = statistics.mean(finals) if finals else None
         entry["final_std"] = statistics.stdev(finals) if len(finals) > 1 else 0.0 if finals else None
+        # paired by seed: a seed fixes the prompt order, so the difference cancels part of the prompt noise
+        deltas = [r["final_accuracy"] - grpo[seed]["final_accuracy"] for seed, r in runs.items() if seed in grpo]
+        entry["delta_vs_grpo_mean"] = statistics.mean(deltas) if deltas else None
+        entry["delta_vs_grpo_std"] = statistics.stdev(deltas) if len(deltas) > 1 else 0.0 if deltas else None
+        entry["seeds_reaching_grpo_final"] = len(reached)
+        # the mean over the seeds that got there; `seeds_reaching_grpo_final` says how many did
         entry["tokens_to_grpo_final_ratio"] = (statistics.mean(reached) / grpo_tokens_mean
-                                               if reached and len(reached) == len(runs) and grpo_tokens_mean == grpo_tokens_mean else None)
+                                               if reached and grpo_tokens_mean == grpo_tokens_mean else None)
         entry["step_time_ratio"] = (statistics.mean([r["seconds_per_step"] for r in runs.values()]) / grpo_step
                                     if runs and grpo_step == grpo_step else None)
 
@@ -271,21 +294,64 @@ def report(results: dict[str, Any]) -> str:
     lines = [f"# credo compare ({results['preset']})", "",
              f"Start `{results['start']}` · budget {results['token_budget']:,} generated tokens per run · "
              f"commit `{results['commit'][:10]}` · {results['date']} · {results['machine']}", "",
-             "| method | final accuracy (mean ± std) | seeds | tokens to GRPO's final (× GRPO) | step time (× GRPO) | audit spearman | audit first_error_top1 | audit cost (× trace) |",
+             "| method | final accuracy (mean ± std) | Δ vs GRPO, paired by seed | tokens to GRPO's final (× GRPO; seeds reaching) | step time (× GRPO) | audit spearman | audit first_error_top1 | audit cost (× trace) |",
              "|---|---|---|---|---|---|---|---|"]
     for name, entry in results["methods"].items():
         estimator = method_registry.resolve(name).estimator
         # a recipe on GRPO advantages (dapo, gspo, rrpo, srpo) has no credit of its own to audit
         a = audit.get(estimator, {}) if (estimator != "grpo" or name == "grpo") else {}
         n = len(entry["seeds"])
-        final = f"{entry['final_mean']:.3f} ± {entry['final_std']:.3f}" if entry.get("final_mean") is not None else "failed"
-        lines.append(f"| {name} | {final} | {n} | {_fmt(entry.get('tokens_to_grpo_final_ratio'), '{:.2f}')} | "
+        if entry.get("final_mean") is None:
+            final, delta, reach = "failed", "—", "—"
+        else:
+            final = f"{entry['final_mean']:.3f} ± {entry['final_std']:.3f} ({n} seeds)"
+            delta = f"{entry['delta_vs_grpo_mean']:+.3f} ± {entry['delta_vs_grpo_std']:.3f}"
+            reach = f"{_fmt(entry.get('tokens_to_grpo_final_ratio'), '{:.2f}')} ({entry['seeds_reaching_grpo_final']}/{n})"
+        lines.append(f"| {name} | {final} | {delta} | {reach} | "
                      f"{_fmt(entry.get('step_time_ratio'), '{:.2f}')} | {_fmt(a.get('spearman'))} | "
                      f"{_fmt(a.get('first_error_top1'))} | {_fmt(a.get('cost_vs_grpo_step'), '{:.2f}')} |")
     for run, why in results["failures"].items():
         lines.append(f"| {run} | failed: {why} | | | | | | |")
     lines += ["", "## Reading", "", reading(results)]
     return "\n".join(lines) + "\n"
+
+
+BASELINES = ("grpo", "dr_grpo", "rloo", "dapo", "gspo")
+
+
+def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The seed papers' claims, checked at our scale: each {goal, holds (bool or None when a method
+    is missing or failed), evidence}. A difference counts only when it exceeds the seeds' spread."""
+    entries = {k: v for k, v in results["methods"].items() if v.get("final_mean") is not None}
+    out: list[dict[str, Any]] = []
+    credit_methods = {k: v for k, v in entries.items() if k not in BASELINES}
+    if "grpo" in entries and credit_methods:
+        name, best = max(credit_methods.items(), key=lambda kv: kv[1]["final_mean"])
+        ratio, n = best.get("tokens_to_grpo_final_ratio"), len(best["seeds"])
+        holds = (ratio is not None and best["seeds_reaching_grpo_final"] == n and ratio <= 0.5
+                 and best["delta_vs_grpo_mean"] >= 0.05)
+        out.append({"goal": "the best credit method reaches GRPO's final accuracy with <= 0.5x the generated tokens "
+                            "and ends >= +5 points above it", "holds": holds,
+                    "evidence": f"best credit method {name}: {best['delta_vs_grpo_mean']:+.3f} ± "
+                                f"{best['delta_vs_grpo_std']:.3f} vs GRPO, tokens to GRPO's final "
+                                f"{_fmt(ratio, '{:.2f}')}x ({best['seeds_reaching_grpo_final']}/{n} seeds reach it)"})
+    if "grpo" in entries and "sc_grpo" in entries:
+        e = entries["sc_grpo"]
+        out.append({"goal": "SC-GRPO ends above GRPO", "holds": e["delta_vs_grpo_mean"] > max(e["delta_vs_grpo_std"], 1e-9),
+                    "evidence": f"sc_grpo {e['delta_vs_grpo_mean']:+.3f} ± {e['delta_vs_grpo_std']:.3f} vs GRPO "
+                                f"(paired over {len(e['seeds'])} seeds)"})
+    if "srpo" in entries and "rrpo" in entries:
+        s_, r_ = entries["srpo"], entries["rrpo"]
+        def tokens(e: dict) -> float:  # never reaching counts as the whole budget
+            runs = e["seeds"].values()
+            return statistics.mean([r["tokens_to_grpo_final"] or results["token_budget"] for r in runs])
+        ts, tr = tokens(s_), tokens(r_)
+        out.append({"goal": "SRPO reaches GRPO's final accuracy sooner than RRPO",
+                    "holds": ts < tr and s_["seeds_reaching_grpo_final"] >= r_["seeds_reaching_grpo_final"],
+                    "evidence": f"generated tokens to GRPO's final, mean over seeds (budget when never): srpo {ts:,.0f} "
+                                f"({s_['seeds_reaching_grpo_final']}/{len(s_['seeds'])} reach), rrpo {tr:,.0f} "
+                                f"({r_['seeds_reaching_grpo_final']}/{len(r_['seeds'])} reach)"})
+    return out
 
 
 def reading(results: dict[str, Any]) -> str:
@@ -298,14 +364,22 @@ def reading(results: dict[str, Any]) -> str:
     parts = [f"GRPO ends at {g['final_mean']:.3f}. The best final accuracy is {best[0]}'s {best[1]['final_mean']:.3f} "
              f"({best[1]['final_mean'] - g['final_mean']:+.3f})."]
     faster = [k for k, v in entries.items() if k != "grpo" and v.get("tokens_to_grpo_final_ratio") is not None
-              and v["tokens_to_grpo_final_ratio"] < 0.995]
+              and v["seeds_reaching_grpo_final"] == len(v["seeds"]) and v["tokens_to_grpo_final_ratio"] < 0.995]
     if faster:
-        parts.append("Reached GRPO's final accuracy with fewer generated tokens: " + ", ".join(
+        parts.append("Reached GRPO's final accuracy on every seed with fewer generated tokens: " + ", ".join(
             f"{k} ({entries[k]['tokens_to_grpo_final_ratio']:.2f}x)" for k in faster) + ".")
-    if seeds < 3:
-        parts.append(f"With {seeds} seed(s) and one standard error of ~2 points on 500 problems, differences under "
-                     f"~5 points are not evidence; run `--preset full` (3 seeds) before drawing conclusions.")
-    return " ".join(parts)
+    n_eval = results.get("final_eval_n", 500)
+    se = (0.25 / n_eval) ** 0.5
+    parts.append(f"One final evaluation on {n_eval} problems has a standard error of up to {se:.3f}; "
+                 + (f"with {seeds} seed(s), differences under ~{2 * se * 2 ** 0.5:.2f} are not evidence; run "
+                    f"`--preset full` (3 seeds) before drawing conclusions." if seeds < 3 else
+                    "read a difference as real only where it exceeds the spread over seeds."))
+    text = " ".join(parts)
+    checks = goals(results)
+    if checks:
+        text += "\n\n## Goals (the seed papers' claims at our scale)\n\n| goal | holds | evidence |\n|---|---|---|\n"
+        text += "\n".join(f"| {c['goal']} | {'yes' if c['holds'] else 'no'} | {c['evidence']} |" for c in checks)
+    return text
 
 
 def plot_curves(results: dict[str, Any], path: str) -> None:
