@@ -77,3 +77,13 @@ def test_report_checks_the_goals_and_can_be_rebuilt(saved_policy, tmp_path):
     os.remove(os.path.join(out, "report.md"))
     rewrite_report(out)
     assert "## Goals" in open(os.path.join(out, "report.md")).read()
+
+
+def test_a_run_directory_from_another_budget_is_refused_not_mixed_in(saved_policy, tmp_path):
+    import pytest
+    out = str(tmp_path / "cmp")
+    first = compare("smoke", out, methods=("grpo",), start=saved_policy, progress=False)
+    again = compare("smoke", out, methods=("grpo",), start=saved_policy, progress=False)  # same config: reused
+    assert again["methods"]["grpo"]["seeds"]["0"]["curve"] == first["methods"]["grpo"]["seeds"]["0"]["curve"]
+    with pytest.raises(ValueError, match=r"grpo-s0 .*max_generated_tokens: 1500 -> 3000"):
+        compare("smoke", out, methods=("grpo",), start=saved_policy, progress=False, token_budget=3000)

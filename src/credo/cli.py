@@ -128,7 +128,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         results = rewrite_report(args.out)
     else:
         results = compare(args.preset, args.out, methods, seeds, start=args.start, progress=not args.quiet,
-                          jobs=args.jobs)
+                          jobs=args.jobs, token_budget=args.budget)
     print(open(os.path.join(args.out, "report.md")).read())
     return 1 if results["failures"] else 0
 
@@ -188,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="run directory (resumable: finished runs inside it are reused)")
     p.add_argument("--jobs", type=int, default=1,
                    help="trainings run at once, each in its own process with cpu_count/jobs threads (default 1)")
+    p.add_argument("--budget", type=int,
+                   help="generated tokens per training run instead of the preset's (evaluated every quarter of it)")
     p.add_argument("--report-only", action="store_true",
                    help="rebuild report.md, curves.png and the goal checks from --out's results.json; train nothing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -73,11 +73,42 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on_step: Any) -> dict[str, Any]:
+def run_config(method: str, seed: int, preset: Preset, start: str) -> Any:
     overrides = {**preset.train, "method": method, "seed": seed, "start": start, "steps": 1_000_000,
                  "max_generated_tokens": preset.token_budget, "eval_every_tokens": preset.eval_every_tokens,
                  "eval_n": preset.eval_n, "final_eval_n": preset.final_eval_n, "checkpoint_every": 50}
-    config = load_train_config(None, None, overrides)
+    return load_train_config(None, None, overrides)
+
+
+def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str) -> None:
+    """A run directory left by an earlier comparison is reused (or resumed) only if it was made with
+    the same training config; otherwise mixing budgets or starts would corrupt the table."""
+    import yaml
+    from credo.config import dump_yaml
+    for method, seed, run_dir in plan:
+        path = os.path.join(run_dir, "config.yaml")
+        if not os.path.exists(path):
+            continue
+        old = _flatten(yaml.safe_load(open(path)))
+        new = _flatten(yaml.safe_load(dump_yaml(run_config(method, seed, preset, start))))
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        if changed:
+            raise ValueError(f"{run_dir} was made with a different config ({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "
+                             "choose a new --out or remove that run directory")
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on_step: Any) -> dict[str, Any]:
+    config = run_config(method, seed, preset, start)
     if os.path.exists(os.path.join(run_dir, "summary.json")):  # finished earlier: reuse (compare is resumable)
         summary = json.load(open(os.path.join(run_dir, "summary.json")))
     else:
@@ -172,17 +203,23 @@ def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
 
 
 def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
-            start: str | None = None, progress: bool = True, jobs: int = 1) -> dict[str, Any]:
+            start: str | None = None, progress: bool = True, jobs: int = 1,
+            token_budget: int | None = None) -> dict[str, Any]:
     """Runs the preset and writes the run directory; returns results.json's content.
 
     jobs > 1 runs that many (method, seed) trainings at once in worker processes, each with
     cpu_count // jobs threads (on 2 cores two one-thread jobs finish the grid ~1.5x sooner than one
     two-thread job: small matmuls do not scale to two threads). Every run of one comparison should
-    use the same `jobs`, since step times are compared across methods."""
+    use the same `jobs`, since step times are compared across methods. token_budget replaces the
+    preset's budget of generated tokens per run (evaluated at each quarter of it)."""
     if preset_name not in PRESETS:
         raise KeyError(f"unknown preset {preset_name!r}; available: {', '.join(PRESETS)}")
     preset = PRESETS[preset_name]
     preset = replace(preset, methods=tuple(methods or preset.methods), seeds=tuple(seeds if seeds is not None else preset.seeds))
+    if token_budget is not None:
+        if token_budget <= 0:
+            raise ValueError(f"token_budget must be a positive number of generated tokens, got {token_budget}")
+        preset = replace(preset, token_budget=token_budget, eval_every_tokens=max(1, token_budget // 4))
     for m in preset.methods:
         method_registry.resolve(m)  # unknown names fail before any training
     if "grpo" not in preset.methods:
@@ -200,6 +237,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     bar = tqdm(total=total, unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True)
     # seed-major: an interrupted comparison has every method at its first seeds
     plan = [(m, s, os.path.join(out_dir, "runs", f"{m}-s{s}")) for s in preset.seeds for m in preset.methods]
+    check_reusable(plan, preset, start)
     outcomes = (_run_serial(plan, preset, start, bar) if jobs <= 1
                 else _run_parallel(plan, preset, start, bar, jobs))
     for method in preset.methods:
