@@ -208,8 +208,8 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     """Runs the preset and writes the run directory; returns results.json's content.
 
     jobs > 1 runs that many (method, seed) trainings at once in worker processes, each with
-    cpu_count // jobs threads (on 2 cores two one-thread jobs finish the grid ~1.5x sooner than one
-    two-thread job: small matmuls do not scale to two threads). Every run of one comparison should
+    cpu_count // jobs threads (on 2 cores two one-thread jobs finished a small grid 1.15x sooner than one
+    two-thread job, `bench/compare_jobs.py`: small matmuls scale poorly to two threads). Every run of one comparison should
     use the same `jobs`, since step times are compared across methods. token_budget replaces the
     preset's budget of generated tokens per run (evaluated at each quarter of it)."""
     if preset_name not in PRESETS:
