@@ -128,7 +128,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         results = rewrite_report(args.out)
     else:
         results = compare(args.preset, args.out, methods, seeds, start=args.start, progress=not args.quiet,
-                          jobs=args.jobs, token_budget=args.budget)
+                          jobs=args.jobs, token_budget=args.budget, command=" ".join(["credo", *args.argv]))
     print(open(os.path.join(args.out, "report.md")).read())
     return 1 if results["failures"] else 0
 
@@ -210,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in run directories
     _threads()
     from credo.config import ConfigError
     try:

@@ -84,7 +84,7 @@ def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str)
     """A run directory left by an earlier comparison is reused (or resumed) only if it was made with
     the same training config; otherwise mixing budgets or starts would corrupt the table."""
     import yaml
-    from credo.config import dump_yaml
+    from credo.config import ConfigError, dump_yaml
     for method, seed, run_dir in plan:
         path = os.path.join(run_dir, "config.yaml")
         if not os.path.exists(path):
@@ -93,7 +93,7 @@ def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str)
         new = _flatten(yaml.safe_load(dump_yaml(run_config(method, seed, preset, start))))
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         if changed:
-            raise ValueError(f"{run_dir} was made with a different config ({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "
+            raise ConfigError(f"{run_dir} was made with a different config ({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "
                              "choose a new --out or remove that run directory")
 
 
@@ -204,7 +204,7 @@ def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
 
 def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
             start: str | None = None, progress: bool = True, jobs: int = 1,
-            token_budget: int | None = None) -> dict[str, Any]:
+            token_budget: int | None = None, command: str | None = None) -> dict[str, Any]:
     """Runs the preset and writes the run directory; returns results.json's content.
 
     jobs > 1 runs that many (method, seed) trainings at once in worker processes, each with
@@ -229,7 +229,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
         start = ensure_sft(progress=progress)
     os.makedirs(out_dir, exist_ok=True)
     began = time.time()
-    results: dict[str, Any] = {"preset": preset_name, "start": start, "commit": _git_commit(),
+    results: dict[str, Any] = {"preset": preset_name, "command": command, "start": start, "commit": _git_commit(),
                                "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cpus",
                                "token_budget": preset.token_budget, "final_eval_n": preset.final_eval_n,
                                "methods": {}, "failures": {}}
@@ -331,7 +331,9 @@ def report(results: dict[str, Any]) -> str:
     audit = results.get("audit", {}).get("methods", {})
     lines = [f"# credo compare ({results['preset']})", "",
              f"Start `{results['start']}` · budget {results['token_budget']:,} generated tokens per run · "
-             f"commit `{results['commit'][:10]}` · {results['date']} · {results['machine']}", "",
+             f"commit `{results['commit'][:10]}` · {results['date']} · {results['machine']}"
+             + (f" · {results['wall_seconds'] / 60:.0f} min wall" if results.get("wall_seconds") else ""), "",
+             *([f"Command: `{results['command']}`", ""] if results.get("command") else []),
              "| method | final accuracy (mean ± std) | Δ vs GRPO, paired by seed | tokens to GRPO's final (× GRPO; seeds reaching) | step time (× GRPO) | audit spearman | audit first_error_top1 | audit cost (× trace) |",
              "|---|---|---|---|---|---|---|---|"]
     for name, entry in results["methods"].items():
@@ -420,30 +422,51 @@ def reading(results: dict[str, Any]) -> str:
     return text
 
 
+def _mean_curve(entry: dict[str, Any]) -> tuple[list[float], list[float], list[float], list[float]] | None:
+    """Mean, min and max accuracy over seeds at each evaluation, aligned by evaluation index (the
+    k-th crossing of the eval interval), at the mean token count of that evaluation."""
+    runs = [[p for p in r["curve"] if not p.get("final")] for r in entry["seeds"].values() if r.get("curve")]
+    runs = [c for c in runs if c]
+    if not runs:
+        return None
+    length = min(len(c) for c in runs)
+    xs = [statistics.mean(c[i]["tokens_generated"] for c in runs) for i in range(length)]
+    ys = [[c[i]["accuracy"] for c in runs] for i in range(length)]
+    return xs, [statistics.mean(y) for y in ys], [min(y) for y in ys], [max(y) for y in ys]
+
+
 def plot_curves(results: dict[str, Any], path: str) -> None:
+    """One panel per method (mean over seeds, band min-max), GRPO in grey in every panel."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for name, entry in results["methods"].items():
-        runs = [r["curve"] for r in entry["seeds"].values() if r.get("curve")]
-        if not runs:
-            continue
-        grid = sorted({p["tokens_generated"] for c in runs for p in c if not p.get("final")})
-        if not grid:
-            continue
-        ys = np.array([[next((p["accuracy"] for p in reversed(c) if p["tokens_generated"] <= x and not p.get("final")), np.nan)
-                        for x in grid] for c in runs])
-        mean = np.nanmean(ys, 0)
-        line, = ax.plot(grid, mean, marker="o", ms=3, label=name)
-        if len(runs) > 1:
-            ax.fill_between(grid, np.nanmin(ys, 0), np.nanmax(ys, 0), color=line.get_color(), alpha=0.15)
-    ax.set_xlabel("generated tokens")
-    ax.set_ylabel("held-out greedy accuracy")
-    ax.set_title("accuracy vs generated tokens (band: min-max over seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
+    curves = {name: c for name, entry in results["methods"].items() if (c := _mean_curve(entry))}
+    if not curves:
+        return
+    cols = min(4, len(curves))
+    rows = math.ceil(len(curves) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), sharex=True, sharey=True, squeeze=False)
+    lows = [v for c in curves.values() for v in c[2]]
+    highs = [v for c in curves.values() for v in c[3]]
+    for ax, (name, (xs, mean, low, high)) in zip(axes.flat, curves.items()):
+        if name != "grpo" and "grpo" in curves:
+            gx, gm, gl, gh = curves["grpo"]
+            ax.plot(gx, gm, color="0.55", lw=1.2, label="grpo")
+            ax.fill_between(gx, gl, gh, color="0.55", alpha=0.15)
+        ax.plot(xs, mean, color="C0" if name == "grpo" else "C3", marker="o", ms=3, lw=1.6, label=name)
+        ax.fill_between(xs, low, high, color="C0" if name == "grpo" else "C3", alpha=0.2)
+        n = len(results["methods"][name]["seeds"])
+        ax.set_title(f"{name} ({n} seed{'s' if n != 1 else ''})", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(min(lows) - 0.01, max(highs) + 0.01)
+    for ax in axes.flat[len(curves):]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("generated tokens")
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(3, 3))
+    for ax in axes[:, 0]:
+        ax.set_ylabel("held-out accuracy")
+    fig.suptitle("held-out greedy accuracy vs generated tokens (mean over seeds; band: min-max; grey: GRPO)", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
