@@ -5,6 +5,7 @@ Writes runs/demo-<time>/ (results.json, report.md, curves.png, audit.png) and pr
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -12,5 +13,7 @@ from credo.cli import main
 
 if __name__ == "__main__":
     out = f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    print(f"credo demo: credo compare --preset quick --out {out}", flush=True)
-    sys.exit(main(["compare", "--preset", "quick", "--out", out]))
+    jobs = "2" if (os.cpu_count() or 1) >= 2 else "1"  # two one-thread runs side by side (bench/compare_jobs.py)
+    argv = ["compare", "--preset", "quick", "--jobs", jobs, "--out", out]
+    print(f"credo demo: credo {' '.join(argv)}", flush=True)
+    sys.exit(main(argv))
