@@ -20,7 +20,7 @@ def test_compare_smoke_writes_results_report_and_plots(saved_policy, tmp_path):
     assert "audit" in on_disk and "rredcot" in on_disk["audit"]["methods"]
     report = open(os.path.join(out, "report.md")).read()
     assert "| grpo |" in report and "| rredcot |" in report
-    for name in ("curves.png", "audit.png"):
+    for name in ("curves.png", "curves_by_update.png", "audit.png"):
         assert os.path.getsize(os.path.join(out, name)) > 1000
     assert results["failures"] == {}
 

@@ -7,7 +7,7 @@ eval interval, so every curve shares one x axis. The run directory holds
   runs/<method>-s<seed>/   each training run (config, metrics.jsonl, checkpoints, final/)
   audit/                   the credit audit of the start checkpoint for the estimators compared
   results.json             curves, finals, tokens-to-GRPO-final, step times, audit rows, failures
-  report.md, curves.png, audit.png
+  report.md, curves.png (accuracy vs generated tokens), curves_by_update.png, audit.png
 A method that fails is reported in the table and the comparison goes on.
 """
 
@@ -108,17 +108,20 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on_step: Any) -> dict[str, Any]:
-    config = run_config(method, seed, preset, start)
-    if os.path.exists(os.path.join(run_dir, "summary.json")):  # finished earlier: reuse (compare is resumable)
-        summary = json.load(open(os.path.join(run_dir, "summary.json")))
-    else:
-        summary = Trainer(config, run_dir, progress=False, on_step=on_step).train()
+    if not os.path.exists(os.path.join(run_dir, "summary.json")):  # else finished earlier: reuse (resumable)
+        Trainer(run_config(method, seed, preset, start), run_dir, progress=False, on_step=on_step).train()
+    return run_result(run_dir)
+
+
+def run_result(run_dir: str) -> dict[str, Any]:
+    """One finished training run as results.json records it, read from its run directory."""
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
     rows = MetricsLog(os.path.join(run_dir, "metrics.jsonl")).rows()
-    curve = [{"tokens_generated": r["tokens_generated"], "seconds": r["seconds"], "accuracy": r["eval_accuracy"]}
-             for r in rows if "eval_accuracy" in r]
+    curve = [{"step": r["step"], "tokens_generated": r["tokens_generated"], "seconds": r["seconds"],
+              "accuracy": r["eval_accuracy"]} for r in rows if "eval_accuracy" in r]
     steps = [r for r in rows if r.get("step", 0) > 0]
-    curve.append({"tokens_generated": summary["tokens_generated"], "seconds": summary["seconds"],
-                  "accuracy": summary["final_accuracy"], "final": True})
+    curve.append({"step": summary["step"], "tokens_generated": summary["tokens_generated"],
+                  "seconds": summary["seconds"], "accuracy": summary["final_accuracy"], "final": True})
     return {"curve": curve, "final_accuracy": summary["final_accuracy"], "steps": summary["step"],
             "tokens_generated": summary["tokens_generated"], "seconds": summary["seconds"],
             "seconds_per_step": summary["seconds"] / max(summary["step"], 1),
@@ -264,14 +267,21 @@ def write_report(results: dict[str, Any], out_dir: str) -> None:
     atomic_write_json(os.path.join(out_dir, "results.json"), results)
     atomic_write_text(os.path.join(out_dir, "report.md"), report(results))
     plot_curves(results, os.path.join(out_dir, "curves.png"))
+    plot_curves(results, os.path.join(out_dir, "curves_by_update.png"), x="step")
 
 
 def rewrite_report(out_dir: str) -> dict[str, Any]:
-    """Rebuilds a finished comparison's report from its results.json (after a change to the report)."""
+    """Rebuilds a finished comparison's report from its results.json and, where they are still on disk,
+    its run directories (after a change to the report)."""
     path = os.path.join(out_dir, "results.json")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no results.json; run `credo compare --out {out_dir}` first")
     results = json.load(open(path))
+    for method, entry in results["methods"].items():  # runs still on disk are re-read (newer fields)
+        for seed in entry["seeds"]:
+            run_dir = os.path.join(out_dir, "runs", f"{method}-s{seed}")
+            if os.path.exists(os.path.join(run_dir, "summary.json")):
+                entry["seeds"][seed] = run_result(run_dir)
     write_report(results, out_dir)
     return results
 
@@ -422,25 +432,27 @@ def reading(results: dict[str, Any]) -> str:
     return text
 
 
-def _mean_curve(entry: dict[str, Any]) -> tuple[list[float], list[float], list[float], list[float]] | None:
+def _mean_curve(entry: dict[str, Any], x: str = "tokens_generated") -> tuple[list[float], list[float], list[float], list[float]] | None:
     """Mean, min and max accuracy over seeds at each evaluation, aligned by evaluation index (the
     k-th crossing of the eval interval), at the mean token count of that evaluation."""
     runs = [[p for p in r["curve"] if not p.get("final")] for r in entry["seeds"].values() if r.get("curve")]
-    runs = [c for c in runs if c]
+    runs = [c for c in runs if c and all(x in p for p in c)]
     if not runs:
         return None
     length = min(len(c) for c in runs)
-    xs = [statistics.mean(c[i]["tokens_generated"] for c in runs) for i in range(length)]
+    xs = [statistics.mean(c[i][x] for c in runs) for i in range(length)]
     ys = [[c[i]["accuracy"] for c in runs] for i in range(length)]
     return xs, [statistics.mean(y) for y in ys], [min(y) for y in ys], [max(y) for y in ys]
 
 
-def plot_curves(results: dict[str, Any], path: str) -> None:
-    """One panel per method (mean over seeds, band min-max), GRPO in grey in every panel."""
+def plot_curves(results: dict[str, Any], path: str, x: str = "tokens_generated") -> None:
+    """One panel per method (mean over seeds, band min-max), GRPO in grey in every panel; x is
+    generated tokens (the budget every method shares) or `step` (policy updates)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    curves = {name: c for name, entry in results["methods"].items() if (c := _mean_curve(entry))}
+    label = {"tokens_generated": "generated tokens", "step": "policy updates"}[x]
+    curves = {name: c for name, entry in results["methods"].items() if (c := _mean_curve(entry, x))}
     if not curves:
         return
     cols = min(4, len(curves))
@@ -462,11 +474,16 @@ def plot_curves(results: dict[str, Any], path: str) -> None:
     for ax in axes.flat[len(curves):]:
         ax.axis("off")
     for ax in axes[-1]:
-        ax.set_xlabel("generated tokens")
-        ax.ticklabel_format(axis="x", style="sci", scilimits=(3, 3))
+        ax.set_xlabel(label)
+        if x == "tokens_generated":
+            ax.ticklabel_format(axis="x", style="sci", scilimits=(3, 3))
+    if x == "step":  # MC methods make a handful of updates in the budget: a log axis keeps them visible
+        for ax in axes.flat:
+            ax.set_xscale("symlog", linthresh=1)
+            ax.set_xlim(left=0)
     for ax in axes[:, 0]:
         ax.set_ylabel("held-out accuracy")
-    fig.suptitle("held-out greedy accuracy vs generated tokens (mean over seeds; band: min-max; grey: GRPO)", fontsize=11)
+    fig.suptitle(f"held-out greedy accuracy vs {label} (mean over seeds; band: min-max; grey: GRPO)", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
