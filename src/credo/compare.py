@@ -155,19 +155,20 @@ def _worker(method: str, seed: int, preset: Preset, start: str, run_dir: str, th
         return None, traceback.format_exc()
 
 
-def _tokens_so_far(run_dir: str, budget: int) -> int:
-    """Progress of a run in another process, read from its metrics log."""
+def _progress_of(run_dir: str, budget: int) -> tuple[int, int]:
+    """(generated tokens, step) of a run in another process, read from its metrics log."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
-        return 0
+        return 0, 0
     with open(path, "rb") as f:
         lines = f.read().splitlines()
     for line in reversed(lines):
         try:
-            return min(int(json.loads(line).get("tokens_generated", 0)), budget)
+            row = json.loads(line)
+            return min(int(row.get("tokens_generated", 0)), budget), int(row.get("step", 0))
         except (ValueError, json.JSONDecodeError):
             continue  # a line being written
-    return 0
+    return 0, 0
 
 
 def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm, jobs: int) -> list[tuple[Any, str | None]]:
@@ -188,13 +189,13 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
                     outcomes[futures[future]] = future.result()
                 except Exception:  # the worker itself died (killed, out of memory)
                     outcomes[futures[future]] = (None, traceback.format_exc())
-            started = sorted((futures[f], _tokens_so_far(plan[futures[f]][2], preset.token_budget)) for f in pending)
-            started = [(i, tokens) for i, tokens in started if tokens > 0]  # queued runs have no log yet
-            now = preset.token_budget * len(outcomes) + sum(tokens for _, tokens in started)
+            started = sorted((futures[f], *_progress_of(plan[futures[f]][2], preset.token_budget)) for f in pending)
+            started = [row for row in started if row[1] > 0]  # queued runs have no log yet
+            now = preset.token_budget * len(outcomes) + sum(tokens for _, tokens, _ in started)
             bar.update(now - shown)
             shown = now
-            bar.set_description(f"{len(outcomes)}/{len(plan)} runs done; running "
-                                + ", ".join(f"{plan[i][0]} s{plan[i][1]}" for i, _ in started[:jobs]))
+            running = ", ".join(f"{plan[i][0]} seed {plan[i][1]} step {step}" for i, _, step in started[:jobs])
+            bar.set_description(f"{len(outcomes)}/{len(plan)} runs done" + (f"; running {running}" if running else ""))
     return [outcomes[i] for i in range(len(plan))]
 
 
