@@ -355,7 +355,7 @@ def report(results: dict[str, Any]) -> str:
         if entry.get("final_mean") is None:
             final, delta, reach = "failed", "—", "—"
         else:
-            final = f"{entry['final_mean']:.3f} ± {entry['final_std']:.3f} ({n} seeds)"
+            final = f"{entry['final_mean']:.3f} ± {entry['final_std']:.3f} ({n} seed{'s' if n != 1 else ''})"
             delta = f"{entry['delta_vs_grpo_mean']:+.3f} ± {entry['delta_vs_grpo_std']:.3f}"
             reach = f"{_fmt(entry.get('tokens_to_grpo_final_ratio'), '{:.2f}')} ({entry['seeds_reaching_grpo_final']}/{n})"
         lines.append(f"| {name} | {final} | {delta} | {reach} | "
@@ -371,8 +371,8 @@ BASELINES = ("grpo", "dr_grpo", "rloo", "dapo", "gspo")
 
 
 def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The seed papers' claims, checked at our scale: each {goal, holds (bool or None when a method
-    is missing or failed), evidence}. A difference counts only when it exceeds the seeds' spread."""
+    """The seed papers' claims, checked at our scale: each {goal, holds, evidence}; holds is None with
+    fewer than 2 seeds. A difference counts only when it exceeds the seeds' spread."""
     entries = {k: v for k, v in results["methods"].items() if v.get("final_mean") is not None}
     out: list[dict[str, Any]] = []
     credit_methods = {k: v for k, v in entries.items() if k not in BASELINES}
@@ -402,6 +402,9 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
                     "evidence": f"generated tokens to GRPO's final, mean over seeds (budget when never): srpo {ts:,.0f} "
                                 f"({s_['seeds_reaching_grpo_final']}/{len(s_['seeds'])} reach), rrpo {tr:,.0f} "
                                 f"({r_['seeds_reaching_grpo_final']}/{len(r_['seeds'])} reach)"})
+    if min((len(v["seeds"]) for v in entries.values()), default=0) < 2:
+        for check in out:  # one seed has no spread to weigh a difference against
+            check["holds"] = None
     return out
 
 
@@ -429,7 +432,8 @@ def reading(results: dict[str, Any]) -> str:
     checks = goals(results)
     if checks:
         text += "\n\n## Goals (the seed papers' claims at our scale)\n\n| goal | holds | evidence |\n|---|---|---|\n"
-        text += "\n".join(f"| {c['goal']} | {'yes' if c['holds'] else 'no'} | {c['evidence']} |" for c in checks)
+        verdict = {True: "yes", False: "no", None: "not judged (needs >= 2 seeds)"}
+        text += "\n".join(f"| {c['goal']} | {verdict[c['holds']]} | {c['evidence']} |" for c in checks)
     return text
 
 
