@@ -55,7 +55,7 @@ PRESETS = {
     # ~15 minutes on 2 cores: the baseline, the cheapest credit method, a reset method, and self-conditioning
     "quick": Preset(methods=("grpo", "rredcot", "srpo", "sc_grpo"), seeds=(0,), token_budget=230_000,
                     eval_every_tokens=57_500, eval_n=200, final_eval_n=500, audit_n=64, audit_k_ref=16),
-    # every method, 3 seeds, the quick budget (~114 GRPO steps): ~100 minutes on 2 cores with --jobs 2
+    # every method, 3 seeds, the quick budget (~114 GRPO steps): 58 minutes on 2 cores with --jobs 2
     "full": Preset(methods=ALL_METHODS, seeds=(0, 1, 2), token_budget=260_000, eval_every_tokens=65_000,
                    eval_n=300, final_eval_n=500, audit_n=128, audit_k_ref=16),
     # for tests: a minute on a tiny model
