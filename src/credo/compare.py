@@ -478,7 +478,9 @@ def plot_curves(results: dict[str, Any], path: str, x: str = "tokens_generated")
         ax.set_ylim(min(lows) - 0.01, max(highs) + 0.01)
     for ax in axes.flat[len(curves):]:
         ax.axis("off")
-    for ax in axes[-1]:
+    bottom = [axes[min(r, (len(curves) - 1 - c) // cols), c] for c in range(cols) for r in [rows - 1]]
+    for ax in bottom:  # the lowest used panel of each column carries the x axis
+        ax.tick_params(labelbottom=True)
         ax.set_xlabel(label)
         if x == "tokens_generated":
             ax.ticklabel_format(axis="x", style="sci", scilimits=(3, 3))
