@@ -18,7 +18,12 @@ import yaml
 C = TypeVar("C")
 
 
-class ConfigError(ValueError):
+class UserError(ValueError):
+    """An error the user caused and can fix (bad data row, file, option): the CLI prints its one-line
+    message and exits 2. Anything else is a bug and keeps its traceback."""
+
+
+class ConfigError(UserError):
     """A config value that cannot be used; the message names the field."""
 
 

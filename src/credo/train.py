@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from credo import credit as credit_registry
 from credo import methods
-from credo.config import ConfigError, dump_yaml
+from credo.config import ConfigError, UserError, dump_yaml
 from credo.evaluate import evaluate
 from credo.loss import policy_loss
 from credo.policy import bind_task, load_policy
@@ -34,6 +34,8 @@ from credo.probe import Probe
 from credo.resets import collect_resets
 from credo.rollouts import Rollouts
 from credo.runs import MetricsLog, atomic_directory, atomic_write_text
+from credo.state_io import (CorruptStateError, load_state, optimizer_state, optimizer_state_dict, python_rng_from,
+                            python_rng_state, save_state, verify_manifest, write_manifest)
 from credo.strategies import collect_dynamic, collect_plain
 from credo.train_config import TrainConfig, load_train_config, overlong_penalty  # noqa: F401  (re-exported)
 from credo.tasks import make_task
@@ -164,6 +166,7 @@ class Trainer:
                 if self.dp is not None:
                     self.dp.average_gradients(trainable)
                 grad_norm = torch.nn.utils.clip_grad_norm_(trainable, c.grad_clip)
+                self.check_finite(loss, grad_norm)
                 self.optimizer.step()
                 stats["loss"] += float(loss.detach())
                 stats["clip_frac"] += s["clip_frac"]
@@ -171,6 +174,16 @@ class Trainer:
                 stats["grad_norm"] += float(grad_norm)
                 n_updates += 1
         return {k: v / max(n_updates, 1) for k, v in stats.items()}
+
+    def check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Stop before a non-finite update reaches the weights; the last checkpoint stays the last good one."""
+        for what, value in (("loss", loss), ("gradient norm", grad_norm)):
+            if not bool(torch.isfinite(value.detach())):
+                last = self.last_checkpoint()
+                raise TrainingDiverged(
+                    f"step {self.step + 1}: non-finite {what} ({float(value):g}); stopped before updating the weights. "
+                    f"Last good checkpoint: {last or 'none (the run never checkpointed)'}. Lower train.lr or "
+                    "check the rewards, then --resume or start again with --force")
 
     def train_step(self) -> dict[str, Any]:
         t0 = time.time()
@@ -221,38 +234,48 @@ class Trainer:
         return os.path.join(self.run_dir, "checkpoints", f"step-{step:06d}")
 
     def save_checkpoint(self) -> None:
+        """Atomic checkpoint: weights, trainer_state.{safetensors,json} (no pickle), manifest.json last."""
         with atomic_directory(self.checkpoint_dir(self.step)) as tmp:
             self.policy.save_into(tmp)
-            torch.save({
+            tensors, optimizer_meta = optimizer_state(self.optimizer.state_dict())
+            tensors.update({f"{name}_generator": gen.get_state() for name, gen in self.generators().items()})
+            save_state(tmp, "trainer_state", tensors, {
                 "step": self.step, "tokens_generated": self.tokens_generated, "tokens_scored": self.tokens_scored,
-                "seconds": self.seconds, "optimizer": self.optimizer.state_dict(),
-                "sample_generator": self.sample_generator.get_state(),
-                "problem_generator": self.problem_generator.get_state(),
-                "probe_generator": self.probe.generator.get_state(),
-                "minibatch_rng": self.minibatch_rng.getstate(),
-                "reset_rng": self.reset_rng.getstate(),
-            }, os.path.join(tmp, "trainer_state.pt"))
+                "seconds": self.seconds, "optimizer": optimizer_meta,
+                "minibatch_rng": python_rng_state(self.minibatch_rng.getstate()),
+                "reset_rng": python_rng_state(self.reset_rng.getstate()),
+            })
+            write_manifest(tmp)
         existing = sorted(d for d in os.listdir(os.path.join(self.run_dir, "checkpoints")) if d.startswith("step-"))
         for old in existing[:-self.config.keep_checkpoints]:
             shutil.rmtree(os.path.join(self.run_dir, "checkpoints", old), ignore_errors=True)
 
-    def restore(self) -> bool:
-        """Load the newest checkpoint of run_dir, if any; returns whether one was found."""
+    def generators(self) -> dict[str, torch.Generator]:
+        return {"sample": self.sample_generator, "problem": self.problem_generator, "probe": self.probe.generator}
+
+    def last_checkpoint(self) -> str | None:
         folder = os.path.join(self.run_dir, "checkpoints")
         steps = sorted(d for d in os.listdir(folder) if d.startswith("step-")) if os.path.isdir(folder) else []
-        if not steps:
+        return os.path.join(folder, steps[-1]) if steps else None
+
+    def restore(self) -> bool:
+        """Load the newest checkpoint of run_dir, if any, after verifying its manifest; returns whether one was found."""
+        path = self.last_checkpoint()
+        if path is None:
             return False
-        path = os.path.join(folder, steps[-1])
-        self.policy.load_weights_from(path)
-        state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.sample_generator.set_state(state["sample_generator"])
-        self.problem_generator.set_state(state["problem_generator"])
-        self.probe.generator.set_state(state["probe_generator"])
-        self.minibatch_rng.setstate(state["minibatch_rng"])
-        self.reset_rng.setstate(state["reset_rng"])
-        self.step, self.tokens_generated = state["step"], state["tokens_generated"]
-        self.tokens_scored, self.seconds = state["tokens_scored"], state["seconds"]
+        verify_manifest(path)
+        tensors, state = load_state(path, "trainer_state")
+        try:
+            self.policy.load_weights_from(path)
+            self.optimizer.load_state_dict(optimizer_state_dict(tensors, state["optimizer"]))
+            for name, generator in self.generators().items():
+                generator.set_state(tensors[f"{name}_generator"])
+            self.minibatch_rng.setstate(python_rng_from(state["minibatch_rng"]))
+            self.reset_rng.setstate(python_rng_from(state["reset_rng"]))
+            self.step, self.tokens_generated = int(state["step"]), int(state["tokens_generated"])
+            self.tokens_scored, self.seconds = int(state["tokens_scored"]), float(state["seconds"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as err:
+            raise CorruptStateError(f"checkpoint {path} does not fit this run ({type(err).__name__}: {err})") from None
         self.log.truncate_after(self.step)
         return True
 
@@ -308,6 +331,10 @@ class Trainer:
         if self.dp is not None:
             self.dp.barrier()
         return final
+
+
+class TrainingDiverged(UserError):
+    """Training produced a non-finite loss or gradient; the message names the step and the last good checkpoint."""
 
 
 class _NullLog:
