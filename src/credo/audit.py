@@ -34,6 +34,7 @@ import torch
 from scipy import stats
 
 from credo import credit as credit_registry
+from credo.audit_cache import load_cached, save_cached
 from credo.config import check, to_dict
 from credo.credit.mc import MCValues, mc_values
 from credo.policy import load_policy
@@ -114,12 +115,11 @@ def build_reference(config: AuditConfig, checkpoint: str, progress: bool = True)
     key = hashlib.sha256(repr((_weights_digest(checkpoint), config.task, sorted(config.task_options.items()),
                                config.seed, config.n, config.group_size, config.k_ref, config.segmenter,
                                config.temperature, config.max_new_tokens)).encode()).hexdigest()[:16]
-    path = os.path.join(cache_root(), "audit", f"{key}.pt")
+    path = os.path.join(cache_root(), "audit", key)
     task = make_task(config.task, config.task_options)
-    if os.path.exists(path):
-        saved = torch.load(path, weights_only=False)
-        return AuditData(saved["rollouts"], saved["segment_ids"], saved["reference"], saved["reference_cost"],
-                         saved["trace_tokens"])
+    saved = load_cached(path, task.heldout_problems(config.n // config.group_size))
+    if saved is not None:
+        return AuditData(**saved)
     policy = load_policy(checkpoint)
     policy.model.eval()
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
@@ -143,11 +143,7 @@ def build_reference(config: AuditConfig, checkpoint: str, progress: bool = True)
                       "seconds_per_trace": (time.time() - start) / n}
     trace_tokens = float((rollouts.prompt_mask.sum() + rollouts.completion_mask.sum()) / n)
     data = AuditData(rollouts, segment_ids, reference, reference_cost, trace_tokens)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    torch.save({"rollouts": rollouts, "segment_ids": segment_ids, "reference": reference,
-                "reference_cost": reference_cost, "trace_tokens": trace_tokens}, tmp)
-    os.replace(tmp, path)
+    save_cached(path, rollouts, segment_ids, reference, reference_cost, trace_tokens)
     return data
 
 

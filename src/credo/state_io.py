@@ -31,7 +31,7 @@ class CorruptStateError(UserError):
 
 def save_state(directory: str, name: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
     """Write `name.safetensors` and `name.json` into `directory` (which the caller renames into place)."""
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, os.path.join(directory, name + ".safetensors"))
+    save_file({k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()}, os.path.join(directory, name + ".safetensors"))
     with open(os.path.join(directory, name + ".json"), "w") as f:
         json.dump(meta, f)
 
