@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+import re
 import types
 import typing
 from typing import Any, TypeVar
@@ -60,6 +62,8 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
             number = float(value) if hint is float else int(str(value), 0) if isinstance(value, str) else value
         except (TypeError, ValueError):
             raise ConfigError(f"{name} must be {'a number' if hint is float else 'an integer'}, got {value!r}") from None
+        if isinstance(number, float) and not math.isfinite(number):
+            raise ConfigError(f"{name} must be a finite number, got {value!r}")
         if hint is int and (not isinstance(number, int) and not float(number).is_integer()):
             raise ConfigError(f"{name} must be an integer, got {value!r}")
         return hint(number)
@@ -82,10 +86,20 @@ def from_dict(cls: type[C], data: dict[str, Any], prefix: str = "") -> C:
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
     try:
         return cls(**kwargs)
-    except ConfigError:
-        raise
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    except ValueError as err:  # ConfigError included: its message gets the field's full dotted path
+        raise ConfigError(_full_path(str(err), known, prefix)) from None
+
+
+def _full_path(message: str, fields: set[str], prefix: str) -> str:
+    """A range check names its field as its class sees it ('eps_low', 'credit.k'); the user needs the
+    path from the top ('train.loss.eps_low'), which only the caller of from_dict knows."""
+    head = message.split(" ", 1)[0].rstrip(":,")
+    short, _, name = head.rpartition(".")
+    if not prefix or not name or not all(part in fields for part in name.split("/")):
+        return message
+    if not short:
+        return prefix + message
+    return re.sub(r"(?<![\w.])" + re.escape(short + ".") + r"(?=\w)", prefix, message)
 
 
 def to_dict(config: Any) -> dict[str, Any]:
@@ -123,7 +137,7 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(cls: type[C], path: str | None = None, overrides: list[str] | None = None,
-                base: dict[str, Any] | None = None) -> C:
+                base: dict[str, Any] | None = None, prefix: str = "") -> C:
     """Defaults <- `base` <- YAML file <- overrides, validated into `cls`."""
     data: dict[str, Any] = dict(base or {})
     if path:
@@ -138,7 +152,7 @@ def load_config(cls: type[C], path: str | None = None, overrides: list[str] | No
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
         data = merge(data, loaded)
     data = merge(data, parse_overrides(overrides or []))
-    return from_dict(cls, data)
+    return from_dict(cls, data, prefix=prefix)
 
 
 def config_hash(config: Any, length: int = 12) -> str:

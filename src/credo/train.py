@@ -37,7 +37,7 @@ from credo.runs import MetricsLog, atomic_directory, atomic_write_text
 from credo.state_io import (CorruptStateError, load_state, optimizer_state, optimizer_state_dict, python_rng_from,
                             python_rng_state, save_state, verify_manifest, write_manifest)
 from credo.strategies import collect_dynamic, collect_plain
-from credo.train_config import TrainConfig, load_train_config, overlong_penalty  # noqa: F401  (re-exported)
+from credo.train_config import TrainConfig, config_from_run, load_train_config, overlong_penalty  # noqa: F401  (re-exported)
 from credo.tasks import make_task
 
 
@@ -348,10 +348,3 @@ class _NullLog:
 
     def rows(self) -> list[dict]:
         return []
-
-
-def config_from_run(run_dir: str) -> TrainConfig:
-    path = os.path.join(run_dir, "config.yaml")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{run_dir} has no config.yaml: not a credo run directory")
-    return load_train_config(path)

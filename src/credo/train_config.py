@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from credo import methods
-from credo.config import ConfigError, check, from_dict, load_config, merge, parse_overrides
+from credo.config import ConfigError, check, from_dict, load_config, merge, parse_overrides, to_dict
 from credo.loss import LossConfig
 from credo.policy.base import SamplingConfig
 from credo.resets import ResetConfig
@@ -80,10 +82,21 @@ class TrainConfig:
         check(self.steps > 0, f"train.steps must be > 0, got {self.steps}")
         check(self.prompts_per_step > 0, f"train.prompts_per_step must be > 0, got {self.prompts_per_step}")
         check(self.group_size >= 2, f"train.group_size must be >= 2 (group baselines need two samples), got {self.group_size}")
-        check(self.temperature >= 0, f"train.temperature must be >= 0, got {self.temperature}")
+        check(self.temperature > 0, f"train.temperature must be > 0 (0 is greedy: every group would be identical "
+              f"and every advantage 0), got {self.temperature}")
         check(0 < self.top_p <= 1, f"train.top_p must be in (0, 1], got {self.top_p}")
         check(self.max_new_tokens > 0, f"train.max_new_tokens must be > 0, got {self.max_new_tokens}")
-        check(self.lr > 0, f"train.lr must be > 0, got {self.lr}")
+        check(math.isfinite(self.lr) and self.lr > 0, f"train.lr must be a finite number > 0, got {self.lr}")
+        check(0 <= self.beta1 < 1, f"train.beta1 must be in [0, 1), got {self.beta1}")
+        check(0 <= self.beta2 < 1, f"train.beta2 must be in [0, 1), got {self.beta2}")
+        check(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        check(self.grad_clip > 0, f"train.grad_clip must be > 0 (a clip norm; <= 0 would freeze or reverse the "
+              f"update), got {self.grad_clip}")
+        check(self.dynamic_max_rounds >= 1, f"train.dynamic_max_rounds must be >= 1, got {self.dynamic_max_rounds}")
+        check(self.lora_r >= 0 and self.lora_alpha > 0, f"train.lora_r must be >= 0 and train.lora_alpha > 0, "
+              f"got {self.lora_r}/{self.lora_alpha}")
+        check(self.overlong_penalty >= 0, f"train.overlong_penalty must be >= 0, got {self.overlong_penalty}")
+        check(self.reset.prompt_temperature > 0, f"train.reset.prompt_temperature must be > 0, got {self.reset.prompt_temperature}")
         check(self.epochs > 0 and self.minibatches > 0, "train.epochs and train.minibatches must be > 0")
         check(self.strategy in STRATEGIES, f"train.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         check(0 <= self.overlong_buffer < self.max_new_tokens, f"train.overlong_buffer must be in [0, max_new_tokens), got {self.overlong_buffer}")
@@ -93,9 +106,11 @@ class TrainConfig:
         check(not self.data_parallel or self.strategy == "plain",
               f"train.data_parallel supports strategy 'plain' only, got {self.strategy!r}")
         try:
-            methods.resolve(self.method)
+            recipe = methods.resolve(self.method)
         except KeyError as err:
             raise ConfigError(f"train.method: {err.args[0]}") from None
+        from credo import credit as credit_registry
+        credit_registry.get(recipe.estimator).make_config(self.credit, prefix="train.credit.")
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -106,10 +121,10 @@ def load_train_config(path: str | None = None, overrides: list[str] | None = Non
                       extra: dict[str, Any] | None = None) -> TrainConfig:
     """Defaults <- method recipe <- YAML <- `extra` <- overrides. The recipe is looked up from the
     method named by the user (in the file, `extra` or the overrides)."""
-    probe = load_config(TrainConfig, path, overrides, base=extra)
+    probe = load_config(TrainConfig, path, overrides, base=extra, prefix="train.")
     recipe = methods.resolve(probe.method).defaults
     user = merge(merge(_read_yaml(path), extra or {}), parse_overrides(overrides or []))
-    return from_dict(TrainConfig, merge(recipe, user))
+    return from_dict(TrainConfig, merge(recipe, user), prefix="train.")
 
 
 def _read_yaml(path: str | None) -> dict:
@@ -118,6 +133,43 @@ def _read_yaml(path: str | None) -> dict:
     import yaml
     with open(path) as f:
         return yaml.safe_load(f) or {}
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value and key not in ("credit", "task_options"):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_from_run(run_dir: str) -> TrainConfig:
+    """The config a run directory was made with. An empty or truncated config.yaml is an error, never defaults."""
+    import yaml
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{run_dir} has no config.yaml: not a credo run directory")
+    try:
+        data = _read_yaml(path)
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path} is not valid YAML ({str(err).splitlines()[0]}); the run cannot be resumed") from None
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"{path} is empty or not a mapping (truncated?); the run cannot be resumed")
+    # credo writes every field in order, `method` first and `seed` last: a file cut short lacks `seed`
+    missing = [k for k in ("method", "seed") if k not in data]
+    if missing:
+        raise ConfigError(f"{path} lacks {', '.join('train.' + m for m in missing)} (truncated?); the run cannot be resumed")
+    return from_dict(TrainConfig, data, prefix="train.")
+
+
+def resume_differences(run: TrainConfig, requested: dict[str, Any]) -> list[str]:
+    """The settings in `requested` (a nested dict of fields the user passed) that differ from the run's."""
+    merged = from_dict(TrainConfig, merge(to_dict(run), requested), prefix="train.")
+    old, new = _flatten(to_dict(run)), _flatten(to_dict(merged))
+    return [f"train.{k}: run has {old.get(k)!r}, command asks {new.get(k)!r}"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float) -> torch.Tensor:

@@ -27,8 +27,8 @@ class EstimatorSpec:
     uses_model: bool
     needs_segments: bool
 
-    def make_config(self, values: dict[str, Any] | None = None) -> Any:
-        return from_dict(self.config_cls, dict(values or {}), prefix="credit.")
+    def make_config(self, values: dict[str, Any] | None = None, prefix: str = "credit.") -> Any:
+        return from_dict(self.config_cls, dict(values or {}), prefix=prefix)
 
     def __call__(self, rollouts: Any, probe: Any = None, config: Any = None) -> Any:
         """Run the estimator; whatever it spent through `probe` is added to the Credit's cost."""
