@@ -22,13 +22,13 @@ def test_jsonl_malformed_row_names_its_line_and_can_be_skipped(tmp_path, capsys)
     assert "skipped 2 malformed row(s)" in capsys.readouterr().err
     problems = task.train_problems(20, torch.Generator().manual_seed(0)) + task.heldout_problems(5)
     assert {p.answer for p in problems} <= {"2", "\\frac{1}{2}"}
-    with pytest.raises(ValueError, match="unknown task option"):
+    with pytest.raises(ValueError, match="unknown config field 'task.skip_bad'"):
         make_task(f"jsonl:{path}", {"skip_bad": True})
 
 
 def test_boxed_extraction_and_math_verify_on_and_off_the_main_thread(tmp_path):
-    path = write(tmp_path, ['{"question": "half of 1?", "answer": "\\\\frac{1}{2}"}'])
-    task = make_task(f"jsonl:{path}")
+    path = write(tmp_path, ['{"question": "half of 1?", "answer": "\\\\frac{1}{2}"}', '{"question": "1+1?", "answer": "2"}'])
+    task = make_task(f"jsonl:{path}", {"heldout_permille": 0})
     p = task.heldout_problems(1)[0]
     assert last_boxed("so \\boxed{3} no, \\boxed{\\frac{1}{2}}.") == "\\frac{1}{2}"
     assert task.reward(p, "It is \\boxed{0.5}") == 1.0

@@ -31,9 +31,11 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     from credo.config import load_config
+    from credo.runs import claim_output
     from credo.sft import SFTConfig, copy_checkpoint, ensure_sft
-    config = load_config(SFTConfig, args.config, args.set)
-    path = ensure_sft(config, force=args.force, progress=not args.quiet)
+    config = load_config(SFTConfig, args.config, args.set, prefix="sft.")
+    claim_output(args.out, "sft", force=args.force)  # before training: refuse a foreign --out up front
+    path = ensure_sft(config, force=args.retrain, progress=not args.quiet)
     copy_checkpoint(path, args.out)
     summary_path = os.path.join(args.out, "sft_summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
@@ -41,54 +43,99 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from credo.policy import load_policy
     from credo.tasks.arith import ArithTask
     task = ArithTask(config.task)
-    result = evaluate(load_policy(args.out), task, task.heldout_problems(args.eval_n))
+    result = evaluate(load_policy(args.out), task, task.heldout_problems(args.eval_n), progress=not args.quiet)
     print(f"SFT start in {args.out} (cache {path}); validation accuracy {summary.get('val_accuracy', float('nan')):.3f}")
     print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
     return 0
 
 
+def _flag_settings(args: argparse.Namespace) -> dict:
+    """The training fields named by dedicated flags (--method, --start/--model, --seed, --task, --localiser)."""
+    extra: dict = {}
+    for key in ("method", "start", "seed", "task"):
+        value = getattr(args, key)
+        if value not in (None, ""):
+            extra[key] = value
+    if args.model:
+        extra["start"] = args.model
+    if args.localiser:
+        extra["reset"] = {"localiser": args.localiser}
+    return extra
+
+
+def _requested_settings(args: argparse.Namespace) -> dict:
+    """Every training field the command line names: --config, then the flags, then --set."""
+    from credo.config import merge, parse_overrides
+    from credo.train_config import _read_yaml
+    return merge(merge(_read_yaml(args.config), _flag_settings(args)), parse_overrides(args.set))
+
+
+def _resume_config(args: argparse.Namespace):
+    from dataclasses import replace
+    from credo.config import ConfigError
+    from credo.train import config_from_run
+    from credo.train_config import resume_differences
+    if args.out and os.path.abspath(args.out) != os.path.abspath(args.resume):
+        raise ConfigError(f"--resume continues {args.resume} in place; --out {args.out} names another directory")
+    config = config_from_run(args.resume)
+    if args.steps:
+        config = replace(config, steps=args.steps)  # extending a run is allowed
+    differences = resume_differences(config, _requested_settings(args))
+    if differences:
+        raise ConfigError(f"--resume {args.resume}: the command differs from the run's config.yaml: "
+                          + "; ".join(differences) + " (drop those options, or start a new run with --out)")
+    return config
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from credo.train import Trainer, config_from_run, load_train_config
+    from credo.config import ConfigError
+    from credo.train import Trainer, load_train_config
     if args.resume:
-        config = config_from_run(args.resume)
-        if args.steps:
-            from dataclasses import replace
-            config = replace(config, steps=args.steps)
-        run_dir = args.resume
+        config, run_dir = _resume_config(args), args.resume
+        if not os.path.isdir(os.path.join(run_dir, "checkpoints")):
+            print(f"credo train: {run_dir} never reached a checkpoint; starting it again from step 0", file=sys.stderr)
     else:
         if not args.out:
-            print("credo train: --out DIR is required (or --resume RUN_DIR)", file=sys.stderr)
-            return 2
-        extra = {}
-        if args.model:
-            args.start = args.model
-        for key in ("method", "steps", "start", "seed", "task"):
-            value = getattr(args, key)
-            if value not in (None, ""):
-                extra[key] = value
-        if args.localiser:
-            extra["reset"] = {"localiser": args.localiser}
+            raise ConfigError("--out DIR is required (or --resume RUN_DIR)")
+        extra = _flag_settings(args)
+        if args.steps:
+            extra["steps"] = args.steps
         config = load_train_config(args.config, args.set, extra)
         run_dir = args.out
-        if os.path.exists(os.path.join(run_dir, "config.yaml")):
-            print(f"credo train: {run_dir} already holds a run; use --resume {run_dir} to continue it", file=sys.stderr)
-            return 2
+        if _claim_run(run_dir, args.force):
+            print(f"credo train: {run_dir} holds a run that never reached a checkpoint; replacing it", file=sys.stderr)
+            _claim_run(run_dir, True)
     trainer = Trainer(config, run_dir, progress=not args.quiet)
     summary = trainer.train()
     rows = trainer.log.rows()
     start = next((r["eval_accuracy"] for r in rows if r.get("step") == 0 and "eval_accuracy" in r), None)
     print(json.dumps(summary))
     if start is not None and "final_accuracy" in summary:
-        print(f"start_accuracy={start:.4f} (n={config.eval_n}) final_accuracy={summary['final_accuracy']:.4f} "
-              f"(n={config.final_eval_n}) in {summary['seconds']:.0f}s")
+        start_n = len(trainer.task.heldout_problems(config.eval_n))
+        print(f"start_accuracy={start:.4f} (n={start_n}) final_accuracy={summary['final_accuracy']:.4f} "
+              f"(n={summary['final_eval_n']}) in {summary['seconds']:.0f}s")
     return 0
 
 
+def _claim_run(run_dir: str, force: bool) -> bool:
+    """Claim --out for a new training run; True if it holds an earlier run with nothing worth keeping."""
+    from credo.config import ConfigError
+    from credo.runs import claim_output
+    if not claim_output(run_dir, "train", force=force):
+        return False
+    if os.path.isdir(os.path.join(run_dir, "checkpoints")) or os.path.exists(os.path.join(run_dir, "final")):
+        raise ConfigError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or replace it with --force")
+    return True
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
+    from credo.config import ConfigError, parse_overrides
     from credo.evaluate import evaluate
-    from credo.policy import load_policy
+    from credo.policy import bind_task, load_policy
     from credo.tasks import make_task
-    from credo.config import parse_overrides
+    for flag, value, low in (("--n", args.n, 1), ("--k", args.k, 0), ("--max-new-tokens", args.max_new_tokens, 1)):
+        if value < low:
+            raise ConfigError(f"eval {flag} must be >= {low}, got {value}")
     checkpoint = args.checkpoint
     if checkpoint in (None, "", "sft"):
         from credo.sft import ensure_sft
@@ -96,10 +143,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     elif os.path.isdir(os.path.join(checkpoint, "final")):
         checkpoint = os.path.join(checkpoint, "final")  # a run directory: evaluate its final policy
     task = make_task(args.task, parse_overrides(args.set or []))
-    from credo.policy import bind_task
     policy = bind_task(load_policy(checkpoint), task)
     result = evaluate(policy, task, task.heldout_problems(args.n), k=args.k, max_new_tokens=args.max_new_tokens,
-                      seed=args.seed)
+                      seed=args.seed, progress=not args.quiet)
     print(json.dumps(result.as_dict()))
     print(f"accuracy={result.accuracy:.4f}")
     return 0
@@ -108,25 +154,44 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     from credo.audit import AuditConfig, run_audit
     from credo.config import from_dict, parse_overrides
+    from credo.runs import claim_output
     values = parse_overrides(args.set or [])
     values.update({"checkpoint": args.checkpoint or "", "n": args.n, "k_ref": args.k_ref, "seed": args.seed,
                    "group_size": args.group_size, "methods": [m for m in args.methods.split(",") if m],
                    "localisers": [m for m in args.localisers.split(",") if m]})
     config = from_dict(AuditConfig, values, prefix="audit.")
+    claim_output(args.out, "audit", force=args.force)
     report = run_audit(config, args.out, progress=not args.quiet)
     print(open(os.path.join(args.out, "audit.md")).read())
     failures = report["config"].get("failures", {})
     return 1 if failures else 0
 
 
+def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
+    from credo.config import ConfigError
+    if not text:
+        return None
+    try:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise ConfigError(f"compare {flag} must be comma-separated integers (e.g. 0,1,2), got {text!r}") from None
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from credo.compare import compare
+    from credo.config import ConfigError
+    from credo.runs import claim_output
     methods = tuple(m for m in (args.methods or "").split(",") if m) or None
-    seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
+    seeds = _int_list("--seeds", args.seeds)
+    if args.budget is not None and args.budget <= 0:
+        raise ConfigError(f"compare --budget must be a positive number of generated tokens, got {args.budget}")
+    if args.jobs < 1:
+        raise ConfigError(f"compare --jobs must be >= 1, got {args.jobs}")
     if args.report_only:
         from credo.compare import rewrite_report
         results = rewrite_report(args.out)
     else:
+        claim_output(args.out, "compare", force=args.force)
         results = compare(args.preset, args.out, methods, seeds, start=args.start, progress=not args.quiet,
                           jobs=args.jobs, token_budget=args.budget, command=" ".join(["credo", *args.argv]))
     print(open(os.path.join(args.out, "report.md")).read())
@@ -144,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory to write the SFT checkpoint to")
     p.add_argument("--config", help="YAML file of SFTConfig fields")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (repeatable)")
-    p.add_argument("--force", action="store_true", help="retrain even when a cached or packaged start exists")
+    p.add_argument("--retrain", action="store_true", help="retrain even when a cached or packaged start exists")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not an SFT checkpoint")
     p.add_argument("--eval-n", type=int, default=500, help="held-out problems to report accuracy on (default 500)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_sft)
@@ -159,7 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", help="task: arith (default), gym:<reasoning-gym dataset>, jsonl:<path>")
     p.add_argument("--seed", type=int, help="random seed of the run")
     p.add_argument("--localiser", help="reset localiser for rrpo/srpo: random, value, prompt or oracle")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint (its "
+                   "config.yaml holds the settings; only --steps may change)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out (an earlier run or any other files)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set lr=1e-5 --set loss.eps_high=0.28 (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -177,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled traces and the reference")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="other AuditConfig fields (repeatable)")
     p.add_argument("--out", required=True, help="directory for audit.json, audit.md, audit.png")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not an audit directory")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_audit)
 
@@ -190,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="trainings run at once, each in its own process with cpu_count/jobs threads (default 1)")
     p.add_argument("--budget", type=int,
                    help="generated tokens per training run instead of the preset's (evaluated every quarter of it)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not a compare directory")
     p.add_argument("--report-only", action="store_true",
                    help="rebuild report.md, curves.png and the goal checks from --out's results.json; train nothing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -212,11 +282,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in run directories
     _threads()
-    from credo.config import ConfigError
+    from credo.config import UserError
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError, KeyError) as err:
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+    except (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as err:
+        # a user can fix these: one line naming the field, row or file; other exceptions are bugs
+        if os.environ.get("CREDO_DEBUG") == "1":
+            raise
+        message = " ".join(str(err).split())
         print(f"credo {args.command}: error: {message}", file=sys.stderr)
         return 2
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+from tqdm import tqdm
 
 from credo.policy.base import Policy, SamplingConfig
 from credo.tasks.base import Problem, Task
@@ -25,11 +26,13 @@ class EvalResult:
 
 
 def complete(policy: Policy, problems: Sequence[Problem], sampling: SamplingConfig, generator: torch.Generator,
-             batch_size: int = 256, prompts: Sequence[str] | None = None) -> tuple[list[str], list[int]]:
-    """Sample one completion per problem in batches -> (texts, lengths in tokens)."""
+             batch_size: int = 256, prompts: Sequence[str] | None = None,
+             progress: str | None = None) -> tuple[list[str], list[int]]:
+    """Sample one completion per problem in batches -> (texts, lengths in tokens). `progress`: a bar's label."""
     texts, lengths = [], []
     prompts = list(prompts) if prompts is not None else [p.prompt for p in problems]
-    for start in range(0, len(prompts), batch_size):
+    starts = range(0, len(prompts), batch_size)
+    for start in tqdm(starts, desc=progress, disable=progress is None, unit="batch", dynamic_ncols=True, leave=False):
         ids, mask = policy.encode_prompts(prompts[start:start + batch_size])
         out = policy.sample(ids, mask, sampling, generator)
         for row in range(out.completion_ids.shape[0]):
@@ -39,18 +42,21 @@ def complete(policy: Policy, problems: Sequence[Problem], sampling: SamplingConf
 
 
 def evaluate(policy: Policy, task: Task, problems: Sequence[Problem], *, k: int = 0, max_new_tokens: int = 96,
-             temperature: float = 1.0, seed: int = 0, batch_size: int = 256) -> EvalResult:
-    """Greedy accuracy on `problems`; with k > 0 also avg@k and pass@k at `temperature`."""
+             temperature: float = 1.0, seed: int = 0, batch_size: int = 256, progress: bool = False) -> EvalResult:
+    """Greedy accuracy on `problems`; with k > 0 also avg@k and pass@k at `temperature`.
+    `progress`: a progress bar (with ETA) over the batches of each pass."""
     generator = torch.Generator().manual_seed(seed)
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens)
-    texts, lengths = complete(policy, problems, greedy, generator, batch_size)
+    texts, lengths = complete(policy, problems, greedy, generator, batch_size,
+                              progress=f"eval greedy ({len(problems)})" if progress else None)
     correct = [task.is_correct(p, t) for p, t in zip(problems, texts)]
     result = EvalResult(accuracy=sum(correct) / max(len(problems), 1), n=len(problems),
                         mean_length=sum(lengths) / max(len(lengths), 1))
     if k > 0:
         sampled = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
         repeated = [p for p in problems for _ in range(k)]
-        texts, _ = complete(policy, repeated, sampled, generator, batch_size)
+        texts, _ = complete(policy, repeated, sampled, generator, batch_size,
+                            progress=f"eval {k} samples x {len(problems)}" if progress else None)
         hits = torch.tensor([task.is_correct(p, t) for p, t in zip(repeated, texts)], dtype=torch.float32).view(-1, k)
         result = EvalResult(result.accuracy, result.n, float(hits.mean()), float((hits.sum(1) > 0).float().mean()), k,
                             result.mean_length)

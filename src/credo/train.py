@@ -50,7 +50,7 @@ class Trainer:
         self.run_dir = run_dir
         self.progress = progress
         self.on_step = on_step
-        self.task = make_task(config.task, config.task_options)
+        self.task = make_task(config.task, config.task_options, prefix="train.task_options.")
         recipe = methods.resolve(config.method)
         self.estimator = credit_registry.get(recipe.estimator)
         self.credit_config = self.estimator.make_config(config.credit)
@@ -226,9 +226,12 @@ class Trainer:
 
     # --- evaluation, checkpoints, the loop ----------------------------------------------------------
     def evaluate(self, n: int) -> float:
+        """Greedy accuracy on up to n held-out problems; `self.eval_size` records how many there were."""
         self.policy.model.eval()
         problems = self.task.heldout_problems(n)
-        return evaluate(self.policy, self.task, problems, max_new_tokens=self.config.max_new_tokens).accuracy
+        self.eval_size = len(problems)
+        return evaluate(self.policy, self.task, problems, max_new_tokens=self.config.max_new_tokens,
+                        progress=self.progress and n >= 256).accuracy
 
     def checkpoint_dir(self, step: int) -> str:
         return os.path.join(self.run_dir, "checkpoints", f"step-{step:06d}")
@@ -324,7 +327,7 @@ class Trainer:
         final = {"step": self.step, "tokens_generated": self.tokens_generated, "seconds": round(self.seconds, 3)}
         if self.config.final_eval_n > 0:
             final["final_accuracy"] = self.evaluate(self.config.final_eval_n)
-            final["final_eval_n"] = self.config.final_eval_n
+            final["final_eval_n"] = self.eval_size  # the task may hold fewer than asked for
         if self.is_main:
             self.policy.save(os.path.join(self.run_dir, "final"))
             atomic_write_text(os.path.join(self.run_dir, "summary.json"), json.dumps(final, indent=2) + "\n")

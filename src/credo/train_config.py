@@ -128,11 +128,20 @@ def load_train_config(path: str | None = None, overrides: list[str] | None = Non
 
 
 def _read_yaml(path: str | None) -> dict:
+    """The mapping in YAML file `path` ({} for None or an empty file); errors name the file."""
     if not path:
         return {}
     import yaml
-    with open(path) as f:
-        return yaml.safe_load(f) or {}
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {path} is not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -147,16 +156,12 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def config_from_run(run_dir: str) -> TrainConfig:
     """The config a run directory was made with. An empty or truncated config.yaml is an error, never defaults."""
-    import yaml
     path = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(path):
         raise ConfigError(f"{run_dir} has no config.yaml: not a credo run directory")
-    try:
-        data = _read_yaml(path)
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path} is not valid YAML ({str(err).splitlines()[0]}); the run cannot be resumed") from None
-    if not isinstance(data, dict) or not data:
-        raise ConfigError(f"{path} is empty or not a mapping (truncated?); the run cannot be resumed")
+    data = _read_yaml(path)
+    if not data:
+        raise ConfigError(f"{path} is empty (truncated?); the run cannot be resumed")
     # credo writes every field in order, `method` first and `seed` last: a file cut short lacks `seed`
     missing = [k for k in ("method", "seed") if k not in data]
     if missing:

@@ -4,23 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from credo.config import from_dict
+from credo.config import ConfigError, from_dict
 from credo.tasks.arith import ArithConfig, ArithTask
 from credo.tasks.base import Problem, StepTruth, Task, rewards_for  # noqa: F401
 
 
-def make_task(name: str, options: dict[str, Any] | None = None) -> Task:
-    """Build a task from its name and option mapping (errors name the offending field)."""
+def make_task(name: str, options: dict[str, Any] | None = None, prefix: str = "task.") -> Task:
+    """Build a task from its name and option mapping (errors name the offending field, under `prefix`)."""
     options = dict(options or {})
     if name == "arith":
-        return ArithTask(from_dict(ArithConfig, options, prefix="task."))
+        return ArithTask(from_dict(ArithConfig, options, prefix=prefix))
     if name.startswith("gym:"):
         from credo.tasks.gym import GymTask
         return GymTask(name[4:], options)
     if name.startswith("jsonl:"):
-        from credo.tasks.jsonl import JsonlTask
-        unknown = set(options) - {"skip_bad_rows", "heldout_permille"}
-        if unknown:
-            raise ValueError(f"unknown task option(s) for jsonl: {', '.join(sorted(unknown))} (known: skip_bad_rows, heldout_permille)")
-        return JsonlTask(name[6:], **options)
-    raise ValueError(f"unknown task {name!r}; available: arith, gym:<reasoning-gym dataset>, jsonl:<path>")
+        from credo.tasks.jsonl import JsonlOptions, JsonlTask
+        return JsonlTask(name[6:], from_dict(JsonlOptions, options, prefix=prefix))
+    raise ConfigError(f"unknown task {name!r}; available: arith, gym:<reasoning-gym dataset>, jsonl:<path>")

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from credo.config import ConfigError
 from credo.tasks.base import Problem
 from credo.tasks.chat import FreeFormTask
 
@@ -33,7 +34,7 @@ class GymTask(FreeFormTask):
         try:
             self.scorer = self._create(name, size=1, seed=0, **self.options)
         except Exception as err:  # unknown dataset or option: name what the user passed
-            raise ValueError(f"task gym:{name} with options {self.options}: {err}") from None
+            raise ConfigError(f"task gym:{name} with options {self.options}: {err}") from None
         self.heldout_size = heldout_size
         self._heldout: list[Problem] = []
 

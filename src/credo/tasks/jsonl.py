@@ -2,7 +2,8 @@
 
 The completion's answer is the content of its last \\boxed{...}. A malformed row is an error that
 names its line, unless `skip_bad_rows` is set (then it is reported once and skipped). The held-out
-split is a hash of the question (`heldout_permille` per mille), disjoint from training.
+split is a hash of the question (`heldout_permille` per mille), disjoint from training; repeated
+questions are kept once. A held-out split smaller than asked for is reported with its true size.
 math-verify's signal-based time-outs only work on the main thread, so they are turned off elsewhere.
 """
 
@@ -12,10 +13,12 @@ import hashlib
 import json
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from credo.config import UserError, check
 from credo.tasks.base import Problem
 from credo.tasks.chat import FreeFormTask
 
@@ -38,47 +41,91 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def read_rows(path: str, skip_bad_rows: bool) -> list[Problem]:
+def _parse_row(raw: bytes, max_question_chars: int) -> Problem:
+    """One line -> Problem; ValueError says what is wrong with it."""
+    if len(raw) > 4 * max_question_chars + 4096:  # before parsing: a huge row is refused without decoding it
+        raise ValueError(f"row is {len(raw)} bytes, over the limit max_question_chars={max_question_chars}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"not UTF-8 (byte {err.start})") from None
+    row = json.loads(text)
+    if not isinstance(row, dict):
+        raise ValueError("a row must be a JSON object")
+    missing = [k for k in ("question", "answer") if not isinstance(row.get(k), (str, int, float)) or isinstance(row.get(k), bool)]
+    if missing:
+        raise ValueError(f"missing or non-text field(s): {', '.join(missing)}")
+    question = str(row["question"])
+    if len(question) > max_question_chars:
+        raise ValueError(f"question is {len(question)} characters, over the limit max_question_chars={max_question_chars}")
+    if not question.strip():
+        raise ValueError("empty question")
+    return Problem(key=question, prompt=question, answer=str(row["answer"]), data={})
+
+
+def read_rows(path: str, skip_bad_rows: bool, max_question_chars: int = 16_000) -> list[Problem]:
+    """The file's problems; a bad row is a UserError naming its line, or (skip_bad_rows) skipped and counted."""
     problems, bad = [], []
     try:
-        handle = open(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"task file {path} does not exist") from None
+        handle = open(path, "rb")
+    except (FileNotFoundError, IsADirectoryError):
+        raise UserError(f"task file {path} does not exist or is not a file") from None
     with handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
+        for number, raw in enumerate(handle, 1):
+            if not raw.strip():
                 continue
             try:
-                row = json.loads(line)
-                if not isinstance(row, dict):
-                    raise ValueError("a row must be a JSON object")
-                missing = [k for k in ("question", "answer") if not isinstance(row.get(k), (str, int, float))]
-                if missing:
-                    raise ValueError(f"missing or non-text field(s): {', '.join(missing)}")
+                problem = _parse_row(raw.rstrip(b"\r\n"), max_question_chars)
             except ValueError as err:
                 message = f"{path}:{number}: {err}"
                 if not skip_bad_rows:
-                    raise ValueError(message + " (set task_options.skip_bad_rows=true to skip such rows)") from None
+                    raise UserError(message + " (set task_options.skip_bad_rows=true to skip such rows)") from None
                 bad.append(message)
                 continue
-            q = str(row["question"])
-            problems.append(Problem(key=q, prompt=q, answer=str(row["answer"]), data={"line": number}))
+            problems.append(Problem(problem.key, problem.prompt, problem.answer, data={"line": number}))
     if bad:
         print(f"jsonl task: skipped {len(bad)} malformed row(s); first: {bad[0]}", file=sys.stderr)
     if not problems:
-        raise ValueError(f"{path}: no usable rows")
+        raise UserError(f"{path}: no usable rows")
     return problems
 
 
+def _unique(problems: list[Problem]) -> list[Problem]:
+    seen: set[str] = set()
+    return [p for p in problems if not (p.key in seen or seen.add(p.key))]
+
+
+@dataclass(frozen=True)
+class JsonlOptions:
+    """skip_bad_rows: skip (and count) malformed rows instead of stopping at the first. heldout_permille:
+    share of questions (by hash) held out. max_question_chars: longer questions are refused (a huge
+    prompt would ask for a huge KV cache)."""
+
+    skip_bad_rows: bool = False
+    heldout_permille: int = 100
+    max_question_chars: int = 16_000
+
+    def __post_init__(self) -> None:
+        check(0 <= self.heldout_permille <= 1000, f"heldout_permille must be in 0..1000, got {self.heldout_permille}")
+        check(self.max_question_chars >= 1, f"max_question_chars must be >= 1, got {self.max_question_chars}")
+
+
 class JsonlTask(FreeFormTask):
-    def __init__(self, path: str, skip_bad_rows: bool = False, heldout_permille: int = 100) -> None:
+    """Rows with the same question are one problem: they land in the same split, and once in it."""
+
+    def __init__(self, path: str, options: JsonlOptions = JsonlOptions()) -> None:
+        skip_bad_rows, heldout_permille, max_question_chars = (options.skip_bad_rows, options.heldout_permille,
+                                                               options.max_question_chars)
         self.name = f"jsonl:{path}"
         self.system_prompt = SYSTEM_PROMPT
-        rows = read_rows(path, skip_bad_rows)
+        rows = _unique(read_rows(path, skip_bad_rows, max_question_chars))
         held = [p for p in rows if int(hashlib.sha256(p.key.encode()).hexdigest()[:8], 16) % 1000 < heldout_permille]
         self.heldout = held or rows[:1]
         keys = {p.key for p in self.heldout}
-        self.train = [p for p in rows if p.key not in keys] or rows
+        self.train = [p for p in rows if p.key not in keys]
+        if not self.train:
+            raise UserError(f"{path}: no training questions left after holding out {len(self.heldout)} of "
+                            f"{len(rows)} distinct question(s); lower task_options.heldout_permille or add rows")
 
     def heldout_problems(self, n: int) -> list[Problem]:
         return self.heldout[:n]
