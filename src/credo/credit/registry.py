@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from credo.config import from_dict
+import torch
+
+from credo.config import UserError, from_dict
 
 
 @dataclass(frozen=True)
@@ -34,12 +36,30 @@ class EstimatorSpec:
         """Run the estimator; whatever it spent through `probe` is added to the Credit's cost."""
         if self.uses_model and probe is None:
             raise ValueError(f"estimator {self.name!r} uses the model: pass a Probe")
+        check_rewards(rollouts)
         if probe is not None:
             probe.take_cost()
         result = self.fn(rollouts, probe, config if config is not None else self.make_config())
         if probe is not None:
             result.cost = result.cost + probe.take_cost()
         return result
+
+
+class NonFiniteReward(UserError):
+    """A reward is NaN or infinite; the message names the row."""
+
+
+def check_rewards(rollouts: Any) -> None:
+    """Every estimator's input passes here: a NaN/inf reward would spread through group means into every
+    advantage (or silently zero a group), so it stops the run, naming the first bad row."""
+    rewards = rollouts.rewards
+    bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
+    if bad:
+        row = bad[0]
+        problems = getattr(rollouts, "problems", None) or []
+        about = f" (problem {problems[row].key!r})" if row < len(problems) and hasattr(problems[row], "key") else ""
+        raise NonFiniteReward(f"reward of row {row}{about} is {float(rewards[row])}; {len(bad)} of {rewards.numel()} "
+                              "rewards are not finite: the task's reward function must return finite numbers")
 
 
 _REGISTRY: dict[str, EstimatorSpec] = {}
