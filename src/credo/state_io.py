@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from credo.config import UserError
@@ -146,3 +146,15 @@ def verify_manifest(directory: str) -> None:
             raise CorruptStateError(f"{file} is listed in the checkpoint's manifest but missing")
         if _sha256(file) != digest:
             raise CorruptStateError(f"{file} does not match its sha256 in {path} (changed or corrupted since it was saved)")
+
+
+def check_safetensors(directory: str) -> None:
+    """Every .safetensors file of `directory` must have a valid header; else a CorruptStateError naming it."""
+    for name in _files(directory):
+        if name.endswith(".safetensors"):
+            path = os.path.join(directory, name)
+            try:
+                with safe_open(path, framework="pt") as f:
+                    f.keys()
+            except (SafetensorError, OSError, ValueError) as err:
+                raise CorruptStateError(f"{path} is not a valid safetensors file ({err})") from None

@@ -34,7 +34,7 @@ from credo.probe import Probe
 from credo.resets import collect_resets
 from credo.rollouts import Rollouts
 from credo.runs import MetricsLog, atomic_directory, atomic_write_text
-from credo.state_io import (CorruptStateError, load_state, optimizer_state, optimizer_state_dict, python_rng_from,
+from credo.state_io import (CorruptStateError, check_safetensors, load_state, optimizer_state, optimizer_state_dict, python_rng_from,
                             python_rng_state, save_state, verify_manifest, write_manifest)
 from credo.strategies import collect_dynamic, collect_plain
 from credo.train_config import TrainConfig, config_from_run, load_train_config, overlong_penalty  # noqa: F401  (re-exported)
@@ -267,6 +267,7 @@ class Trainer:
         if path is None:
             return False
         verify_manifest(path)
+        check_safetensors(path)
         tensors, state = load_state(path, "trainer_state")
         try:
             self.policy.load_weights_from(path)

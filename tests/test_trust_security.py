@@ -1,0 +1,144 @@
+"""No code runs from a run directory or the cache; checkpoints verify; huge prompts are refused up front."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from credo.audit_cache import load_cached, save_cached
+from credo.credit.mc import MCValues
+from credo.state_io import CorruptStateError, write_manifest
+from credo.tasks import make_task
+from credo.train import Trainer
+from conftest import tiny_policy
+from trust_helpers import killed_run, malicious_pickle, one_line_error, payload_is_live, snapshot, train_config
+
+
+def checkpoint_of(run_dir) -> str:
+    folder = os.path.join(run_dir, "checkpoints")
+    return os.path.join(folder, sorted(os.listdir(folder))[-1])
+
+
+@pytest.fixture(scope="module")
+def killed_template(tmp_path_factory):
+    root = tmp_path_factory.mktemp("killed")
+    start = str(root / "start")
+    tiny_policy().save(start)
+    killed_run(start, str(root / "run"))
+    return str(root)
+
+
+@pytest.fixture
+def killed(killed_template, tmp_path):
+    """A copy of a run stopped after step 3 (checkpoint at step 2); its config points at the template's start."""
+    run = str(tmp_path / "run")
+    shutil.copytree(os.path.join(killed_template, "run"), run)
+    return run
+
+
+@pytest.mark.parametrize("where", ["trainer_state.pt", "trainer_state.safetensors", "model.safetensors",
+                                   "trainer_state.json"])
+def test_planted_pickle_in_a_checkpoint_is_refused_and_never_run(killed, saved_policy, tmp_path, capsys, where):
+    assert payload_is_live(tmp_path)
+    marker = str(tmp_path / "pwned")
+    checkpoint = checkpoint_of(killed)
+    malicious_pickle(os.path.join(checkpoint, where), marker)
+    write_manifest(checkpoint)  # the attacker makes the manifest agree: the loader must still refuse
+    before = snapshot(killed)
+    line = one_line_error(capsys, ["train", "--resume", killed, "--quiet"])
+    assert where in line
+    assert not os.path.exists(marker)
+    assert snapshot(killed) == before
+
+
+def test_checkpoint_holds_no_pickle_and_a_manifest(killed):
+    checkpoint = checkpoint_of(killed)
+    names = sorted(os.listdir(checkpoint))
+    assert names == ["manifest.json", "model.safetensors", "policy.json", "trainer_state.json",
+                     "trainer_state.safetensors"]
+    listed = json.load(open(os.path.join(checkpoint, "manifest.json")))["sha256"]
+    assert sorted(listed) == [n for n in names if n != "manifest.json"]
+
+
+@pytest.mark.parametrize("damage", ["flip", "missing_manifest", "extra_file", "deleted"])
+def test_damaged_checkpoint_names_the_file(killed, saved_policy, capsys, damage):
+    checkpoint = checkpoint_of(killed)
+    weights = os.path.join(checkpoint, "model.safetensors")
+    if damage == "flip":
+        data = bytearray(open(weights, "rb").read())
+        data[-7] ^= 0x40  # one bit of one weight
+        open(weights, "wb").write(bytes(data))
+        expect = "model.safetensors does not match its sha256"
+    elif damage == "missing_manifest":
+        os.remove(os.path.join(checkpoint, "manifest.json"))
+        expect = "has no manifest.json"
+    elif damage == "extra_file":
+        open(os.path.join(checkpoint, "notes.txt"), "w").write("hi")
+        expect = "notes.txt is not in the checkpoint's manifest"
+    else:
+        os.remove(os.path.join(checkpoint, "trainer_state.json"))
+        expect = "trainer_state.json is listed in the checkpoint's manifest but missing"
+    before = snapshot(killed)
+    line = one_line_error(capsys, ["train", "--resume", killed, "--quiet"])
+    assert expect in line and checkpoint in line
+    assert snapshot(killed) == before
+    with pytest.raises(CorruptStateError):  # the library refuses too, not only the CLI
+        Trainer(train_config(saved_policy), killed, progress=False).restore()
+
+
+def _audit_entry(tmp_path):
+    task = make_task("arith")
+    from credo.rollouts import Rollouts
+    problems = task.heldout_problems(2)
+    B, T = 4, 5
+    rollouts = Rollouts(prompt_ids=torch.ones(B, 3, dtype=torch.long), prompt_mask=torch.ones(B, 3, dtype=torch.bool),
+                        completion_ids=torch.arange(B * T).view(B, T), completion_mask=torch.ones(B, T, dtype=torch.bool),
+                        group=torch.tensor([0, 0, 1, 1]), rewards=torch.tensor([1.0, 0.0, 0.0, 1.0]),
+                        old_logprobs=torch.randn(B, T), correct=torch.tensor([True, False, False, True]),
+                        problems=[problems[g] for g in (0, 0, 1, 1)], completions=["a", "b", "c", "d"])
+    segments = torch.zeros(B, T, dtype=torch.long)
+    reference = MCValues([torch.rand(3) for _ in range(B)], [torch.rand(2, 4) for _ in range(B)])
+    stem = str(tmp_path / "cache" / "audit" / "abc")
+    save_cached(stem, rollouts, segments, reference, {"tokens_scored_per_trace": 1.0}, 7.5)
+    return stem, problems, rollouts, reference
+
+
+def test_audit_cache_round_trips_without_pickle(tmp_path):
+    stem, problems, rollouts, reference = _audit_entry(tmp_path)
+    assert sorted(os.listdir(os.path.dirname(stem))) == ["abc.json", "abc.safetensors"]
+    loaded = load_cached(stem, problems)
+    assert torch.equal(loaded["rollouts"].completion_ids, rollouts.completion_ids)
+    assert loaded["rollouts"].problems == rollouts.problems and loaded["rollouts"].completions == ["a", "b", "c", "d"]
+    assert all(torch.equal(a, b) for a, b in zip(loaded["reference"].values, reference.values))
+    assert loaded["trace_tokens"] == 7.5
+    with pytest.raises(CorruptStateError, match="not this task's held-out problems"):
+        load_cached(stem, list(reversed(problems)))
+
+
+def test_audit_cache_pickle_is_refused_and_never_run(tmp_path):
+    assert payload_is_live(tmp_path)
+    stem, problems, _, _ = _audit_entry(tmp_path)
+    marker = str(tmp_path / "pwned")
+    malicious_pickle(stem + ".safetensors", marker)
+    malicious_pickle(stem + ".pt", marker)  # the old cache name is never read at all
+    with pytest.raises(CorruptStateError, match=r"abc\.safetensors is not a valid safetensors file.*delete"):
+        load_cached(stem, problems)
+    stem, problems, _, _ = _audit_entry(tmp_path)  # a good entry again, then a pickle as its JSON half
+    malicious_pickle(stem + ".json", marker)
+    with pytest.raises(CorruptStateError, match=r"abc\.json is not valid JSON"):
+        load_cached(stem, problems)
+    assert not os.path.exists(marker)
+
+
+def test_oversized_question_is_refused_with_the_limit_before_parsing(tmp_path):
+    path = tmp_path / "big.jsonl"
+    path.write_text('{"question": "1+1?", "answer": "2"}\n' + json.dumps({"question": "x" * 5_000_000, "answer": "1"}) + "\n")
+    with pytest.raises(ValueError, match=r"big.jsonl:2: row is \d+ bytes, over the limit max_question_chars=16000"):
+        make_task(f"jsonl:{path}")
+    path.write_text('{"question": "1+1?", "answer": "2"}\n' + json.dumps({"question": "y" * 300, "answer": "1"}) + "\n")
+    with pytest.raises(ValueError, match=r"big.jsonl:2: question is 300 characters, over the limit max_question_chars=100"):
+        make_task(f"jsonl:{path}", {"max_question_chars": 100})
