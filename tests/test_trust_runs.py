@@ -1,0 +1,155 @@
+"""No lost files, and nothing silently wrong about a run directory: --out claims, --force, resume checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from credo.cli import main
+from credo.policy import load_policy
+from credo.train import Trainer, TrainingDiverged
+from trust_helpers import FAST, killed_run, one_line_error, snapshot, train_config
+
+FAST_SET = sum((["--set", s] for s in FAST), [])
+
+
+def user_files(tmp_path):
+    """A directory of someone's files that a careless --out could destroy."""
+    folder = tmp_path / "mine"
+    (folder / "final").mkdir(parents=True)
+    (folder / "final" / "thesis.tex").write_text("years of work")
+    (folder / "metrics.jsonl").write_text('{"mine": 1}\n')
+    (folder / "summary.json").write_text("{}")
+    return str(folder)
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "--method", "grpo", "--steps", "1"],
+    ["sft"],
+    ["audit", "--n", "4", "--group-size", "2", "--k-ref", "2"],
+    ["compare", "--preset", "smoke"],
+])
+def test_a_foreign_non_empty_out_is_refused_untouched(tmp_path, capsys, saved_policy, command):
+    out = user_files(tmp_path)
+    before = snapshot(out)
+    extra = ["--start", saved_policy] if command[0] in ("train", "compare") else []
+    line = one_line_error(capsys, command + extra + ["--out", out, "--quiet"])
+    assert out in line and "--force" in line and "nothing was touched" in line
+    assert snapshot(out) == before
+
+
+def test_force_replaces_and_sft_out_is_atomic(tmp_path, capsys, saved_policy):
+    out = user_files(tmp_path)
+    assert main(["train", "--method", "grpo", "--steps", "1", "--start", saved_policy, "--out", out, "--force",
+                 "--quiet", *FAST_SET]) == 0
+    assert not os.path.exists(os.path.join(out, "final", "thesis.tex"))
+    assert os.path.isfile(os.path.join(out, "final", "policy.json"))
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".")], "nothing left beside --out"
+    # a second `train --out` on a finished run is refused (it is a run of the same kind, with checkpoints)
+    line = one_line_error(capsys, ["train", "--steps", "1", "--start", saved_policy, "--out", out, "--quiet"])
+    assert f"--resume {out}" in line and "--force" in line
+
+
+def test_run_that_failed_before_its_first_checkpoint_is_restartable(tmp_path, capsys, saved_policy):
+    out = str(tmp_path / "run")
+    jsonl = tmp_path / "bad.jsonl"
+    jsonl.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": "4"}\n')
+    # a run that dies at its first step: every reward of this task is inf
+    from credo.tasks.arith import ArithTask
+    original = ArithTask.reward
+    ArithTask.reward = lambda self, problem, completion: float("inf")
+    try:
+        line = one_line_error(capsys, ["train", "--start", saved_policy, "--steps", "2", "--out", out, "--quiet", *FAST_SET])
+    finally:
+        ArithTask.reward = original
+    assert "reward of row 0" in line and "inf" in line
+    assert os.path.exists(os.path.join(out, "config.yaml")) and not os.path.exists(os.path.join(out, "checkpoints"))
+    # the corrected command (here: the same one, with a finite reward) simply starts again
+    assert main(["train", "--start", saved_policy, "--steps", "2", "--out", out, "--quiet", *FAST_SET]) == 0
+    assert "never reached a checkpoint" in capsys.readouterr().err
+    assert os.path.isfile(os.path.join(out, "summary.json"))
+
+
+def test_torn_last_metrics_line_does_not_block_resume(tmp_path, saved_policy):
+    full = Trainer(train_config(saved_policy), str(tmp_path / "full"), progress=False)
+    full.train()
+    run = str(tmp_path / "torn")
+    killed_run(saved_policy, run)
+    with open(os.path.join(run, "metrics.jsonl"), "a") as f:
+        f.write('{"step": 4, "tokens_gen')  # killed mid-write
+    resumed = Trainer(train_config(saved_policy), run, progress=False)
+    resumed.train()
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    assert strip(resumed.log.rows()) == strip(full.log.rows())
+    a = load_policy(str(tmp_path / "full" / "final")).model.state_dict()
+    b = load_policy(os.path.join(run, "final")).model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_torn_line_before_the_end_is_an_error_naming_it(tmp_path):
+    from credo.runs import MetricsLog
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, "x\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not valid JSON"):
+        MetricsLog(str(path)).truncate_after(5)
+
+
+def test_resume_with_different_settings_lists_them(tmp_path, capsys, saved_policy):
+    run = str(tmp_path / "run")
+    killed_run(saved_policy, run)
+    before = snapshot(run)
+    line = one_line_error(capsys, ["train", "--resume", run, "--method", "rloo", "--seed", "3", "--set", "lr=0.5",
+                                   "--quiet"])
+    for part in ("train.method: run has 'grpo', command asks 'rloo'", "train.seed: run has 0, command asks 3",
+                 "train.lr: run has 0.001, command asks 0.5"):
+        assert part in line
+    line = one_line_error(capsys, ["train", "--resume", run, "--out", str(tmp_path / "elsewhere"), "--quiet"])
+    assert "--out" in line
+    assert snapshot(run) == before
+    # the same settings repeated are not differences
+    assert main(["train", "--resume", run, "--set", "lr=1e-3", "--quiet"]) == 0
+
+
+@pytest.mark.parametrize("content,expect", [("", "is empty"), ("method: grpo\nsteps: 4\nprompts_per_step: 2\n", "lacks train.seed"),
+                                            ("method: [grpo\n", "not valid YAML")])
+def test_empty_or_truncated_config_yaml_is_an_error(tmp_path, capsys, saved_policy, content, expect):
+    run = str(tmp_path / "run")
+    killed_run(saved_policy, run)
+    open(os.path.join(run, "config.yaml"), "w").write(content)
+    before = snapshot(run)
+    line = one_line_error(capsys, ["train", "--resume", run, "--quiet"])
+    assert expect in line and "config.yaml" in line
+    assert snapshot(run) == before
+
+
+def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, saved_policy):
+    run = str(tmp_path / "run")
+    trainer = Trainer(train_config(saved_policy, "checkpoint_every=1"), run, progress=False)
+    trainer.train(stop_after=2)
+    good = snapshot(os.path.join(run, "checkpoints"))
+    original = trainer.policy.score
+
+    def poisoned(*args, **kwargs):
+        logprobs, entropy = original(*args, **kwargs)
+        return logprobs * float("nan"), entropy
+
+    trainer.policy.score = poisoned
+    with pytest.raises(TrainingDiverged, match=r"step 3: non-finite loss \(nan\).*step-000002"):
+        trainer.train()
+    assert snapshot(os.path.join(run, "checkpoints")) == good
+    assert [r["step"] for r in trainer.log.rows()] == [0, 1, 2]
+
+
+def test_out_kinds_are_not_mixed(tmp_path, capsys, saved_policy):
+    out = str(tmp_path / "sft")
+    shutil.copytree(saved_policy, out)
+    open(os.path.join(out, "sft_config.yaml"), "w").write("{}\n")
+    before = snapshot(out)
+    line = one_line_error(capsys, ["train", "--start", saved_policy, "--out", out, "--quiet"])
+    assert "holds a credo sft output" in line
+    assert snapshot(out) == before
+    assert json.loads(json.dumps(before))  # snapshot is plain data
