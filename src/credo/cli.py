@@ -102,10 +102,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             extra["steps"] = args.steps
         config = load_train_config(args.config, args.set, extra)
         run_dir = args.out
-        if _claim_run(run_dir, args.force):
-            print(f"credo train: {run_dir} holds a run that never reached a checkpoint; replacing it", file=sys.stderr)
-            _claim_run(run_dir, True)
-    trainer = Trainer(config, run_dir, progress=not args.quiet)
+    trainer = Trainer(config, run_dir, progress=not args.quiet)  # task, start and options checked before --out is touched
+    if not args.resume and _claim_run(run_dir, args.force):
+        print(f"credo train: {run_dir} holds a run that never reached a checkpoint; replacing it", file=sys.stderr)
+        _claim_run(run_dir, True)
     summary = trainer.train()
     rows = trainer.log.rows()
     start = next((r["eval_accuracy"] for r in rows if r.get("step") == 0 and "eval_accuracy" in r), None)
@@ -143,6 +143,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     elif os.path.isdir(os.path.join(checkpoint, "final")):
         checkpoint = os.path.join(checkpoint, "final")  # a run directory: evaluate its final policy
     task = make_task(args.task, parse_overrides(args.set or []))
+    if os.path.isdir(checkpoint):
+        from credo.state_io import check_safetensors
+        check_safetensors(checkpoint)
     policy = bind_task(load_policy(checkpoint), task)
     result = evaluate(policy, task, task.heldout_problems(args.n), k=args.k, max_new_tokens=args.max_new_tokens,
                       seed=args.seed, progress=not args.quiet)
@@ -187,6 +190,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"compare --budget must be a positive number of generated tokens, got {args.budget}")
     if args.jobs < 1:
         raise ConfigError(f"compare --jobs must be >= 1, got {args.jobs}")
+    from credo.compare import PRESETS
+    if args.preset not in PRESETS:
+        raise ConfigError(f"compare --preset must be one of {', '.join(PRESETS)}, got {args.preset!r}")
     if args.report_only:
         from credo.compare import rewrite_report
         results = rewrite_report(args.out)
