@@ -153,3 +153,13 @@ def test_out_kinds_are_not_mixed(tmp_path, capsys, saved_policy):
     assert "holds a credo sft output" in line
     assert snapshot(out) == before
     assert json.loads(json.dumps(before))  # snapshot is plain data
+
+
+def test_sft_out_of_the_same_kind_is_replaced_whole(tmp_path, capsys):
+    out = str(tmp_path / "sft")
+    assert main(["sft", "--out", out, "--eval-n", "2", "--quiet"]) == 0
+    open(os.path.join(out, "stale.txt"), "w").write("from an older copy")
+    assert main(["sft", "--out", out, "--eval-n", "2", "--quiet"]) == 0
+    assert sorted(os.listdir(out)) == ["metrics.jsonl", "model.safetensors", "policy.json", "sft_config.yaml",
+                                       "sft_summary.json"]
+    assert not [f for f in os.listdir(tmp_path) if f != "sft"], "nothing left beside --out"

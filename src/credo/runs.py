@@ -116,6 +116,9 @@ def run_kind(path: str) -> str | None:
     for kind, files in _SIGNATURES.items():
         if all(os.path.exists(os.path.join(path, name)) for name in files):
             return kind
+    runs = os.path.join(path, "runs")  # a comparison stopped before its first result
+    if os.path.isdir(runs) and os.listdir(runs) and all(run_kind(os.path.join(runs, r)) == "train" for r in os.listdir(runs)):
+        return "compare"
     return None
 
 

@@ -33,7 +33,7 @@ from credo.policy.base import Policy
 from credo.probe import Probe
 from credo.resets import collect_resets
 from credo.rollouts import Rollouts
-from credo.runs import MetricsLog, atomic_directory, atomic_write_text
+from credo.runs import KIND_MARKER, MetricsLog, atomic_directory, atomic_write_text
 from credo.state_io import (CorruptStateError, check_safetensors, load_state, optimizer_state, optimizer_state_dict, python_rng_from,
                             python_rng_state, save_state, verify_manifest, write_manifest)
 from credo.strategies import collect_dynamic, collect_plain
@@ -299,6 +299,7 @@ class Trainer:
         config_path = os.path.join(self.run_dir, "config.yaml")
         if self.is_main and not os.path.exists(config_path):
             atomic_write_text(config_path, dump_yaml(self.config))
+            atomic_write_text(os.path.join(self.run_dir, KIND_MARKER), "train\n")
         resumed = self.restore()
         if not self.is_main:  # only the main process writes the run directory
             self.log = _NullLog()
