@@ -163,11 +163,26 @@ def cmd_audit(args: argparse.Namespace) -> int:
                    "group_size": args.group_size, "methods": [m for m in args.methods.split(",") if m],
                    "localisers": [m for m in args.localisers.split(",") if m]})
     config = from_dict(AuditConfig, values, prefix="audit.")
+    _check_audit_methods(config.methods)
     claim_output(args.out, "audit", force=args.force)
     report = run_audit(config, args.out, progress=not args.quiet)
     print(open(os.path.join(args.out, "audit.md")).read())
     failures = report["config"].get("failures", {})
     return 1 if failures else 0
+
+
+def _check_audit_methods(specs: tuple[str, ...]) -> None:
+    """Each --methods entry names a registered estimator with valid options (before any sampling starts)."""
+    from credo import credit
+    from credo.audit import parse_method
+    from credo.config import ConfigError
+    for spec in specs:
+        try:
+            _, name, options = parse_method(spec)
+            estimator = credit.get(name)
+        except (ValueError, KeyError) as err:
+            raise ConfigError(f"audit --methods: {err.args[0] if err.args else err}") from None
+        estimator.make_config(options, prefix=f"audit --methods {name}:")
 
 
 def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:

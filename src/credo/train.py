@@ -181,7 +181,7 @@ class Trainer:
             if not bool(torch.isfinite(value.detach())):
                 last = self.last_checkpoint()
                 raise TrainingDiverged(
-                    f"step {self.step + 1}: non-finite {what} ({float(value):g}); stopped before updating the weights. "
+                    f"step {self.step + 1}: non-finite {what} ({float(value.detach()):g}); stopped before updating the weights. "
                     f"Last good checkpoint: {last or 'none (the run never checkpointed)'}. Lower train.lr or "
                     "check the rewards, then --resume or start again with --force")
 

@@ -19,7 +19,9 @@ def load_policy(path: str, device: str = "cpu", lora_r: int = 0, lora_alpha: int
     backend = json.load(open(meta_path)).get("backend") if os.path.exists(meta_path) else None
     if backend == "tiny":
         if lora_r:
-            raise ValueError("LoRA (lora_r > 0) needs a Hugging Face model; the tiny policy trains in full")
+            from credo.config import ConfigError
+            raise ConfigError(f"train.lora_r={lora_r}: LoRA needs a Hugging Face model; {path} is a tiny policy, "
+                              "which trains in full (set lora_r=0)")
         return TinyPolicy.load(path, device)
     if os.path.isfile(os.path.join(path, "config.json")):
         from credo.policy.hf import HFPolicy
