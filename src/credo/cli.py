@@ -219,23 +219,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 1 if results["failures"] else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="credo", description="Credit assignment for RL with verifiable rewards.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("methods", help="list the registered estimators and recipes, one per line, name first")
-    p.set_defaults(fn=cmd_methods)
-
-    p = sub.add_parser("sft", help="build (or fetch from cache) the SFT start of the tiny policy and copy it to --out")
-    p.add_argument("--out", required=True, help="directory to write the SFT checkpoint to")
-    p.add_argument("--config", help="YAML file of SFTConfig fields")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (repeatable)")
-    p.add_argument("--retrain", action="store_true", help="retrain even when a cached or packaged start exists")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not an SFT checkpoint")
-    p.add_argument("--eval-n", type=int, default=500, help="held-out problems to report accuracy on (default 500)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(fn=cmd_sft)
-
+def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="RL-train a policy with a credit-assignment method")
     p.add_argument("--method", help="estimator or recipe name (see `credo methods`; default grpo)")
     p.add_argument("--out", help="run directory to create (config, metrics.jsonl, checkpoints, final/)")
@@ -254,6 +238,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_train)
 
+
+def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="train every method from the same start on the same token budget; one report")
+    p.add_argument("--preset", default="quick", help="quick (~15 min, 1 seed, 4 methods), full (3 seeds, every method) or smoke")
+    p.add_argument("--methods", help="comma-separated methods to run instead of the preset's (grpo is always added)")
+    p.add_argument("--seeds", help="comma-separated seeds instead of the preset's, e.g. 0,1,2")
+    p.add_argument("--start", help="start checkpoint (default: the cached SFT start)")
+    p.add_argument("--out", required=True, help="run directory (resumable: finished runs inside it are reused)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="trainings run at once, each in its own process with cpu_count/jobs threads (default 1)")
+    p.add_argument("--budget", type=int,
+                   help="generated tokens per training run instead of the preset's (evaluated every quarter of it)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not a compare directory")
+    p.add_argument("--report-only", action="store_true",
+                   help="rebuild report.md, curves.png and the goal checks from --out's results.json; train nothing")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_compare)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="credo", description="Credit assignment for RL with verifiable rewards.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("methods", help="list the registered estimators and recipes, one per line, name first")
+    p.set_defaults(fn=cmd_methods)
+
+    p = sub.add_parser("sft", help="build (or fetch from cache) the SFT start of the tiny policy and copy it to --out")
+    p.add_argument("--out", required=True, help="directory to write the SFT checkpoint to")
+    p.add_argument("--config", help="YAML file of SFTConfig fields")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (repeatable)")
+    p.add_argument("--retrain", action="store_true", help="retrain even when a cached or packaged start exists")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not an SFT checkpoint")
+    p.add_argument("--eval-n", type=int, default=500, help="held-out problems to report accuracy on (default 500)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_sft)
+
+    _add_train_parser(sub)
+
     p = sub.add_parser("audit", help="score estimators' segment credit against Monte Carlo reference values")
     p.add_argument("--checkpoint", help="policy directory (default: the SFT start)")
     p.add_argument("--n", type=int, default=256, help="held-out traces to audit (default 256)")
@@ -270,21 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_audit)
 
-    p = sub.add_parser("compare", help="train every method from the same start on the same token budget; one report")
-    p.add_argument("--preset", default="quick", help="quick (~15 min, 1 seed, 4 methods), full (3 seeds, every method) or smoke")
-    p.add_argument("--methods", help="comma-separated methods to run instead of the preset's (grpo is always added)")
-    p.add_argument("--seeds", help="comma-separated seeds instead of the preset's, e.g. 0,1,2")
-    p.add_argument("--start", help="start checkpoint (default: the cached SFT start)")
-    p.add_argument("--out", required=True, help="run directory (resumable: finished runs inside it are reused)")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="trainings run at once, each in its own process with cpu_count/jobs threads (default 1)")
-    p.add_argument("--budget", type=int,
-                   help="generated tokens per training run instead of the preset's (evaluated every quarter of it)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not a compare directory")
-    p.add_argument("--report-only", action="store_true",
-                   help="rebuild report.md, curves.png and the goal checks from --out's results.json; train nothing")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(fn=cmd_compare)
+    _add_compare_parser(sub)
 
     p = sub.add_parser("eval", help="held-out accuracy of a checkpoint; the last line is accuracy=<float>")
     p.add_argument("--checkpoint", default="sft", help="policy directory or run directory (default: the SFT start)")
