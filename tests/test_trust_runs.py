@@ -66,7 +66,7 @@ def test_run_that_failed_before_its_first_checkpoint_is_restartable(tmp_path, ca
         line = one_line_error(capsys, ["train", "--start", saved_policy, "--steps", "2", "--out", out, "--quiet", *FAST_SET])
     finally:
         ArithTask.reward = original
-    assert "reward of row 0" in line and "inf" in line
+    assert "reward of row 0" in line and "inf" in line and "never reached a checkpoint" in line
     assert os.path.exists(os.path.join(out, "config.yaml")) and not os.path.exists(os.path.join(out, "checkpoints"))
     # the corrected command (here: the same one, with a finite reward) simply starts again
     assert main(["train", "--start", saved_policy, "--steps", "2", "--out", out, "--quiet", *FAST_SET]) == 0

@@ -106,7 +106,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not args.resume and _claim_run(run_dir, args.force):
         print(f"credo train: {run_dir} holds a run that never reached a checkpoint; replacing it", file=sys.stderr)
         _claim_run(run_dir, True)
-    summary = trainer.train()
+    summary = _train_with_guidance(trainer, run_dir)
     rows = trainer.log.rows()
     start = next((r["eval_accuracy"] for r in rows if r.get("step") == 0 and "eval_accuracy" in r), None)
     print(json.dumps(summary))
@@ -115,6 +115,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"start_accuracy={start:.4f} (n={start_n}) final_accuracy={summary['final_accuracy']:.4f} "
               f"(n={summary['final_eval_n']}) in {summary['seconds']:.0f}s")
     return 0
+
+
+def _train_with_guidance(trainer, run_dir: str) -> dict:
+    """Train; a user error that stops the run also says how to go on from the directory it leaves."""
+    from credo.config import UserError
+    from credo.train import TrainingDiverged
+    try:
+        return trainer.train()
+    except TrainingDiverged:
+        raise  # names the step and the last good checkpoint itself
+    except UserError as err:
+        if trainer.last_checkpoint() is None:
+            hint = f"{run_dir} never reached a checkpoint: fix the cause and run the same `credo train --out` again"
+        else:
+            hint = f"once fixed, continue with --resume {run_dir}, or start over with --out {run_dir} --force"
+        raise type(err)(f"{err} ({hint})") from None
 
 
 def _claim_run(run_dir: str, force: bool) -> bool:
