@@ -7,7 +7,7 @@ forwarded or generated is counted, so each Credit can report what it cost.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -23,12 +23,21 @@ if TYPE_CHECKING:
 class Probe:
     """Counted, gradient-free access to `policy` for estimators. `cost` accumulates until `take_cost()`."""
 
-    def __init__(self, policy: Policy, task: Task | None, sampling: SamplingConfig, generator: torch.Generator) -> None:
+    def __init__(self, policy: Policy, task: Task | None, sampling: SamplingConfig, generator: torch.Generator,
+                 gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.policy = policy
         self.task = task
         self.sampling = sampling
         self.generator = generator
         self.cost = Cost()
+        self._gather = gather
+
+    def gather(self, values: torch.Tensor) -> torch.Tensor:
+        """1-D `values` of every data-parallel shard, concatenated in shard order (this shard's own when
+        the batch is not sharded). Estimators route batch-wide statistics through it, so a batch split
+        into shards (verl workers, TRL processes) gets the statistics of the whole batch. A collective:
+        every shard must call it the same number of times."""
+        return values if self._gather is None else self._gather(values)
 
     def take_cost(self) -> Cost:
         """The cost accumulated since the last call, and reset the meter."""

@@ -151,10 +151,12 @@ def redistribute(values: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def advantages_from_redistribution(rollouts: Rollouts, segment_ids: torch.Tensor, R: list[torch.Tensor],
-                                   config: RREDCoTConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """-> (advantages[B, T], weights[B, T] or None) by the configured mode."""
+                                   config: RREDCoTConfig, gather: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """-> (advantages[B, T], weights[B, T] or None) by the configured mode. `gather` (Probe.gather) makes
+    z's mean/std those of the whole batch when it is split into data-parallel shards."""
     a_grpo = grpo_advantages(rollouts.rewards, rollouts.group)
     flat = torch.cat([r for r in R if r.numel()]) if any(r.numel() for r in R) else torch.zeros(0)
+    flat = gather(flat) if gather is not None else flat
     mu = flat.mean() if flat.numel() else torch.tensor(0.0)
     sd = flat.std() if flat.numel() > 1 else torch.tensor(0.0)
     z = [((r - mu) / sd if float(sd) > 1e-8 else torch.zeros_like(r)) for r in R]
@@ -178,7 +180,7 @@ def rredcot(rollouts: Rollouts, probe: Probe, config: RREDCoTConfig) -> Credit:
     segment_ids = probe.segment(rollouts, config.segmenter)
     values = probe_values(rollouts, probe, segment_ids, config)
     R = redistribute(values)
-    advantages, weights = advantages_from_redistribution(rollouts, segment_ids, R, config)
+    advantages, weights = advantages_from_redistribution(rollouts, segment_ids, R, config, probe.gather)
     v0 = torch.stack([v[0] for v in values]) if values else torch.zeros(0)
     return Credit(advantages=advantages, weights=weights, segment_credit=R,
                   info={"v0_mean": float(v0.mean()) if v0.numel() else math.nan,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -68,9 +69,12 @@ def self_conditioned_kl(rollouts: Rollouts, probe: Probe, rows: list[int], refer
     return out
 
 
-def weight_from_divergence(D: torch.Tensor, mask: torch.Tensor, quantile: float, c_min: float) -> torch.Tensor:
-    """f = D / (D + c), c = max(quantile of D over active tokens, c_min); in [0, 1), 0 on padding."""
+def weight_from_divergence(D: torch.Tensor, mask: torch.Tensor, quantile: float, c_min: float,
+                           gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """f = D / (D + c), c = max(quantile of D over active tokens, c_min); in [0, 1), 0 on padding.
+    `gather` (Probe.gather) takes the quantile over the whole batch when it is split into shards."""
     active = D[mask]
+    active = gather(active) if gather is not None else active
     c = max(float(torch.quantile(active, quantile)) if active.numel() else 0.0, c_min)
     return D / (D + c) * mask
 
@@ -78,13 +82,14 @@ def weight_from_divergence(D: torch.Tensor, mask: torch.Tensor, quantile: float,
 @register("sc_grpo", "SC-GRPO: GRPO with token weights f = D/(D+c), D = KL(policy conditioned on its own verified solution || policy)",
           SCGRPOConfig, uses_model=True)
 def sc_grpo(rollouts: Rollouts, probe: Probe, config: SCGRPOConfig) -> Credit:
-    rng = random.Random(config.seed)
     groups: dict[int, list[int]] = {}
     for row, g in enumerate(rollouts.group.tolist()):
         groups.setdefault(g, []).append(row)
     correct = rollouts.correct.tolist()
     weighted_rows, weighted_refs, diversity = [], [], []
     for g, members in groups.items():
+        # one generator per group id: the choices do not depend on which other groups share the batch (shards)
+        rng = random.Random(config.seed * 1_000_003 + g)
         good = [i for i in members if correct[i]]
         if 2 <= len(good) < len(members):
             for i in members:
@@ -101,9 +106,10 @@ def sc_grpo(rollouts: Rollouts, probe: Probe, config: SCGRPOConfig) -> Credit:
     all_rows, all_refs = weighted_rows + div_rows, weighted_refs + div_refs
     info = {"weighted_rows": float(len(weighted_rows)), "diversity_rows": float(len(div_rows))}
     if not all_rows:
+        probe.gather(torch.zeros(0))  # a collective: shards with routed rows are gathering their D
         return Credit(advantages=advantages, weights=weights, info=info)
     D = self_conditioned_kl(rollouts, probe, all_rows, all_refs, config.chunk_rows)
-    f = weight_from_divergence(D, rollouts.completion_mask[all_rows], config.quantile, config.c_min)
+    f = weight_from_divergence(D, rollouts.completion_mask[all_rows], config.quantile, config.c_min, probe.gather)
     n_w = len(weighted_rows)
     if n_w:
         weights[weighted_rows] = f[:n_w] * mask[weighted_rows]

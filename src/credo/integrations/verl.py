@@ -1,5 +1,14 @@
-"""credo's reward-only estimators in verl's advantage-estimator registry, under `credo_*` names.
+"""credo in verl: every estimator through the worker-side credit step, and the reward-only ones in
+verl's own advantage-estimator registry.
 
+Any estimator (rredcot, vineppo, sc_grpo, ibpo, loo, ...), with the model:
+    from credo.integrations.verl import apply_credit
+    batch = apply_credit(batch, "rredcot", module=hf_model, tokenizer=tok, task=make_task("gym:chain_sum"))
+runs on one data-parallel shard of a verl `DataProto` (verl_credit.py); in verl's PPO loop it is
+`algorithm.adv_estimator=credo:<name>` with `python -m credo.integrations.verl_ppo` (a worker mixin
+registered with verl's dispatch plus a RayPPOTrainer subclass: verl_worker.py, verl_ppo.py).
+
+Reward-only estimators, inside verl's signature:
     from credo.integrations.verl import register_with_verl
     register_with_verl()            # then: algorithm.adv_estimator=credo_grpo (or credo_rloo, credo_dr_grpo)
 
@@ -7,14 +16,8 @@ Each registered function has verl's signature
     fn(token_level_rewards[B, T], response_mask[B, T], index: np.ndarray, epsilon=1e-6,
        norm_adv_by_std_in_grpo=True, config=None, **kwargs) -> (advantages[B, T], returns[B, T])
 and, like verl's own GRPO, treats a group of one as mean 0, std 1 (its advantage is its score).
-
-Estimators that need the model (rredcot, vineppo, sc_grpo, ...) cannot run inside that signature:
-verl passes only rewards, mask and group ids. Their path is a trainer hook: subclass
-`verl.trainer.ppo.ray_trainer.RayPPOTrainer`, and after `compute_log_prob` build credo `Rollouts`
-from the `DataProto` batch (`prompts`, `responses`, `response_mask`, `uid`, `token_level_scores`),
-run `credo.credit.get(name)(rollouts, Probe(policy, task, ...))` with a policy wrapping the actor's
-Hugging Face module (`credo.policy.hf.HFPolicy(module, tokenizer, cast=False)`), and write
-`credit.advantages` into `batch["advantages"]` (and `batch["returns"]`) before the actor update.
+Estimators that need the model cannot run inside that signature (verl passes only rewards, mask and
+group ids): they take the apply_credit path above.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import numpy as np
 import torch
 
 from credo.credit.outcome import grpo_advantages, rloo_advantages
+from credo.integrations.verl_credit import apply_credit, credit_on_shards, dataset_row  # noqa: F401  (re-exported)
 
 REWARD_ONLY = ("grpo", "dr_grpo", "rloo")
 
@@ -44,7 +48,7 @@ def make_verl_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Te
     """A verl-signature wrapper of credo's reward-only estimator `name`."""
     if name not in REWARD_ONLY:
         raise ValueError(f"only reward-only estimators fit verl's signature: {REWARD_ONLY}; "
-                         f"{name!r} needs the model (see this module's docstring for the trainer-hook path)")
+                         f"{name!r} needs the model: use apply_credit / algorithm.adv_estimator=credo:{name}")
 
     def estimator(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, epsilon: float = 1e-6,
                   norm_adv_by_std_in_grpo: bool = True, config: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:

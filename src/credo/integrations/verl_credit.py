@@ -1,0 +1,165 @@
+"""Any credo estimator on a verl `DataProto` shard: the worker-side credit step.
+
+    batch = apply_credit(batch, "rredcot", module=hf_model, tokenizer=tok, task=make_task("gym:chain_sum"))
+
+verl's layout (0.9.x), B rows of one data-parallel shard:
+    prompts[B, P]            left-padded prompt ids        attention_mask[B, P + R]  1 on real tokens
+    responses[B, R]          right-padded response ids     response_mask[B, R]       1 on trainable response tokens
+    token_level_scores[B, R] the verifier's score at the last response token (token_level_rewards: after a
+                             KL-in-reward penalty; used when present, as verl's own estimators do)
+    old_log_probs[B, R]      optional; uid (non-tensor): the prompt each row was sampled from
+    credo_problem / extra_info["credo_problem"] (non-tensor): the credo Problem as JSON (see `dataset_row`),
+                             else the gold answer from reward_model["ground_truth"] and the decoded prompt
+    credo_group[B]           optional global group ids (the driver sets them so group-seeded choices do not
+                             depend on the sharding); otherwise groups are the uids, in first-seen order
+`apply_credit` builds credo `Rollouts` from these, runs the estimator through a Probe on `module` (a plain
+Hugging Face causal LM: on FSDP workers an unsharded copy, see verl_worker.py), and writes
+`advantages` and `returns` [B, R]: the estimator's per-token advantages with any token weights (SC-GRPO)
+folded in (verl's clipped surrogate is linear in a non-negative weight) and zero outside a loss mask.
+Whole groups must be on the shard; batch-wide statistics cross shards through `gather` (shards.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from credo import credit as credit_registry
+from credo.integrations.shards import group_ids
+from credo.policy.base import SamplingConfig
+from credo.probe import Probe
+from credo.rollouts import Credit, Rollouts
+from credo.tasks.base import Problem, rewards_for
+
+
+def dataset_row(task: Any, problem: Problem, data_source: str = "credo") -> dict[str, Any]:
+    """One verl RL-dataset row (parquet-ready) for a credo problem: chat prompt with the task's system
+    prompt (as credo's HF backend formats it), gold answer for verl's reward, and the Problem as JSON."""
+    system = getattr(task, "system_prompt", None)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": problem.prompt}]
+    encoded = json.dumps({"key": problem.key, "prompt": problem.prompt, "answer": problem.answer, "data": problem.data},
+                         default=str)
+    return {"data_source": data_source, "prompt": messages, "ability": "reasoning",
+            "reward_model": {"style": "rule", "ground_truth": problem.answer},
+            "extra_info": {"credo_problem": encoded}}
+
+
+def problems_from_batch(batch: Any, tokenizer: Any) -> list[Problem]:
+    """One credo Problem per row: from the row's credo_problem JSON, else gold answer + decoded prompt."""
+    nt, B = batch.non_tensor_batch, len(batch)
+    out = []
+    for i in range(B):
+        encoded = nt["credo_problem"][i] if "credo_problem" in nt else None
+        extra = nt["extra_info"][i] if "extra_info" in nt else None
+        if encoded is None and isinstance(extra, dict):
+            encoded = extra.get("credo_problem")
+        if encoded is not None:
+            d = json.loads(encoded)
+            out.append(Problem(key=d["key"], prompt=d["prompt"], answer=str(d["answer"]), data=d.get("data") or {}))
+            continue
+        reward_model = nt["reward_model"][i] if "reward_model" in nt else {}
+        answer = str(reward_model.get("ground_truth", "")) if isinstance(reward_model, dict) else ""
+        prompt_len = batch.batch["prompts"].shape[1]
+        ids = batch.batch["prompts"][i][batch.batch["attention_mask"][i, :prompt_len].bool()]
+        text = tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+        out.append(Problem(key=text, prompt=text, answer=answer))
+    return out
+
+
+def rollouts_from_batch(batch: Any, policy: Any, task: Any) -> Rollouts:
+    """credo Rollouts[B] of a verl DataProto shard (see the module docstring for the fields read)."""
+    t = batch.batch
+    prompts, responses = t["prompts"], t["responses"]
+    P = prompts.shape[1]
+    prompt_mask = t["attention_mask"][:, :P].bool()
+    completion_mask = t["response_mask"].bool() if "response_mask" in t.keys() else t["attention_mask"][:, P:].bool()
+    scores = t["token_level_rewards"] if "token_level_rewards" in t.keys() else t["token_level_scores"]
+    rewards = scores.sum(-1).float().cpu()
+    if "credo_group" in t.keys():
+        group = t["credo_group"].long().cpu()
+    else:
+        group = group_ids(np.asarray(batch.non_tensor_batch["uid"]).tolist())
+    problems = problems_from_batch(batch, policy.tokenizer)
+    texts = [policy.decode(row[m]) for row, m in zip(responses.cpu(), completion_mask.cpu())]
+    correct = rewards_for(task, problems, texts)[1] if task is not None else rewards >= 1.0
+    old = t["old_log_probs"].float().cpu() if "old_log_probs" in t.keys() else torch.zeros(responses.shape)
+    device = policy.device
+    return Rollouts(prompt_ids=prompts.to(device), prompt_mask=prompt_mask.to(device), completion_ids=responses.to(device),
+                    completion_mask=completion_mask.to(device), group=group, rewards=rewards,
+                    old_logprobs=(old * completion_mask.cpu()).to(device), correct=correct, problems=problems,
+                    completions=texts)
+
+
+def folded_advantages(result: Credit) -> torch.Tensor:
+    """advantages[B, T] * weights (if any) * loss_mask (if any): what a weight-free PPO loss needs."""
+    advantages = result.advantages
+    if result.weights is not None:
+        advantages = advantages * result.weights
+    if result.loss_mask is not None:
+        advantages = advantages * result.loss_mask
+    return advantages
+
+
+def apply_credit(batch: Any, estimator: str, *, module: torch.nn.Module, tokenizer: Any, task: Any,
+                 config: dict | None = None, gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 sampling: SamplingConfig | None = None, seed: int = 0) -> Any:
+    """Write credo's `estimator` credit into `batch` (a verl DataProto shard) as `advantages`/`returns`.
+
+    module: the actor's Hugging Face causal LM (scored without gradient). tokenizer: its tokenizer.
+    task: the credo task (verifier, answer template, teacher context). config: the estimator's options.
+    gather: Probe.gather across shards (None: this shard is the whole batch). sampling: what MC
+    estimators sample with (default: up to the response length). seed: the Probe's generator.
+    Returns the same DataProto with advantages/returns[B, R] (float32) and credo_cost[B, 2] (row 0 holds
+    this shard's tokens scored/generated, so a concatenation of shards sums to the batch's cost).
+    """
+    from credo.policy import bind_task
+    from credo.policy.hf import HFPolicy
+    spec = credit_registry.get(estimator)
+    options = spec.make_config(config)
+    device = next(module.parameters()).device
+    policy = bind_task(HFPolicy(module, tokenizer, device=device, cast=False), task)
+    rollouts = rollouts_from_batch(batch, policy, task)
+    sampling = sampling or SamplingConfig(max_new_tokens=int(rollouts.completion_ids.shape[1]))
+    probe = Probe(policy, task, sampling, torch.Generator().manual_seed(seed), gather=gather)
+    result = spec(rollouts, probe, options)
+    advantages = folded_advantages(result).float() * rollouts.completion_mask.float()
+    target = batch.batch["responses"].device
+    batch.batch["advantages"] = advantages.to(target)
+    batch.batch["returns"] = advantages.clone().to(target)
+    cost = torch.zeros(len(batch), 2)
+    cost[0] = torch.tensor([result.cost.tokens_scored, result.cost.tokens_generated], dtype=torch.float32)
+    batch.batch["credo_cost"] = cost.to(target)
+    return batch
+
+
+def credit_on_shards(batch: Any, spec: dict[str, Any], call: Callable[[Any], Any], shards: int) -> Any:
+    """The driver side: reorder `batch` so each of `shards` contiguous chunks holds whole groups, tag rows
+    with global group ids (`credo_group`) and the credit spec (meta_info["credo"]), run `call` (the worker
+    group's data-parallel credo_compute_advantage, or anything that maps a DataProto to one with
+    `advantages`, `returns`, `credo_cost` in the same row order), and write the results back into `batch`
+    in its own row order (verl's balance_batch order, which its mini-batching relies on, is kept).
+
+    spec: {"estimator": name, "credit": options, "task": task name, "task_options": {...}, "seed": int}.
+    """
+    from credo.integrations.shards import whole_group_order
+    group = group_ids(np.asarray(batch.non_tensor_batch["uid"]).tolist())
+    order = whole_group_order(group, shards)
+    keep = [k for k in ("prompts", "responses", "response_mask", "attention_mask", "token_level_scores",
+                        "token_level_rewards", "old_log_probs") if k in batch.batch.keys()]
+    rows = [k for k in ("uid", "credo_problem", "extra_info", "reward_model") if k in batch.non_tensor_batch]
+    sub = batch.select(batch_keys=keep, non_tensor_batch_keys=rows, meta_info_keys=[])
+    sub.reorder(order)
+    sub.batch["credo_group"] = group[order].to(sub.batch["responses"].device)
+    sub.meta_info["credo"] = dict(spec)
+    out = call(sub)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(len(order))
+    for key in ("advantages", "returns"):
+        batch.batch[key] = out.batch[key][inverse].to(batch.batch["responses"].device)
+    cost = out.batch["credo_cost"].sum(0)
+    batch.meta_info["credo_tokens_scored"] = float(cost[0])
+    batch.meta_info["credo_tokens_generated"] = float(cost[1])
+    return batch
