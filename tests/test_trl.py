@@ -68,3 +68,35 @@ def test_grpo_credit_equals_trls_own_advantages(tmp_path, monkeypatch):
     assert ours.shape == mask.shape and (ours[~mask] == 0).all()
     expected = captured["trl"][:, None].expand_as(ours) * mask
     assert torch.allclose(ours, expected, atol=1e-5)
+
+
+def accelerate_launch(n, out, port, per_device):
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TRL_EXPERIMENTAL_SILENCE": "1",
+           "PYTHONPATH": os.pathsep.join([os.path.join(root, "src"), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *(["--multi_gpu"] if n > 1 else []),
+           f"--num_processes={n}", "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no",
+           f"--main_process_port={port}", os.path.join(root, "examples", "trl_two_process.py"), "--out", out,
+           "--per-device", str(per_device)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_two_processes_give_one_process_advantages_and_update(tmp_path):
+    """accelerate launch, 2 CPU processes (gloo) vs 1, fixed completions through TRL's rollout_func."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+    from trl_two_process import compare
+    accelerate_launch(1, str(tmp_path / "one"), 29541, 8)
+    accelerate_launch(2, str(tmp_path / "two"), 29542, 4)
+    result = compare(str(tmp_path / "one"), str(tmp_path / "two"), ["rredcot", "sc_grpo"])
+    for credit, r in result.items():
+        assert r["max_abs_advantage"] > 0.1, credit  # a real signal, not all zeros
+        assert r["advantages_max_abs_diff"] <= 1e-6, (credit, r)
+        assert r["update_max_abs"] > 1e-3 and r["update_relative_l2_diff"] <= 1e-2, (credit, r)

@@ -10,9 +10,18 @@ weighted reward sum), runs the named credo estimator through a Probe backed by t
 model, and replaces TRL's per-sequence advantages with the estimator's `(B, T)` advantages, which
 TRL's loss accepts as they are. Token weights (SC-GRPO) are folded into the advantages (the clipped
 surrogate is linear in a non-negative weight); a loss mask (SPO-chain) zeroes advantages outside it.
-Group statistics use TRL's gathered rewards; the per-token expansion happens on each process for its
-own rows. TRL's logged advantages are replaced by the per-sequence means of credo's advantages.
+Across processes (accelerate/DeepSpeed): each process runs the estimator on its own rows, which must
+be whole groups (TRL deals the generation batch out in contiguous slices, so the per-process batch,
+per_device_train_batch_size * steps_per_generation, must be a multiple of num_generations; checked);
+group ids are global and batch-wide statistics (RREDCoT's z, SC-GRPO's quantile) are gathered over
+all processes (Probe.gather), so N processes give the advantages of one process on the same rollouts.
+TRL's logged advantages are replaced by the per-sequence means of credo's advantages.
 For `grpo` the subclass reproduces TRL's own advantages (sample std + 1e-4, as TRL computes them).
+
+With TRL's vLLM generation (`use_vllm=True`) only sampling moves to vLLM: the Probe still scores (and,
+for MC estimators, samples continuations) with the training model as it is on this process, so credit
+is computed under the current weights, the same weights TRL's loss uses; vLLM's own weights are synced
+by TRL and never read by credo. Budget the Probe's extra forwards on the training GPUs.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ if trl.__version__ != SUPPORTED_TRL:
                       f"GRPOTrainer methods); found trl=={trl.__version__}. Install trl=={SUPPORTED_TRL}.")
 
 from credo import credit as credit_registry  # noqa: E402
+from credo.integrations.shards import process_group_gather  # noqa: E402
 from credo.policy.base import SamplingConfig  # noqa: E402
 from credo.probe import Probe  # noqa: E402
 from credo.rollouts import Rollouts  # noqa: E402
@@ -76,7 +86,8 @@ class CreditGRPOTrainer(GRPOTrainer):
         if not self.model.training:
             return output
         rollouts = self._rollouts(output)
-        probe = Probe(self._probe_policy(), self.credit_task, self.credit_sampling, self.credit_generator)
+        gather = process_group_gather() if self.accelerator.num_processes > 1 else None
+        probe = Probe(self._probe_policy(), self.credit_task, self.credit_sampling, self.credit_generator, gather=gather)
         result = self.credit_spec(rollouts, probe, self.credit_options)
         advantages = result.advantages
         if result.weights is not None:
@@ -103,6 +114,9 @@ class CreditGRPOTrainer(GRPOTrainer):
     def _rollouts(self, output: dict) -> Rollouts:
         completion_ids, completion_mask = output["completion_ids"], output["completion_mask"].bool()
         B = completion_ids.shape[0]
+        if B % self.num_generations:
+            raise ValueError(f"credo credit needs whole groups on each process: the per-process batch ({B} rows) must be "
+                             f"a multiple of num_generations ({self.num_generations})")
         all_rewards, start = self._local_rewards(B)
         rewards = all_rewards[start:start + B].float().cpu()
         # rows are grouped in blocks of num_generations in TRL's global order; ids stay global
