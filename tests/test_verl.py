@@ -208,3 +208,41 @@ def test_worker_mixin_is_registered_with_verls_dispatch():
     from credo.integrations.verl_worker import CredoCreditWorkerMixin
     attrs = getattr(CredoCreditWorkerMixin.credo_compute_advantage, MAGIC_ATTR)
     assert set(attrs["dispatch_mode"]) == {"dispatch_fn", "collect_fn"} and attrs["blocking"]
+
+
+class FakeEngine:
+    """The slice of verl's engine the worker mixin uses: streamed HF weights and the DP group."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def get_per_tensor_param(self):
+        return ((name, t.detach().clone()) for name, t in self.model.state_dict().items()), None
+
+    def get_data_parallel_group(self):
+        return None
+
+    def get_data_parallel_rank(self):
+        return 0
+
+
+def test_worker_mixin_scores_with_a_streamed_copy_of_the_actor(setup):
+    """credo_compute_advantage as a worker runs it (ray's dispatch bypassed): a fresh HF model built from the
+    actor's config, weights streamed from the engine, credit equal to apply_credit on the actor itself."""
+    from types import SimpleNamespace
+    from credo.integrations.verl_worker import CredoCreditWorkerMixin
+    policy, task, r = setup
+
+    class Worker(CredoCreditWorkerMixin):
+        credo_module_dtype = torch.float32
+
+    worker = Worker()
+    worker.actor = SimpleNamespace(engine=FakeEngine(policy.model),
+                                   model_config=SimpleNamespace(tokenizer=policy.tokenizer, hf_config=policy.model.config))
+    data = to_dataproto(r, task, torch.arange(r.batch_size))
+    data.meta_info["credo"] = {"estimator": "rredcot", "task": "gym:chain_sum", "task_options": TASK_OPTIONS}
+    out = CredoCreditWorkerMixin.credo_compute_advantage.__wrapped__(worker, data)
+    expected = apply_credit(to_dataproto(r, task, torch.arange(r.batch_size)), "rredcot", module=policy.model,
+                            tokenizer=policy.tokenizer, task=task).batch["advantages"]
+    assert worker._credo_module is not policy.model
+    assert (out.batch["advantages"] - expected).abs().max() <= 1e-6 and expected.abs().max() > 0.5

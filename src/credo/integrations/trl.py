@@ -26,6 +26,7 @@ by TRL and never read by credo. Budget the Probe's extra forwards on the trainin
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -74,6 +75,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         self._credo_rewards: torch.Tensor | None = None
         self._credo_inputs: list[dict] = []
         self.credit_cost_total = {"tokens_scored": 0, "tokens_generated": 0}
+        self.credit_seconds_total = 0.0  # wall time of credo's credit step (rollouts + estimator), this process
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # noqa: ANN001, ANN202
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -85,6 +87,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         if not self.model.training:
             return output
+        started = time.perf_counter()
         rollouts = self._rollouts(output)
         gather = process_group_gather() if self.accelerator.num_processes > 1 else None
         probe = Probe(self._probe_policy(), self.credit_task, self.credit_sampling, self.credit_generator, gather=gather)
@@ -98,6 +101,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         self._replace_logged_advantages(advantages, rollouts.completion_mask)
         self.credit_cost_total["tokens_scored"] += result.cost.tokens_scored
         self.credit_cost_total["tokens_generated"] += result.cost.tokens_generated
+        self.credit_seconds_total += time.perf_counter() - started
         mode = "train"
         self._metrics[mode]["credo/tokens_scored"].append(float(result.cost.tokens_scored))
         self._metrics[mode]["credo/tokens_generated"].append(float(result.cost.tokens_generated))

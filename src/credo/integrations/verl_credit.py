@@ -37,14 +37,33 @@ from credo.tasks.base import Problem, rewards_for
 
 def dataset_row(task: Any, problem: Problem, data_source: str = "credo") -> dict[str, Any]:
     """One verl RL-dataset row (parquet-ready) for a credo problem: chat prompt with the task's system
-    prompt (as credo's HF backend formats it), gold answer for verl's reward, and the Problem as JSON."""
+    prompt (as credo's HF backend formats it), gold answer for verl's reward, the Problem as JSON and the
+    task's name and options (JSON) for `compute_score`."""
     system = getattr(task, "system_prompt", None)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": problem.prompt}]
     encoded = json.dumps({"key": problem.key, "prompt": problem.prompt, "answer": problem.answer, "data": problem.data},
                          default=str)
+    options = json.dumps(getattr(task, "options", {}) or {}, default=str)
     return {"data_source": data_source, "prompt": messages, "ability": "reasoning",
             "reward_model": {"style": "rule", "ground_truth": problem.answer},
-            "extra_info": {"credo_problem": encoded}}
+            "extra_info": {"credo_problem": encoded, "credo_task": task.name, "credo_task_options": options}}
+
+
+_TASKS: dict[tuple[str, str], Any] = {}
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                  **kwargs: Any) -> float:
+    """verl's custom reward function (reward.custom_reward_function.path=<this file>): the credo task's
+    verifier on a row made by `dataset_row`."""
+    from credo.tasks import make_task
+    extra = extra_info or {}
+    key = (extra["credo_task"], extra.get("credo_task_options", "{}"))
+    if key not in _TASKS:
+        _TASKS[key] = make_task(key[0], json.loads(key[1]))
+    d = json.loads(extra["credo_problem"])
+    problem = Problem(key=d["key"], prompt=d["prompt"], answer=str(d["answer"]), data=d.get("data") or {})
+    return float(_TASKS[key].reward(problem, solution_str))
 
 
 def problems_from_batch(batch: Any, tokenizer: Any) -> list[Problem]:

@@ -28,6 +28,7 @@ from credo.integrations.verl_credit import apply_credit
 class CredoCreditWorkerMixin:
     """Mix into verl's ActorRolloutRefWorker (before it in the bases) to give it `credo_compute_advantage`."""
 
+    credo_module_dtype: torch.dtype = torch.bfloat16  # the scoring copy's dtype
     _credo_module: torch.nn.Module | None = None
     _credo_tasks: dict | None = None
 
@@ -66,7 +67,7 @@ class CredoCreditWorkerMixin:
             hf_config = self.actor.model_config.hf_config
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
             with torch.device(device):
-                self._credo_module = AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.bfloat16)
+                self._credo_module = AutoModelForCausalLM.from_config(hf_config, torch_dtype=self.credo_module_dtype)
             self._credo_module.eval().requires_grad_(False)
         state = self._credo_module.state_dict()
         for name, tensor in params:
