@@ -99,4 +99,4 @@ def test_two_processes_give_one_process_advantages_and_update(tmp_path):
     for credit, r in result.items():
         assert r["max_abs_advantage"] > 0.1, credit  # a real signal, not all zeros
         assert r["advantages_max_abs_diff"] <= 1e-6, (credit, r)
-        assert r["update_max_abs"] > 1e-3 and r["update_relative_l2_diff"] <= 1e-2, (credit, r)
+        assert r["update_max_abs"] > 1e-3 and r["update_relative_l2_diff"] <= 1e-3, (credit, r)
