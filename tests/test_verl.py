@@ -222,9 +222,6 @@ class FakeEngine:
     def get_data_parallel_group(self):
         return None
 
-    def get_data_parallel_rank(self):
-        return 0
-
 
 def test_worker_mixin_scores_with_a_streamed_copy_of_the_actor(setup):
     """credo_compute_advantage as a worker runs it (ray's dispatch bypassed): a fresh HF model built from the
