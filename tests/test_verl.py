@@ -243,3 +243,19 @@ def test_worker_mixin_scores_with_a_streamed_copy_of_the_actor(setup):
                             tokenizer=policy.tokenizer, task=task).batch["advantages"]
     assert worker._credo_module is not policy.model
     assert (out.batch["advantages"] - expected).abs().max() <= 1e-6 and expected.abs().max() > 0.5
+
+
+def test_dataset_rows_survive_parquet_and_score_with_the_tasks_verifier(setup, tmp_path):
+    import pandas as pd
+    from credo.integrations.verl_credit import compute_score, problems_from_batch
+    _, task, r = setup
+    problems = task.heldout_problems(3)
+    pd.DataFrame([dataset_row(task, p) for p in problems]).to_parquet(tmp_path / "train.parquet")
+    rows = pd.read_parquet(tmp_path / "train.parquet")
+    for p, (_, row) in zip(problems, rows.iterrows()):
+        extra, gold = dict(row["extra_info"]), row["reward_model"]["ground_truth"]
+        assert row["prompt"][0]["content"] == task.system_prompt and row["prompt"][1]["content"] == p.prompt
+        assert compute_score("credo", f"So <answer>{gold}</answer>", gold, extra) == 1.0
+        assert compute_score("credo", f"So <answer>{int(gold) + 1}</answer>", gold, extra) == 0.0
+    batch = to_dataproto(r, task, torch.arange(r.batch_size))
+    assert [p.answer for p in problems_from_batch(batch, None)] == [p.answer for p in r.problems]
