@@ -259,3 +259,10 @@ def test_dataset_rows_survive_parquet_and_score_with_the_tasks_verifier(setup, t
         assert compute_score("credo", f"So <answer>{int(gold) + 1}</answer>", gold, extra) == 0.0
     batch = to_dataproto(r, task, torch.arange(r.batch_size))
     assert [p.answer for p in problems_from_batch(batch, None)] == [p.answer for p in r.problems]
+
+
+def test_a_shard_with_a_cut_group_is_refused(setup):
+    policy, task, r = setup
+    cut = to_dataproto(r, task, torch.arange(r.batch_size))[2:]  # the first group loses two rows
+    with pytest.raises(ValueError, match="whole groups"):
+        apply_credit(cut, "grpo", module=policy.model, tokenizer=policy.tokenizer, task=task)

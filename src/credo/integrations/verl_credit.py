@@ -141,6 +141,10 @@ def apply_credit(batch: Any, estimator: str, *, module: torch.nn.Module, tokeniz
     device = next(module.parameters()).device
     policy = bind_task(HFPolicy(module, tokenizer, device=device, cast=False), task)
     rollouts = rollouts_from_batch(batch, policy, task)
+    sizes = torch.unique(rollouts.group, return_counts=True)[1]
+    if len(set(sizes.tolist())) > 1:  # a group cut by the shard boundary: its statistics would be wrong
+        raise ValueError(f"apply_credit needs whole groups on the shard (equal sizes); got group sizes "
+                         f"{sorted(set(sizes.tolist()))}: dispatch with credit_on_shards")
     sampling = sampling or SamplingConfig(max_new_tokens=int(rollouts.completion_ids.shape[1]))
     probe = Probe(policy, task, sampling, torch.Generator().manual_seed(seed), gather=gather)
     result = spec(rollouts, probe, options)
