@@ -266,3 +266,15 @@ def test_a_shard_with_a_cut_group_is_refused(setup):
     cut = to_dataproto(r, task, torch.arange(r.batch_size))[2:]  # the first group loses two rows
     with pytest.raises(ValueError, match="whole groups"):
         apply_credit(cut, "grpo", module=policy.model, tokenizer=policy.tokenizer, task=task)
+
+
+def test_credo_spec_reads_the_estimator_and_the_top_level_credo_key():
+    from omegaconf import OmegaConf
+    from credo.integrations.verl_credit import credo_spec
+    config = OmegaConf.create({"algorithm": {"adv_estimator": "credo:rredcot"},
+                               "credo": {"task": "gym:chain_sum", "credit": {"lam": 0.5}}})
+    assert credo_spec(config) == {"estimator": "rredcot", "task": "gym:chain_sum", "task_options": {},
+                                  "credit": {"lam": 0.5}, "seed": 0}
+    assert credo_spec(OmegaConf.create({"algorithm": {"adv_estimator": "grpo"}})) is None
+    with pytest.raises(ValueError, match=r"\+credo.task"):
+        credo_spec(OmegaConf.create({"algorithm": {"adv_estimator": "credo:sc_grpo"}}))

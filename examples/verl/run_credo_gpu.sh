@@ -22,7 +22,7 @@ REWARD_FILE=$(python -c "import credo.integrations.verl_credit as m; print(m.__f
 VERL_FILE_LOGGER_PATH="$OUT/metrics.jsonl" python -m credo.integrations.verl_ppo \
   trainer.use_v1=false \
   "$ADV" \
-  +algorithm.credo.task="$TASK" \
+  +credo.task="$TASK" \
   data.train_files="$DATA/train.parquet" data.val_files="$DATA/val.parquet" \
   data.train_batch_size=128 data.max_prompt_length=512 data.max_response_length=512 \
   reward.custom_reward_function.path="$REWARD_FILE" reward.custom_reward_function.name=compute_score \

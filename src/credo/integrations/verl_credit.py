@@ -158,6 +158,24 @@ def apply_credit(batch: Any, estimator: str, *, module: torch.nn.Module, tokeniz
     return batch
 
 
+PREFIX = "credo:"
+
+
+def credo_spec(config: Any) -> dict[str, Any] | None:
+    """The credit spec from verl's config, or None when adv_estimator is not credo:<name>."""
+    name = str(config.algorithm.adv_estimator)
+    if not name.startswith(PREFIX):
+        return None
+    from omegaconf import OmegaConf
+    node = config.get("credo")  # a top-level key: verl's AlgoConfig stays as verl defines it
+    extra = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    if "task" not in extra:
+        raise ValueError("algorithm.adv_estimator=credo:<name> needs +credo.task (e.g. gym:chain_sum)")
+    return {"estimator": name[len(PREFIX):], "task": extra["task"], "task_options": extra.get("task_options", {}),
+            "credit": extra.get("credit", {}), "seed": int(extra.get("seed", 0))}
+
+
+
 def credit_on_shards(batch: Any, spec: dict[str, Any], call: Callable[[Any], Any], shards: int) -> Any:
     """The driver side: reorder `batch` so each of `shards` contiguous chunks holds whole groups, tag rows
     with global group ids (`credo_group`) and the credit spec (meta_info["credo"]), run `call` (the worker

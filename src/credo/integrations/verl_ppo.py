@@ -1,9 +1,9 @@
 """credo credit in verl's PPO loop (verl 0.9.x, legacy RayPPOTrainer path: trainer.use_v1=false).
 
     python -m credo.integrations.verl_ppo trainer.use_v1=false \
-        algorithm.adv_estimator=credo:rredcot +algorithm.credo.task=gym:chain_sum ...   (verl's ppo_trainer config)
+        algorithm.adv_estimator=credo:rredcot +credo.task=gym:chain_sum ...   (verl's ppo_trainer config)
 
-`algorithm.adv_estimator=credo:<name>` selects any credo estimator; `+algorithm.credo.{task,task_options,
+`algorithm.adv_estimator=credo:<name>` selects any credo estimator; `+credo.{task,task_options,
 credit,seed}` give its task and options. Other adv_estimator values run verl unchanged.
 
 How it is wired (verl 0.9.1 has no hook for token-aware estimators; RFC verl#7735 asks for one):
@@ -21,32 +21,16 @@ from __future__ import annotations
 from typing import Any
 
 import ray
-from omegaconf import OmegaConf
 from verl.trainer import main_ppo_v0
 from verl.trainer.ppo import ray_trainer
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-from credo.integrations.verl_credit import credit_on_shards
+from credo.integrations.verl_credit import PREFIX, credit_on_shards, credo_spec
 from credo.integrations.verl_worker import CredoCreditWorkerMixin
-
-PREFIX = "credo:"
-
 
 class CredoActorRolloutRefWorker(CredoCreditWorkerMixin, ActorRolloutRefWorker):
     """verl's hybrid actor/rollout/ref worker plus `credo_compute_advantage`."""
-
-
-def credo_spec(config: Any) -> dict[str, Any] | None:
-    """The credit spec from verl's config, or None when adv_estimator is not credo:<name>."""
-    name = str(config.algorithm.adv_estimator)
-    if not name.startswith(PREFIX):
-        return None
-    extra = OmegaConf.to_container(config.algorithm.get("credo", {}) or {}, resolve=True)
-    if "task" not in extra:
-        raise ValueError("algorithm.adv_estimator=credo:<name> needs +algorithm.credo.task (e.g. gym:chain_sum)")
-    return {"estimator": name[len(PREFIX):], "task": extra["task"], "task_options": extra.get("task_options", {}),
-            "credit": extra.get("credit", {}), "seed": int(extra.get("seed", 0))}
 
 
 class CredoRayPPOTrainer(RayPPOTrainer):
