@@ -69,6 +69,8 @@ class CredoTaskRunner(main_ppo_v0.TaskRunner.__ray_actor_class__):  # type: igno
         return CredoActorRolloutRefWorker, group_cls
 
     def run(self, config: Any) -> Any:
+        from credo.integrations.verl import register_with_verl
+        register_with_verl()  # credo_grpo | credo_dr_grpo | credo_rloo, in the process that computes advantages
         main_ppo_v0.RayPPOTrainer = CredoRayPPOTrainer  # run() names the trainer class as a module global
         return super().run(config)
 
