@@ -3,6 +3,12 @@ import os
 
 from credo.compare import compare
 
+BEST = ("the best credit method reaches GRPO's final accuracy with <= 0.5x the generated tokens and ends >= +5 points "
+        "above it (interval above 0)")
+SC = "SC-GRPO ends above GRPO (interval above 0)"
+SRPO = "SRPO reaches GRPO's final accuracy sooner than RRPO and sooner than GRPO (intervals below 0)"
+CONTROLS = "every credit method ends above its shuffled control (interval above 0)"
+
 
 def test_compare_smoke_writes_results_report_and_plots(saved_policy, tmp_path):
     out = str(tmp_path / "cmp")
@@ -18,6 +24,16 @@ def test_compare_smoke_writes_results_report_and_plots(saved_policy, tmp_path):
         assert 0 <= entry["final_mean"] <= 1
     assert on_disk["methods"]["grpo"]["step_time_ratio"] == 1.0
     assert "audit" in on_disk and "rredcot" in on_disk["audit"]["methods"]
+    # the protocol as trained, read back from the runs' configs; the estimate made before training
+    protocol = on_disk["protocol"]
+    assert protocol["task"] == "arith" and protocol["final_eval_n"] == 8 and protocol["seeds"] == [0]
+    for name in ("grpo", "rredcot"):
+        config = open(os.path.join(out, "runs", f"{name}-s0", "config.yaml")).read()
+        schedule = protocol["methods"][name]
+        assert f"epochs: {schedule['epochs']}" in config and f"minibatches: {schedule['minibatches']}" in config
+    assert set(on_disk["estimate"]["per_method"]) == {"grpo", "rredcot"} and on_disk["estimate"]["seconds"] > 0
+    assert not [d for d in os.listdir(out) if "timing" in d]  # the timing runs were not written here
+    assert on_disk["equal_updates"]["updates"] and "## At equal policy updates" in open(os.path.join(out, "report.md")).read()
     report = open(os.path.join(out, "report.md")).read()
     assert "| grpo |" in report and "| rredcot |" in report
     for name in ("curves.png", "curves_by_update.png", "audit.png"):
@@ -90,17 +106,236 @@ def test_goal_checks_follow_their_rules():
          "srpo": [40_000, 40_000, 40_000]})
     summarise(results)
     checks = {g["goal"]: g["holds"] for g in goals(results)}
-    assert checks["SC-GRPO ends above GRPO"] is True          # +3.3 points, paired spread 0.6
-    assert checks["SRPO reaches GRPO's final accuracy sooner than RRPO"] is True
-    # srpo: +9 points at 0.4x GRPO's tokens on every seed
-    assert checks["the best credit method reaches GRPO's final accuracy with <= 0.5x the generated tokens "
-                  "and ends >= +5 points above it"] is True
+    assert checks[SC] is True          # +3.3 points, paired sd 0.6: interval [+1.9, +4.8]
+    assert checks[SRPO] is True        # 40k tokens vs rrpo 200k/150k/200k and grpo 100k on every seed
+    assert checks[BEST] is True        # srpo: +8.7 [+4.4, +13.0] points at 0.4x GRPO's tokens on every seed
     results["methods"]["sc_grpo"]["seeds"]["1"]["final_accuracy"] = 0.30  # one bad seed: spread swamps the mean
     summarise(results)
-    assert {g["goal"]: g["holds"] for g in goals(results)}["SC-GRPO ends above GRPO"] is False
+    assert {g["goal"]: g["holds"] for g in goals(results)}[SC] is False
     one_seed = _synthetic({"grpo": [0.40], "sc_grpo": [0.60]}, {"grpo": [100_000], "sc_grpo": [10_000]})
     summarise(one_seed)
     assert all(g["holds"] is None for g in goals(one_seed))   # nothing judged on one seed
+
+
+def test_a_goal_holds_only_where_its_interval_excludes_zero():
+    """sc_grpo - grpo = +5, +1, +3 points: the mean (+3) exceeds the sd (2), which the old rule took as
+    enough, but the 95% t interval (+3 ± 4.97) includes 0, so the goal does not hold."""
+    from credo.compare import goals, summarise
+    results = _synthetic({"grpo": [0.40, 0.40, 0.40], "sc_grpo": [0.45, 0.41, 0.43]},
+                         {"grpo": [None] * 3, "sc_grpo": [None] * 3})
+    summarise(results)
+    delta = results["methods"]["sc_grpo"]["delta_vs_grpo"]
+    assert delta["ci"][0] < 0 < delta["mean"] - delta["sd"]
+    assert {g["goal"]: g["holds"] for g in goals(results)}[SC] is False
+    # SRPO sooner than RRPO on every seed but not sooner than GRPO: the two-part goal fails
+    results = _synthetic({"grpo": [0.40, 0.42, 0.44], "rrpo": [0.41, 0.43, 0.45], "srpo": [0.40, 0.42, 0.44]},
+                         {"grpo": [50_000, 60_000, 70_000], "rrpo": [None] * 3, "srpo": [90_000, 100_000, 120_000]})
+    summarise(results)
+    assert {g["goal"]: g["holds"] for g in goals(results)}[SRPO] is False
+
+
+def test_paired_interval_and_seeds_needed_match_hand_computed_values():
+    from credo.compare_stats import half_width, paired, seeds_needed
+    p = paired([0.03, 0.05, 0.01, 0.04])
+    # mean 0.0325; sd sqrt(8.75e-4 / 3) = 0.0170783; t(0.975, 3) = 3.182446 -> half-width 0.0271752
+    assert p["n"] == 4 and abs(p["mean"] - 0.0325) < 1e-12 and abs(p["sd"] - 0.0170783) < 1e-6
+    assert abs(p["ci"][0] - 0.0053248) < 1e-6 and abs(p["ci"][1] - 0.0596752) < 1e-6
+    # n = 3: 4.302653 * 0.0170783 / sqrt(3) = 0.04243 >= 0.0325; n = 4: 0.02718 < 0.0325
+    assert p["seeds_needed"] == 4
+    assert paired([0.02, 0.02])["ci"] == [0.02, 0.02] and paired([0.02, 0.02])["seeds_needed"] == 2
+    one = paired([0.1])
+    assert one["ci"] is None and one["seeds_needed"] is None and one["mean"] == 0.1
+    assert seeds_needed(0.0, 0.01) is None and seeds_needed(0.001, 1.0) is None  # never resolved (cap 1000)
+    n = seeds_needed(0.01, 0.05)  # the smallest n: resolved at n, not at n - 1
+    assert half_width(0.05, n) < 0.01 <= half_width(0.05, n - 1) and 90 < n < 110
+
+
+def _curve_run(points: list[tuple[int, float]], final: float) -> dict:
+    curve = [{"step": s, "tokens_generated": 1000 * s, "seconds": s, "accuracy": a} for s, a in points]
+    curve.append({"step": points[-1][0], "tokens_generated": 1000 * points[-1][0], "seconds": 1, "accuracy": final,
+                  "final": True})
+    return {"curve": curve, "final_accuracy": final, "seconds_per_step": 0.1, "steps": points[-1][0]}
+
+
+def test_equal_updates_table_interpolates_on_the_curve_set_and_pairs_by_seed():
+    from credo.compare import report, summarise
+    from credo.compare_stats import accuracy_at_step
+    grpo = {"0": _curve_run([(0, 0.30), (10, 0.40), (20, 0.50)], 0.9),
+            "1": _curve_run([(0, 0.30), (10, 0.44), (21, 0.52)], 0.9)}
+    vine = {"0": _curve_run([(0, 0.30), (4, 0.50)], 0.1), "1": _curve_run([(0, 0.30), (4, 0.52)], 0.1)}
+    results = {"methods": {"grpo": {"seeds": grpo}, "vineppo": {"seeds": vine}}, "token_budget": 30_000,
+               "failures": {}, "preset": "t", "start": "s", "commit": "c", "date": "d", "machine": "m"}
+    assert accuracy_at_step(grpo["0"]["curve"], 20) == 0.50  # the final point (0.9, other problems) is left out
+    assert accuracy_at_step(vine["0"]["curve"], 5) is None   # stopped at 4 updates
+    summarise(results)
+    table = results["equal_updates"]
+    assert table["updates"] == [4, 20]  # fewest updates of any run; fewest of GRPO's
+    at4 = table["methods"]["vineppo"]["4"]
+    # grpo at 4 updates: 0.30 + 0.10 * 0.4 = 0.34 and 0.30 + 0.14 * 0.4 = 0.356; deltas 0.16, 0.164
+    assert abs(table["methods"]["grpo"]["4"]["accuracy_mean"] - 0.348) < 1e-12
+    assert abs(at4["delta_vs_grpo"]["mean"] - 0.162) < 1e-12
+    # sd 0.0028284, t(0.975, 1) = 12.7062: half-width 0.025412
+    assert abs(at4["delta_vs_grpo"]["ci"][0] - 0.136588) < 1e-5
+    assert table["methods"]["vineppo"]["20"]["accuracy_mean"] is None
+    # one run stopping before 20 updates takes the method out there, rather than averaging the seeds that got there
+    vine["1"] = _curve_run([(0, 0.30), (4, 0.52), (25, 0.60)], 0.1)
+    summarise(results)
+    assert results["equal_updates"]["methods"]["vineppo"]["20"] == {"accuracy_mean": None, "seeds": 1,
+                                                                     "delta_vs_grpo": None}
+    vine["1"] = _curve_run([(0, 0.30), (4, 0.52)], 0.1)
+    summarise(results)
+    text = report(results)
+    assert "## At equal policy updates" in text and "| vineppo | 0.510 | +16.2 [+13.7, +18.7] | — | — |" in text
+
+
+def test_each_control_is_paired_with_its_method_and_judged():
+    from credo.compare import goals, report, summarise
+    results = _synthetic({"grpo": [0.40, 0.42, 0.44], "rredcot": [0.45, 0.47, 0.50],
+                          "shuffled:of=rredcot": [0.40, 0.41, 0.45], "sc_grpo": [0.41, 0.43, 0.45],
+                          "shuffled:of=sc_grpo": [0.42, 0.42, 0.46], "shuffled:of=vineppo": [0.40, 0.40, 0.40]},
+                         {k: [None] * 3 for k in ("grpo", "rredcot", "shuffled:of=rredcot", "sc_grpo",
+                                                  "shuffled:of=sc_grpo", "shuffled:of=vineppo")})
+    results.update(preset="t", start="s", commit="c", date="d", machine="m")
+    summarise(results)
+    pairs = {p["control"]: p for p in results["controls"]}
+    assert set(pairs) == {"shuffled:of=rredcot", "shuffled:of=sc_grpo", "shuffled:of=vineppo"}
+    assert pairs["shuffled:of=rredcot"]["method"] == "rredcot"
+    rred = pairs["shuffled:of=rredcot"]["delta"]
+    assert rred["n"] == 3 and abs(rred["mean"] - 0.0533333) < 1e-6 and rred["ci"][0] > 0  # +5, +6, +5 points
+    assert pairs["shuffled:of=sc_grpo"]["delta"]["ci"][0] < 0
+    assert pairs["shuffled:of=vineppo"]["delta"] is None  # its method is not in the grid
+    check = {g["goal"]: g for g in goals(results)}[CONTROLS]
+    assert check["holds"] is False and "missing" in check["evidence"]
+    text = report(results)
+    assert "| rredcot | shuffled:of=rredcot | +5.3 [+3.9, +6.8] | 2 |" in text
+    assert "| vineppo | shuffled:of=vineppo | method not in this comparison | — |" in text
+    # the controls are no credit methods of their own: the best credit method is rredcot
+    assert "best credit method rredcot" in {g["goal"]: g for g in goals(results)}[BEST]["evidence"]
+    del results["methods"]["shuffled:of=vineppo"], results["methods"]["shuffled:of=sc_grpo"]
+    summarise(results)
+    assert {g["goal"]: g["holds"] for g in goals(results)}[CONTROLS] is True
+
+
+def test_every_method_shares_one_schedule_unless_its_recipe_sets_its_own(monkeypatch, saved_policy):
+    from dataclasses import replace
+    from credo import methods
+    from credo.compare import PRESETS, protocol, run_config
+    from credo.compare_report import report
+    monkeypatch.setitem(methods.RECIPES, "paper_x", methods.Recipe("grpo", "a paper's own schedule", {"epochs": 3}))
+    preset = replace(PRESETS["smoke"], methods=("grpo", "rredcot", "paper_x"), schedule={"epochs": 1, "minibatches": 4})
+    for spec in ("grpo", "rredcot"):
+        config = run_config(spec, 0, preset, saved_policy)
+        assert (config.epochs, config.minibatches) == (1, 4)
+    assert run_config("paper_x", 0, preset, saved_policy).epochs == 3
+    recorded = protocol(preset, saved_policy, jobs=1)
+    assert recorded["schedule"]["epochs"] == 1 and recorded["schedule"]["minibatches"] == 4
+    assert recorded["methods"]["grpo"]["source"] == "shared" and recorded["methods"]["rredcot"]["source"] == "shared"
+    assert recorded["methods"]["paper_x"] == {"epochs": 3, "minibatches": 4, "lr": recorded["schedule"]["lr"],
+                                              "source": "recipe"}
+    text = report({**_synthetic({"grpo": [0.4]}, {"grpo": [None]}), "protocol": recorded, "preset": "t", "start": "s",
+                   "commit": "c", "date": "d", "machine": "m"})
+    assert "every method 1 epoch(s) × 4 mini-batch(es)" in text and "| paper_x | 3 × 4 |" in text
+
+
+def test_a_method_spec_becomes_credit_options_and_the_task_comes_from_the_preset(saved_policy):
+    from dataclasses import replace
+    from credo.compare import PRESETS, run_config, run_dir_name
+    config = run_config("rredcot:lam=0.25", 0, replace(PRESETS["smoke"], task="arith-long"), saved_policy)
+    assert config.method == "rredcot" and config.credit == {"lam": 0.25} and config.task == "arith-long"
+    assert run_dir_name("shuffled:of=rredcot", 2) == "shuffled_of=rredcot-s2"
+
+
+def test_presets_follow_the_protocol():
+    from credo.compare import PRESETS
+    from credo.compare_stats import control_target
+    long = PRESETS["long"]
+    assert long.task == "arith-long" and len(long.seeds) >= 5 and long.jobs == 2 and "placeholder" in long.note
+    assert long.methods == ("grpo", "dr_grpo", "dapo", "gspo", "rredcot", "shuffled:of=rredcot", "vineppo", "rrpo",
+                            "srpo", "ibpo", "sc_grpo", "shuffled:of=sc_grpo")
+    for name in ("quick", "full", "long"):
+        assert PRESETS[name].final_eval_n >= 1000
+        for spec in PRESETS[name].methods:  # every control's method is in the same grid
+            assert control_target(spec) in (None, *PRESETS[name].methods)
+
+
+def test_an_unavailable_task_is_one_line_before_any_training(monkeypatch, tmp_path, saved_policy):
+    import pytest
+    from dataclasses import replace
+    from credo.compare import PRESETS
+    from credo.config import ConfigError
+    monkeypatch.setitem(PRESETS, "nowhere", replace(PRESETS["smoke"], task="no-such-task"))
+    with pytest.raises(ConfigError, match="task 'no-such-task' is not available"):
+        compare("nowhere", str(tmp_path / "cmp"), start=saved_policy, progress=False)
+    assert not os.path.exists(tmp_path / "cmp")
+
+
+def test_the_estimate_adds_steps_and_evaluations_and_divides_by_jobs():
+    from credo.compare_eta import Timing, estimate
+    timings = {"grpo": Timing(2.0, 1000), "vineppo": Timing(30.0, 5000)}
+    # grpo: 10 steps x 2 s + (10000 // 2500 + 1) evaluations x 1 s + final (2x a curve evaluation) = 27 s
+    # vineppo: 2 steps x 30 s + 5 + 2 = 67 s; half done (5000 left): 1 x 30 + (5000 // 2500 + 1) + 2 = 35 s
+    out = estimate([("grpo", 10_000), ("vineppo", 10_000), ("vineppo", 5_000), ("grpo", 0)], timings, 1.0,
+                   eval_every_tokens=2500, final_eval_ratio=2.0, jobs=2)
+    assert out["per_method"]["grpo"]["run_seconds"] == 27.0 and out["per_method"]["vineppo"]["run_seconds"] == 102.0
+    assert out["seconds"] == (27 + 102) / 2 and out["runs"] == 4 and out["untimed"] == []
+    # a method whose timing step failed is left out and named
+    out = estimate([("grpo", 10_000), ("ibpo", 10_000)], {"grpo": timings["grpo"]}, 1.0, eval_every_tokens=2500,
+                   final_eval_ratio=2.0, jobs=1)
+    assert out["seconds"] == 27 and out["untimed"] == ["ibpo"]
+
+
+def test_over_an_hour_needs_yes_or_a_yes_at_the_terminal():
+    import pytest
+    from credo.compare_eta import confirm
+    from credo.config import ConfigError
+    said, asked = [], []
+    quiet = said.append
+
+    def ask(answer):
+        return lambda prompt: asked.append(prompt) or answer
+
+    confirm(3599, yes=False, interactive=False, say=quiet)           # under an hour: no question
+    confirm(7200, yes=True, interactive=False, say=quiet)            # --yes
+    confirm(7200, yes=True, interactive=True, ask=ask("n"), say=quiet)
+    assert asked == [] and said[0] == "credo compare: estimated wall time 60 min"
+    confirm(90, yes=False, interactive=False, say=quiet)
+    assert said[-1] == "credo compare: estimated wall time 90 s"
+    with pytest.raises(ConfigError, match="over an hour: pass --yes"):
+        confirm(7200, yes=False, interactive=False, say=quiet)     # a script: refused, one line
+    confirm(7200, yes=False, interactive=True, ask=ask("y"), say=quiet)
+    with pytest.raises(ConfigError, match="answered no"):
+        confirm(7200, yes=False, interactive=True, ask=ask(""), say=quiet)
+    assert len(asked) == 2 and "2.0 h" in asked[0]
+
+
+def test_the_cli_refuses_a_long_comparison_without_yes_before_training(monkeypatch, tmp_path, saved_policy, capsys):
+    """Timings injected (no training): 1000 s per step makes the smoke grid take hours."""
+    import io
+    import sys
+    import credo.compare_eta as eta
+    from credo.cli import main
+    monkeypatch.setattr(eta, "time_methods", lambda specs, *a, **k: ({s: eta.Timing(1000.0, 100) for s, _ in specs}, 1.0))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a terminal
+    out = str(tmp_path / "cmp")
+    assert main(["compare", "--preset", "smoke", "--start", saved_policy, "--out", out, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "estimated wall time" in err and "pass --yes to start it" in err and "Traceback" not in err
+    assert not os.path.exists(out)  # refused before anything was written
+
+
+def test_report_only_rebuilds_a_committed_comparison(tmp_path):
+    import shutil
+    from credo.compare import rewrite_report
+    source = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "compare-full", "results.json")
+    os.makedirs(tmp_path / "full")
+    shutil.copy(source, tmp_path / "full" / "results.json")
+    results = rewrite_report(str(tmp_path / "full"))
+    text = open(tmp_path / "full" / "report.md").read()
+    assert "not recorded" in text and "## At equal policy updates" in text
+    sc = results["methods"]["sc_grpo"]["delta_vs_grpo"]
+    assert sc["n"] == 3 and sc["ci"][0] < sc["mean"] < sc["ci"][1]
+    assert results["equal_updates"]["updates"][0] == min(r["steps"] for e in results["methods"].values()
+                                                         for r in e["seeds"].values())
 
 
 def test_report_can_be_rebuilt(saved_policy, tmp_path):

@@ -211,26 +211,52 @@ def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
         raise ConfigError(f"compare {flag} must be comma-separated integers (e.g. 0,1,2), got {text!r}") from None
 
 
+def _schedule(args: argparse.Namespace) -> dict:
+    """--schedule EPOCHSxMINIBATCHES and --lr as the shared schedule of a comparison."""
+    from credo.config import ConfigError
+    schedule: dict = {}
+    if args.schedule:
+        try:
+            epochs, minibatches = (int(x) for x in args.schedule.lower().split("x"))
+        except ValueError:
+            raise ConfigError(f"--schedule must look like EPOCHSxMINIBATCHES (e.g. 1x4), got {args.schedule!r}") from None
+        if epochs < 1 or minibatches < 1:
+            raise ConfigError(f"--schedule: epochs and mini-batches must be >= 1, got {args.schedule!r}")
+        schedule.update(epochs=epochs, minibatches=minibatches)
+    if args.lr is not None:
+        if not args.lr > 0:
+            raise ConfigError(f"--lr must be > 0, got {args.lr}")
+        schedule["lr"] = args.lr
+    return schedule
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
-    from credo.compare import compare
+    from credo.compare import PRESETS, compare
+    from credo.compare_eta import confirm
     from credo.config import ConfigError
     from credo.runs import claim_output
     methods = tuple(m for m in (args.methods or "").split(",") if m) or None
     seeds = _int_list("--seeds", args.seeds)
     if args.budget is not None and args.budget <= 0:
         raise ConfigError(f"compare --budget must be a positive number of generated tokens, got {args.budget}")
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"compare --jobs must be >= 1, got {args.jobs}")
-    from credo.compare import PRESETS
     if args.preset not in PRESETS:
         raise ConfigError(f"compare --preset must be one of {', '.join(PRESETS)}, got {args.preset!r}")
     if args.report_only:
         from credo.compare import rewrite_report
         results = rewrite_report(args.out)
     else:
-        claim_output(args.out, "compare", force=args.force)
+        interactive = sys.stdin is not None and sys.stdin.isatty()
+
+        def confirm_then_claim(seconds: float) -> None:
+            # --out is claimed only once the run is confirmed: a refused comparison leaves nothing behind
+            confirm(seconds, yes=args.yes, interactive=interactive)
+            claim_output(args.out, "compare", force=args.force)
+
         results = compare(args.preset, args.out, methods, seeds, start=args.start, progress=not args.quiet,
-                          jobs=args.jobs, token_budget=args.budget, command=" ".join(["credo", *args.argv]))
+                          jobs=args.jobs, token_budget=args.budget, command=" ".join(["credo", *args.argv]),
+                          schedule=_schedule(args), task=args.task, confirm=confirm_then_claim)
     print(open(os.path.join(args.out, "report.md")).read())
     return 1 if results["failures"] else 0
 
@@ -256,16 +282,28 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
+    """`credo compare` and its options."""
     p = sub.add_parser("compare", help="train every method from the same start on the same token budget; one report")
-    p.add_argument("--preset", default="quick", help="quick (~15 min, 1 seed, 4 methods), full (3 seeds, every method) or smoke")
-    p.add_argument("--methods", help="comma-separated methods to run instead of the preset's (grpo is always added)")
+    p.add_argument("--preset", default="quick", help="quick (~15 min, 1 seed, 4 methods), full (3 seeds, every method "
+                   "and the shuffled controls), long (arith-long, 12 methods incl. controls, 5 seeds) or smoke (tests)")
+    p.add_argument("--methods", help="comma-separated methods to run instead of the preset's, each a name or "
+                   "name:key=value (e.g. shuffled:of=rredcot); grpo is always added")
     p.add_argument("--seeds", help="comma-separated seeds instead of the preset's, e.g. 0,1,2")
-    p.add_argument("--start", help="start checkpoint (default: the cached SFT start)")
+    p.add_argument("--start", help="start checkpoint (default: the SFT start of the task)")
+    p.add_argument("--task", help="task of every run instead of the preset's (arith; long: arith-long)")
     p.add_argument("--out", required=True, help="run directory (resumable: finished runs inside it are reused)")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="trainings run at once, each in its own process with cpu_count/jobs threads (default 1)")
+    p.add_argument("--jobs", type=int,
+                   help="trainings run at once, each in its own process with cpu_count/jobs threads (default: the preset's)")
     p.add_argument("--budget", type=int,
                    help="generated tokens per training run instead of the preset's (evaluated every quarter of it)")
+    p.add_argument("--schedule", metavar="EPOCHSxMINIBATCHES",
+                   help="optimiser schedule shared by every method, e.g. 1x4 (default: the training defaults); "
+                        "a recipe that sets its own keeps it and the report lists it")
+    p.add_argument("--lr", type=float, help="learning rate shared by every method (default: the training default); "
+                   "a sweep is one comparison per value, each into its own --out")
+    p.add_argument("--yes", action="store_true",
+                   help="start even when the estimated wall time is over an hour (otherwise a terminal asks, and a "
+                        "non-interactive run stops with a one-line message)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not a compare directory")
     p.add_argument("--report-only", action="store_true",
                    help="rebuild report.md, curves.png and the goal checks from --out's results.json; train nothing")

@@ -1,12 +1,21 @@
 """`credo compare`: every method trained from the same start, side by side, in one run directory.
 
-Each (method, seed) run starts from the same cached SFT checkpoint, sees the same prompts per step
-and group size, and stops at the same budget of *generated* tokens (resets and MC continuations
-count). Held-out accuracy is measured whenever the generated-token count crosses a multiple of the
-eval interval, so every curve shares one x axis. The run directory holds
+The protocol is a property of the command, not of the caller's care:
+  - every (method, seed) run starts from the same start of the preset's task, sees the same prompts per
+    step and group size, and stops at the same budget of *generated* tokens (resets and MC continuations
+    count);
+  - every method trains with one optimiser schedule (epochs x mini-batches per batch) and one learning
+    rate; a recipe that sets its own (a paper's setting) keeps it, and the report lists it;
+  - held-out accuracy is measured on one fixed set (the first eval_n held-out problems) whenever the
+    generated-token count crosses a multiple of the eval interval, so every curve shares one x axis; the
+    final evaluation uses the first final_eval_n (>= 1000 in the real presets);
+  - differences to GRPO and to each `shuffled:of=<m>` control are paired by seed, with a 95% t interval
+    and the seeds needed to resolve them; goals count only where the interval excludes 0;
+  - the estimated wall time is printed before anything trains (credo.compare_eta).
+The run directory holds
   runs/<method>-s<seed>/   each training run (config, metrics.jsonl, checkpoints, final/)
   audit/                   the credit audit of the start checkpoint for the estimators compared
-  results.json             curves, finals, tokens-to-GRPO-final, step times, audit rows, failures
+  results.json             protocol, curves, finals, intervals, equal-update table, controls, estimate
   report.md, curves.png (accuracy vs generated tokens), curves_by_update.png, audit.png
 A method that fails is reported in the table and the comparison goes on.
 """
@@ -19,50 +28,20 @@ import shutil
 import subprocess
 import time
 import traceback
-from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 from tqdm import tqdm
 
 from credo import methods as method_registry
+from credo import compare_eta
 from credo.audit import AuditConfig, run_audit
 from credo.compare_report import goals, plot_curves, report, summarise  # noqa: F401  (re-exported)
+from credo.compare_presets import (ALL_METHODS, PRESETS, Preset, check_reusable, protocol,  # noqa: F401  (re-exported)
+                                   resolve_preset, run_config, run_dir_name)
+from credo.compare_stats import parse_method_spec
+from credo.config import ConfigError
 from credo.runs import MetricsLog, atomic_write_json, atomic_write_text
-from credo.train import Trainer, load_train_config
-
-ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain", "rredcot", "ibpo", "sc_grpo", "rrpo", "srpo")
-
-
-@dataclass(frozen=True)
-class Preset:
-    """methods/seeds: what to run. token_budget: generated tokens per run. eval_every_tokens, eval_n:
-    the shared accuracy curve; final_eval_n: the final held-out evaluation. train: TrainConfig
-    overrides for every run. audit_*: the credit audit of the start (audit_n = 0 skips it)."""
-
-    methods: tuple[str, ...]
-    seeds: tuple[int, ...]
-    token_budget: int
-    eval_every_tokens: int
-    eval_n: int
-    final_eval_n: int
-    train: dict[str, Any] = field(default_factory=dict)
-    audit_n: int = 64
-    audit_k_ref: int = 16
-
-
-PRESETS = {
-    # ~15 minutes on 2 cores: the baseline, the cheapest credit method, a reset method, and self-conditioning
-    "quick": Preset(methods=("grpo", "rredcot", "srpo", "sc_grpo"), seeds=(0,), token_budget=230_000,
-                    eval_every_tokens=57_500, eval_n=200, final_eval_n=500, audit_n=64, audit_k_ref=16),
-    # every method, 3 seeds, the quick budget (~114 GRPO steps): 58 minutes on 2 cores with --jobs 2
-    "full": Preset(methods=ALL_METHODS, seeds=(0, 1, 2), token_budget=260_000, eval_every_tokens=65_000,
-                   eval_n=300, final_eval_n=500, audit_n=128, audit_k_ref=16),
-    # for tests: a minute on a tiny model
-    "smoke": Preset(methods=("grpo", "rredcot"), seeds=(0,), token_budget=1_500, eval_every_tokens=600, eval_n=8,
-                    final_eval_n=8, train={"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 24},
-                    audit_n=8, audit_k_ref=2),
-}
-
+from credo.train import Trainer
 
 def _git_commit() -> str:
     try:
@@ -70,40 +49,6 @@ def _git_commit() -> str:
                               cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def run_config(method: str, seed: int, preset: Preset, start: str) -> Any:
-    overrides = {**preset.train, "method": method, "seed": seed, "start": start, "steps": 1_000_000,
-                 "max_generated_tokens": preset.token_budget, "eval_every_tokens": preset.eval_every_tokens,
-                 "eval_n": preset.eval_n, "final_eval_n": preset.final_eval_n, "checkpoint_every": 50}
-    return load_train_config(None, None, overrides)
-
-
-def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str) -> None:
-    """A run directory left by an earlier comparison is reused (or resumed) only if it was made with
-    the same training config; otherwise mixing budgets or starts would corrupt the table."""
-    import yaml
-    from credo.config import ConfigError, dump_yaml
-    for method, seed, run_dir in plan:
-        path = os.path.join(run_dir, "config.yaml")
-        if not os.path.exists(path):
-            continue
-        old = _flatten(yaml.safe_load(open(path)))
-        new = _flatten(yaml.safe_load(dump_yaml(run_config(method, seed, preset, start))))
-        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        if changed:
-            raise ConfigError(f"{run_dir} was made with a different config ({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "
-                             "choose a new --out or remove that run directory")
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on_step: Any) -> dict[str, Any]:
@@ -198,42 +143,66 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
     return [outcomes[i] for i in range(len(plan))]
 
 
+def default_start(task: str, progress: bool) -> str:
+    """The start every run shares: the cached SFT start of `arith`; for another task '' lets each run (and
+    the audit) take that task's own default start."""
+    if task != "arith":
+        return ""
+    from credo.sft import ensure_sft
+    return ensure_sft(progress=progress)
+
+
+def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
+                       progress: bool = False) -> dict[str, Any]:
+    """Times one step of each method that still has runs to do (compare_eta) and estimates the wall time."""
+    pending = [(spec, seed, preset.token_budget - _progress_of(run_dir, preset.token_budget)[0])
+               for spec, seed, run_dir in plan if not os.path.exists(os.path.join(run_dir, "summary.json"))]
+    first_seed: dict[str, int] = {}
+    for spec, seed, _ in pending:
+        first_seed.setdefault(spec, seed)
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+    timings, eval_seconds = (compare_eta.time_methods(list(first_seed.items()), lambda m, s: run_config(m, s, preset, start),
+                                                      threads, progress) if pending else ({}, 0.0))
+    return compare_eta.estimate([(spec, left) for spec, _, left in pending], timings, eval_seconds,
+                                eval_every_tokens=preset.eval_every_tokens,
+                                final_eval_ratio=preset.final_eval_n / preset.eval_n, jobs=jobs)
+
+
 def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
-            start: str | None = None, progress: bool = True, jobs: int = 1,
-            token_budget: int | None = None, command: str | None = None) -> dict[str, Any]:
+            start: str | None = None, progress: bool = True, jobs: int | None = None,
+            token_budget: int | None = None, command: str | None = None, schedule: dict[str, Any] | None = None,
+            confirm: Callable[[float], None] | None = None, task: str | None = None) -> dict[str, Any]:
     """Runs the preset and writes the run directory; returns results.json's content.
 
-    jobs > 1 runs that many (method, seed) trainings at once in worker processes, each with
-    cpu_count // jobs threads (on 2 cores two one-thread jobs finished a small grid 1.15x sooner than one
-    two-thread job, `bench/compare_jobs.py`: small matmuls scale poorly to two threads). Every run of one comparison should
-    use the same `jobs`, since step times are compared across methods. token_budget replaces the
-    preset's budget of generated tokens per run (evaluated at each quarter of it)."""
-    if preset_name not in PRESETS:
-        raise KeyError(f"unknown preset {preset_name!r}; available: {', '.join(PRESETS)}")
-    preset = PRESETS[preset_name]
-    preset = replace(preset, methods=tuple(methods or preset.methods), seeds=tuple(seeds if seeds is not None else preset.seeds))
-    if token_budget is not None:
-        if token_budget <= 0:
-            raise ValueError(f"token_budget must be a positive number of generated tokens, got {token_budget}")
-        preset = replace(preset, token_budget=token_budget, eval_every_tokens=max(1, token_budget // 4))
-    for m in preset.methods:
-        method_registry.resolve(m)  # unknown names fail before any training
-    if "grpo" not in preset.methods:
-        preset = replace(preset, methods=("grpo",) + preset.methods)  # the yardstick is always run
-    if not start:
-        from credo.sft import ensure_sft
-        start = ensure_sft(progress=progress)
-    os.makedirs(out_dir, exist_ok=True)
-    began = time.time()
-    results: dict[str, Any] = {"preset": preset_name, "command": command, "start": start, "commit": _git_commit(),
-                               "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cpus",
-                               "token_budget": preset.token_budget, "final_eval_n": preset.final_eval_n,
-                               "methods": {}, "failures": {}}
-    total = len(preset.methods) * len(preset.seeds) * preset.token_budget
-    bar = tqdm(total=total, unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True)
+    jobs (default: the preset's) > 1 runs that many (method, seed) trainings at once in worker processes,
+    each with cpu_count // jobs threads (on 2 cores two one-thread jobs finished a small grid 1.15x sooner
+    than one two-thread job, `bench/compare_jobs.py`: small matmuls scale poorly to two threads). Every run of
+    one comparison should use the same `jobs`, since step times are compared across methods. token_budget
+    replaces the preset's budget of generated tokens per run (evaluated at each quarter of it); schedule
+    replaces the shared epochs/minibatches/lr; task the preset's task (the default start follows it).
+    confirm(estimated seconds) is called after the timing and before any training; it raises to stop (the
+    CLI's --yes gate, compare_eta.confirm)."""
+    preset = resolve_preset(preset_name, methods, seeds, token_budget, schedule, task)
+    jobs = preset.jobs if jobs is None else jobs
+    if jobs < 1:
+        raise ConfigError(f"jobs (--jobs) must be >= 1, got {jobs}")
+    start = start or default_start(preset.task, progress)
     # seed-major: an interrupted comparison has every method at its first seeds
-    plan = [(m, s, os.path.join(out_dir, "runs", f"{m}-s{s}")) for s in preset.seeds for m in preset.methods]
+    plan = [(m, s, os.path.join(out_dir, "runs", run_dir_name(m, s))) for s in preset.seeds for m in preset.methods]
     check_reusable(plan, preset, start)
+    results: dict[str, Any] = {"preset": preset_name, "command": command, "start": start or f"the default start of {preset.task}",
+                               "task": preset.task, "commit": _git_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
+                               "machine": f"{os.cpu_count()} cpus", "token_budget": preset.token_budget,
+                               "final_eval_n": preset.final_eval_n, "note": preset.note,
+                               "protocol": protocol(preset, start, jobs), "methods": {}, "failures": {}}
+    began = time.time()
+    results["estimate"] = estimate_wall_time(plan, preset, start, jobs, progress)  # training only, not the audit
+    if confirm is not None:
+        confirm(results["estimate"]["seconds"])
+    elif progress:
+        compare_eta.confirm(results["estimate"]["seconds"], yes=True, interactive=False)  # prints it
+    os.makedirs(out_dir, exist_ok=True)  # only once confirmed: a refused comparison leaves nothing behind
+    bar = tqdm(total=len(plan) * preset.token_budget, unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True)
     outcomes = (_run_serial(plan, preset, start, bar) if jobs <= 1
                 else _run_parallel(plan, preset, start, bar, jobs))
     for method in preset.methods:
@@ -243,7 +212,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
             results["methods"][method]["seeds"][str(seed)] = result
         else:  # reported, never hidden
             results["failures"][f"{method}-s{seed}"] = error.strip().splitlines()[-1]
-            atomic_write_text(os.path.join(out_dir, f"failure-{method}-s{seed}.txt"), error)
+            atomic_write_text(os.path.join(out_dir, f"failure-{run_dir_name(method, seed)}.txt"), error)
     atomic_write_json(os.path.join(out_dir, "results.json"), results)
     bar.close()
     if preset.audit_n > 0:
@@ -272,7 +241,7 @@ def rewrite_report(out_dir: str) -> dict[str, Any]:
     results = json.load(open(path))
     for method, entry in results["methods"].items():  # runs still on disk are re-read (newer fields)
         for seed in entry["seeds"]:
-            run_dir = os.path.join(out_dir, "runs", f"{method}-s{seed}")
+            run_dir = os.path.join(out_dir, "runs", run_dir_name(method, int(seed)))
             if os.path.exists(os.path.join(run_dir, "summary.json")):
                 entry["seeds"][seed] = run_result(run_dir)
     write_report(results, out_dir)
@@ -283,11 +252,13 @@ def audit_rows(preset: Preset, start: str, out_dir: str, progress: bool) -> dict
     """Credit audit of the start checkpoint for the compared methods that are estimators."""
     from credo import credit
     estimators = []
-    for m in preset.methods:
-        name = method_registry.resolve(m).estimator
-        if name in credit.names() and name not in estimators and name not in ("grpo",):
-            estimators.append(name)
-    config = AuditConfig(checkpoint=start, n=preset.audit_n, group_size=8 if preset.audit_n >= 16 else 4,
+    for spec in preset.methods:
+        name, options = parse_method_spec(spec)
+        estimator = method_registry.resolve(name).estimator
+        row = spec if options else estimator  # 'shuffled:of=rredcot' is audited with its options
+        if estimator in credit.names() and row not in estimators and estimator != "grpo":
+            estimators.append(row)
+    config = AuditConfig(checkpoint=start, task=preset.task, n=preset.audit_n, group_size=8 if preset.audit_n >= 16 else 4,
                          k_ref=preset.audit_k_ref, methods=tuple(estimators))
     try:
         report_ = run_audit(config, os.path.join(out_dir, "audit"), progress=progress)

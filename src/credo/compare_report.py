@@ -1,7 +1,8 @@
-"""What a comparison's numbers say: per-method summaries, the goal checks, report.md and the plots.
+"""What a comparison's numbers say: per-method summaries, the goal checks and report.md.
 
-Everything here is a pure function of results.json's content (plus matplotlib), so a finished
-comparison's report can be rebuilt without training (`credo compare --report-only`).
+Everything here is a pure function of results.json's content, so a finished comparison's report can be
+rebuilt without training (`credo compare --report-only`). The statistics live in compare_stats.py, the
+plots in compare_plots.py.
 """
 
 from __future__ import annotations
@@ -11,6 +12,13 @@ import statistics
 from typing import Any
 
 from credo import methods as method_registry
+from credo.compare_eta import describe
+from credo.compare_plots import plot_curves  # noqa: F401  (re-exported)
+from credo.compare_stats import (MAX_SEEDS, control_pairs, control_target, equal_updates, excludes_zero, paired,
+                                 paired_deltas, parse_method_spec)
+
+BASELINES = ("grpo", "dr_grpo", "rloo", "dapo", "gspo")
+
 
 def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
     for point in curve:
@@ -20,7 +28,9 @@ def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
 
 
 def summarise(results: dict[str, Any]) -> None:
-    """Adds mean/std of finals, tokens-to-GRPO-final and step-time ratios to each method."""
+    """Adds to each method: mean/std of finals, the paired difference to GRPO with its interval and the
+    seeds needed to resolve it, tokens-to-GRPO-final and step-time ratios; and to the results the
+    equal-updates table and the control pairs."""
     grpo = results["methods"].get("grpo", {}).get("seeds", {})
     grpo_finals = [r["final_accuracy"] for r in grpo.values()]
     target = statistics.mean(grpo_finals) if grpo_finals else math.nan
@@ -37,89 +47,217 @@ def summarise(results: dict[str, Any]) -> None:
         entry["final_mean"] = statistics.mean(finals) if finals else None
         entry["final_std"] = statistics.stdev(finals) if len(finals) > 1 else 0.0 if finals else None
         # paired by seed: a seed fixes the prompt order, so the difference cancels part of the prompt noise
-        deltas = [r["final_accuracy"] - grpo[seed]["final_accuracy"] for seed, r in runs.items() if seed in grpo]
-        entry["delta_vs_grpo_mean"] = statistics.mean(deltas) if deltas else None
-        entry["delta_vs_grpo_std"] = statistics.stdev(deltas) if len(deltas) > 1 else 0.0 if deltas else None
+        delta = paired(paired_deltas(runs, grpo, lambda r: r["final_accuracy"]))
+        entry["delta_vs_grpo"] = delta
+        entry["delta_vs_grpo_mean"] = delta["mean"]
+        entry["delta_vs_grpo_std"] = delta["sd"] if delta["n"] > 1 else 0.0 if delta["n"] else None
         entry["seeds_reaching_grpo_final"] = len(reached)
         # the mean over the seeds that got there; `seeds_reaching_grpo_final` says how many did
         entry["tokens_to_grpo_final_ratio"] = (statistics.mean(reached) / grpo_tokens_mean
                                                if reached and grpo_tokens_mean == grpo_tokens_mean else None)
         entry["step_time_ratio"] = (statistics.mean([r["seconds_per_step"] for r in runs.values()]) / grpo_step
                                     if runs and grpo_step == grpo_step else None)
+    results["equal_updates"] = equal_updates(results)
+    results["controls"] = control_pairs(results)
 
 
 def _fmt(value: Any, pattern: str = "{:.3f}") -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else pattern.format(value)
 
 
-def report(results: dict[str, Any]) -> str:
+def points(interval: dict[str, Any] | None) -> str:
+    """'+3.3 [+1.9, +4.8]' (accuracy differences in points, with the 95% interval when there is one)."""
+    if not interval or interval.get("mean") is None:
+        return "—"
+    text = f"{100 * interval['mean']:+.1f}"
+    return text + (f" [{100 * interval['ci'][0]:+.1f}, {100 * interval['ci'][1]:+.1f}]" if interval.get("ci") else "")
+
+
+def _seeds_needed(interval: dict[str, Any] | None) -> str:
+    if not interval or interval.get("n", 0) < 2:
+        return "—"
+    if interval["mean"] == 0:
+        return "never (Δ = 0)"
+    return str(interval["seeds_needed"]) if interval["seeds_needed"] else f"> {MAX_SEEDS}"
+
+
+def _audit_row(results: dict[str, Any], name: str) -> dict[str, Any]:
     audit = results.get("audit", {}).get("methods", {})
-    lines = [f"# credo compare ({results['preset']})", "",
-             f"Start `{results['start']}` · budget {results['token_budget']:,} generated tokens per run · "
-             f"commit `{results['commit'][:10]}` · {results['date']} · {results['machine']}"
-             + (f" · {results['wall_seconds'] / 60:.0f} min wall" if results.get("wall_seconds") else ""), "",
-             *([f"Command: `{results['command']}`", ""] if results.get("command") else []),
-             "| method | final accuracy (mean ± std) | Δ vs GRPO, paired by seed | tokens to GRPO's final (× GRPO; seeds reaching) | step time (× GRPO) | audit spearman | audit first_error_top1 | audit cost (× trace) |",
-             "|---|---|---|---|---|---|---|---|"]
+    if name in audit:  # a spec with options ('shuffled:of=rredcot') is its own audit row
+        return audit[name]
+    try:
+        estimator = method_registry.resolve(parse_method_spec(name)[0]).estimator
+    except KeyError:  # a method this version no longer knows: its audit row cannot be matched
+        return {}
+    # a recipe on GRPO advantages (dapo, gspo, rrpo, srpo) has no credit of its own to audit
+    return audit.get(estimator, {}) if (estimator != "grpo" or name == "grpo") else {}
+
+
+def _updates(entry: dict[str, Any]) -> str:
+    steps = sorted(r["steps"] for r in entry["seeds"].values() if "steps" in r)
+    return "—" if not steps else str(steps[0]) if steps[0] == steps[-1] else f"{steps[0]}-{steps[-1]}"
+
+
+def main_table(results: dict[str, Any]) -> list[str]:
+    lines = ["| method | final accuracy (mean ± std) | Δ vs GRPO, points [95% interval], paired by seed | seeds to resolve Δ "
+             "| tokens to GRPO's final (× GRPO; seeds reaching) | updates in budget | step time (× GRPO) "
+             "| audit spearman | audit first_error_top1 | audit cost (× trace) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in results["methods"].items():
-        estimator = method_registry.resolve(name).estimator
-        # a recipe on GRPO advantages (dapo, gspo, rrpo, srpo) has no credit of its own to audit
-        a = audit.get(estimator, {}) if (estimator != "grpo" or name == "grpo") else {}
+        a = _audit_row(results, name)
         n = len(entry["seeds"])
         if entry.get("final_mean") is None:
-            final, delta, reach = "failed", "—", "—"
+            final, delta, needed, reach = "failed", "—", "—", "—"
         else:
             final = f"{entry['final_mean']:.3f} ± {entry['final_std']:.3f} ({n} seed{'s' if n != 1 else ''})"
-            delta = f"{entry['delta_vs_grpo_mean']:+.3f} ± {entry['delta_vs_grpo_std']:.3f}"
+            delta = "—" if name == "grpo" else points(entry.get("delta_vs_grpo"))
+            needed = "—" if name == "grpo" else _seeds_needed(entry.get("delta_vs_grpo"))
             reach = f"{_fmt(entry.get('tokens_to_grpo_final_ratio'), '{:.2f}')} ({entry['seeds_reaching_grpo_final']}/{n})"
-        lines.append(f"| {name} | {final} | {delta} | {reach} | "
+        lines.append(f"| {name} | {final} | {delta} | {needed} | {reach} | {_updates(entry)} | "
                      f"{_fmt(entry.get('step_time_ratio'), '{:.2f}')} | {_fmt(a.get('spearman'))} | "
                      f"{_fmt(a.get('first_error_top1'))} | {_fmt(a.get('cost_vs_grpo_step'), '{:.2f}')} |")
     for run, why in results["failures"].items():
-        lines.append(f"| {run} | failed: {why} | | | | | | |")
-    lines += ["", "## Reading", "", reading(results)]
+        lines.append(f"| {run} | failed: {why} | | | | | | | | |")
+    return lines
+
+
+def protocol_lines(results: dict[str, Any]) -> list[str]:
+    """The schedule every method trained with, and the evaluation protocol."""
+    protocol = results.get("protocol")
+    if not protocol:
+        return ["Schedule and evaluation protocol: not recorded (this comparison predates `protocol` in results.json)."]
+    shared = protocol["schedule"]
+    lines = [f"Task `{protocol['task']}` · seeds {', '.join(map(str, protocol['seeds']))} · "
+             f"{protocol['jobs']} job(s) at once · curve: greedy accuracy on the first {protocol['eval_n']} held-out "
+             f"problems (the same set at every evaluation) every {protocol['eval_every_tokens']:,} generated tokens · "
+             f"final: the first {protocol['final_eval_n']} held-out problems.", "",
+             f"Schedule: every method {shared['epochs']} epoch(s) × {shared['minibatches']} mini-batch(es) per batch "
+             f"(AdamW), lr {shared['lr']:g}, unless listed here:"]
+    own = {m: s for m, s in protocol["methods"].items() if s["source"] != "shared"}
+    if not own:
+        return lines[:-1] + [lines[-1].replace(", unless listed here:", " (one schedule for all).")]
+    lines += ["", "| method | epochs × mini-batches | lr | why |", "|---|---|---|---|"]
+    lines += [f"| {m} | {s['epochs']} × {s['minibatches']} | {s['lr']:g} | its recipe's own setting |" for m, s in own.items()]
+    return lines
+
+
+def equal_updates_lines(results: dict[str, Any]) -> list[str]:
+    table = results.get("equal_updates") or {}
+    levels = table.get("updates", [])
+    if not levels:
+        return []
+    head = " | ".join(f"accuracy at {u} updates | Δ vs GRPO at {u}" for u in levels)
+    lines = ["## At equal policy updates", "",
+             "Curve accuracy (the fixed eval set) after the same number of policy updates, interpolated linearly "
+             "between the two evaluations around that count (evaluations come every so many generated tokens, so a "
+             "cheap method's are many updates apart and its value there is only indicative); Δ in points, paired by "
+             "seed, [95% interval]. "
+             f"{levels[0]} is the fewest updates any run made"
+             + (f"; {levels[1]} the fewest GRPO made (— where a run of the method stopped earlier)." if len(levels) > 1
+                else "."), "",
+             f"| method | {head} |", "|---|" + "---|---|" * len(levels)]
+    for name, row in table["methods"].items():
+        cells = []
+        for u in levels:
+            cell = row.get(str(u), {})
+            cells += [_fmt(cell.get("accuracy_mean")), "—" if name == "grpo" else points(cell.get("delta_vs_grpo"))]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def controls_lines(results: dict[str, Any]) -> list[str]:
+    pairs = results.get("controls") or []
+    if not pairs:
+        return []
+    lines = ["## Credit methods against their shuffled controls", "",
+             "The control trains on the method's own credit permuted among the segments of each trace: same "
+             "magnitudes, no structure. Δ = method − control, final accuracy, points, paired by seed [95% interval].", "",
+             "| method | control | Δ vs control | seeds to resolve Δ |", "|---|---|---|---|"]
+    for p in pairs:
+        delta = points(p["delta"]) if p["delta"] is not None else "method not in this comparison"
+        lines.append(f"| {p['method']} | {p['control']} | {delta} | {_seeds_needed(p['delta'])} |")
+    return lines + [""]
+
+
+def report(results: dict[str, Any]) -> str:
+    estimate = results.get("estimate", {}).get("seconds")
+    lines = [f"# credo compare ({results['preset']})", "",
+             f"Start `{results['start']}` · budget {results['token_budget']:,} generated tokens per run · "
+             f"commit `{results['commit'][:10]}` · {results['date']} · {results['machine']}"
+             + (f" · {results['wall_seconds'] / 60:.0f} min wall" if results.get("wall_seconds") else "")
+             + (f" (estimated {describe(estimate)} before starting)" if estimate else ""), "",
+             *([f"Command: `{results['command']}`", ""] if results.get("command") else []),
+             *([f"Note: {results['note']}", ""] if results.get("note") else []),
+             *protocol_lines(results), "", f"## At equal generated tokens ({results['token_budget']:,} per run)", "",
+             *main_table(results), "",
+             *equal_updates_lines(results), *controls_lines(results), "## Reading", "", reading(results)]
     return "\n".join(lines) + "\n"
 
 
-BASELINES = ("grpo", "dr_grpo", "rloo", "dapo", "gspo")
+def _credit_methods(entries: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in entries.items() if k not in BASELINES and control_target(k) is None}
+
+
+def _tokens_to_target(results: dict[str, Any]) -> Any:
+    budget = results["token_budget"]
+    return lambda run: run.get("tokens_to_grpo_final") or budget  # never reaching counts as the whole budget
 
 
 def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The seed papers' claims, checked at our scale: each {goal, holds, evidence}; holds is None with
-    fewer than 2 seeds. A difference counts only when it exceeds the seeds' spread."""
+    """The seed papers' claims, checked at our scale: each {goal, holds, evidence}. A difference counts
+    only when its 95% interval over seeds excludes 0 in the claimed direction; holds is None with fewer
+    than 2 seeds (no spread to weigh a difference against)."""
     entries = {k: v for k, v in results["methods"].items() if v.get("final_mean") is not None}
     out: list[dict[str, Any]] = []
-    credit_methods = {k: v for k, v in entries.items() if k not in BASELINES}
+    credit_methods = _credit_methods(entries)
     if "grpo" in entries and credit_methods:
         name, best = max(credit_methods.items(), key=lambda kv: kv[1]["final_mean"])
-        ratio, n = best.get("tokens_to_grpo_final_ratio"), len(best["seeds"])
+        ratio, n, delta = best.get("tokens_to_grpo_final_ratio"), len(best["seeds"]), best["delta_vs_grpo"]
+        above = excludes_zero(delta, +1)
         holds = (ratio is not None and best["seeds_reaching_grpo_final"] == n and ratio <= 0.5
-                 and best["delta_vs_grpo_mean"] >= 0.05)
+                 and delta["mean"] >= 0.05 and bool(above))
         out.append({"goal": "the best credit method reaches GRPO's final accuracy with <= 0.5x the generated tokens "
-                            "and ends >= +5 points above it", "holds": holds,
-                    "evidence": f"best credit method {name}: {best['delta_vs_grpo_mean']:+.3f} ± "
-                                f"{best['delta_vs_grpo_std']:.3f} vs GRPO, tokens to GRPO's final "
+                            "and ends >= +5 points above it (interval above 0)", "holds": holds,
+                    "evidence": f"best credit method {name}: {points(delta)} points vs GRPO, tokens to GRPO's final "
                                 f"{_fmt(ratio, '{:.2f}')}x ({best['seeds_reaching_grpo_final']}/{n} seeds reach it)"})
     if "grpo" in entries and "sc_grpo" in entries:
-        e = entries["sc_grpo"]
-        out.append({"goal": "SC-GRPO ends above GRPO", "holds": e["delta_vs_grpo_mean"] > max(e["delta_vs_grpo_std"], 1e-9),
-                    "evidence": f"sc_grpo {e['delta_vs_grpo_mean']:+.3f} ± {e['delta_vs_grpo_std']:.3f} vs GRPO "
-                                f"(paired over {len(e['seeds'])} seeds)"})
-    if "srpo" in entries and "rrpo" in entries:
-        s_, r_ = entries["srpo"], entries["rrpo"]
-        def tokens(e: dict) -> float:  # never reaching counts as the whole budget
-            runs = e["seeds"].values()
-            return statistics.mean([r["tokens_to_grpo_final"] or results["token_budget"] for r in runs])
-        ts, tr = tokens(s_), tokens(r_)
-        out.append({"goal": "SRPO reaches GRPO's final accuracy sooner than RRPO",
-                    "holds": ts < tr and s_["seeds_reaching_grpo_final"] >= r_["seeds_reaching_grpo_final"],
-                    "evidence": f"generated tokens to GRPO's final, mean over seeds (budget when never): srpo {ts:,.0f} "
-                                f"({s_['seeds_reaching_grpo_final']}/{len(s_['seeds'])} reach), rrpo {tr:,.0f} "
-                                f"({r_['seeds_reaching_grpo_final']}/{len(r_['seeds'])} reach)"})
+        delta = entries["sc_grpo"]["delta_vs_grpo"]
+        out.append({"goal": "SC-GRPO ends above GRPO (interval above 0)", "holds": bool(excludes_zero(delta, +1)),
+                    "evidence": f"sc_grpo {points(delta)} points vs GRPO (paired over {delta['n']} seeds)"})
+    if {"srpo", "rrpo", "grpo"} <= set(entries):
+        out.append(_srpo_sooner(results, entries))
+    pairs = [p for p in results.get("controls") or control_pairs(results) if p["method"] in credit_methods
+             or p["method"] not in entries]
+    if pairs:
+        above = [p["delta"] is not None and bool(excludes_zero(p["delta"], +1)) for p in pairs]
+        out.append({"goal": "every credit method ends above its shuffled control (interval above 0)",
+                    "holds": all(above), "evidence": "; ".join(
+                        f"{p['method']} − {p['control']}: " + (f"{points(p['delta'])} points" if p["delta"] else "missing")
+                        for p in pairs)})
     if min((len(v["seeds"]) for v in entries.values()), default=0) < 2:
-        for check in out:  # one seed has no spread to weigh a difference against
+        for check in out:
             check["holds"] = None
     return out
+
+
+def _srpo_sooner(results: dict[str, Any], entries: dict[str, Any]) -> dict[str, Any]:
+    """SRPO reaches GRPO's final sooner than RRPO and than GRPO: per-seed differences in generated tokens
+    to GRPO's mean final accuracy (the whole budget when never reached), each interval below 0."""
+    tokens = _tokens_to_target(results)
+    srpo = entries["srpo"]["seeds"]
+    vs_rrpo = paired(paired_deltas(srpo, entries["rrpo"]["seeds"], tokens))
+    vs_grpo = paired(paired_deltas(srpo, entries["grpo"]["seeds"], tokens))
+
+    def k(iv: dict[str, Any]) -> str:
+        if iv["mean"] is None:
+            return "—"
+        return f"{iv['mean'] / 1e3:+,.0f}k" + (f" [{iv['ci'][0] / 1e3:+,.0f}k, {iv['ci'][1] / 1e3:+,.0f}k]" if iv["ci"] else "")
+
+    return {"goal": "SRPO reaches GRPO's final accuracy sooner than RRPO and sooner than GRPO (intervals below 0)",
+            "holds": bool(excludes_zero(vs_rrpo, -1)) and bool(excludes_zero(vs_grpo, -1)),
+            "evidence": f"generated tokens to GRPO's final (budget when never), paired by seed: srpo − rrpo {k(vs_rrpo)}, "
+                        f"srpo − grpo {k(vs_grpo)}; seeds reaching: srpo {entries['srpo']['seeds_reaching_grpo_final']}/"
+                        f"{len(srpo)}, rrpo {entries['rrpo']['seeds_reaching_grpo_final']}/{len(entries['rrpo']['seeds'])}"}
 
 
 def reading(results: dict[str, Any]) -> str:
@@ -139,9 +277,10 @@ def reading(results: dict[str, Any]) -> str:
     n_eval = results.get("final_eval_n", 500)
     se = (0.25 / n_eval) ** 0.5
     parts.append(f"One final evaluation on {n_eval} problems has a standard error of up to {se:.3f}; "
-                 + (f"with {seeds} seed(s), differences under ~{2 * se * 2 ** 0.5:.2f} are not evidence; run "
-                    f"`--preset full` (3 seeds) before drawing conclusions." if seeds < 3 else
-                    "read a difference as real only where it exceeds the spread over seeds."))
+                 + (f"with {seeds} seed(s) there is no interval, and differences under ~{2 * se * 2 ** 0.5:.2f} are not "
+                    "evidence; run at least 2 seeds (the `full` preset has 3) before drawing conclusions." if seeds < 2 else
+                    "a difference is read as real only where its 95% interval over seeds excludes 0; "
+                    "'seeds to resolve Δ' is how many seeds that would take if the mean and spread stayed as observed."))
     text = " ".join(parts)
     checks = goals(results)
     if checks:
@@ -149,62 +288,3 @@ def reading(results: dict[str, Any]) -> str:
         verdict = {True: "yes", False: "no", None: "not judged (needs >= 2 seeds)"}
         text += "\n".join(f"| {c['goal']} | {verdict[c['holds']]} | {c['evidence']} |" for c in checks)
     return text
-
-
-def _mean_curve(entry: dict[str, Any], x: str = "tokens_generated") -> tuple[list[float], list[float], list[float], list[float]] | None:
-    """Mean, min and max accuracy over seeds at each evaluation, aligned by evaluation index (the
-    k-th crossing of the eval interval), at the mean token count of that evaluation."""
-    runs = [[p for p in r["curve"] if not p.get("final")] for r in entry["seeds"].values() if r.get("curve")]
-    runs = [c for c in runs if c and all(x in p for p in c)]
-    if not runs:
-        return None
-    length = min(len(c) for c in runs)
-    xs = [statistics.mean(c[i][x] for c in runs) for i in range(length)]
-    ys = [[c[i]["accuracy"] for c in runs] for i in range(length)]
-    return xs, [statistics.mean(y) for y in ys], [min(y) for y in ys], [max(y) for y in ys]
-
-
-def plot_curves(results: dict[str, Any], path: str, x: str = "tokens_generated") -> None:
-    """One panel per method (mean over seeds, band min-max), GRPO in grey in every panel; x is
-    generated tokens (the budget every method shares) or `step` (policy updates)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    label = {"tokens_generated": "generated tokens", "step": "policy updates"}[x]
-    curves = {name: c for name, entry in results["methods"].items() if (c := _mean_curve(entry, x))}
-    if not curves:
-        return
-    cols = min(4, len(curves))
-    rows = math.ceil(len(curves) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), sharex=True, sharey=True, squeeze=False)
-    lows = [v for c in curves.values() for v in c[2]]
-    highs = [v for c in curves.values() for v in c[3]]
-    for ax, (name, (xs, mean, low, high)) in zip(axes.flat, curves.items()):
-        if name != "grpo" and "grpo" in curves:
-            gx, gm, gl, gh = curves["grpo"]
-            ax.plot(gx, gm, color="0.55", lw=1.2, label="grpo")
-            ax.fill_between(gx, gl, gh, color="0.55", alpha=0.15)
-        ax.plot(xs, mean, color="C0" if name == "grpo" else "C3", marker="o", ms=3, lw=1.6, label=name)
-        ax.fill_between(xs, low, high, color="C0" if name == "grpo" else "C3", alpha=0.2)
-        n = len(results["methods"][name]["seeds"])
-        ax.set_title(f"{name} ({n} seed{'s' if n != 1 else ''})", fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.set_ylim(min(lows) - 0.01, max(highs) + 0.01)
-    for ax in axes.flat[len(curves):]:
-        ax.axis("off")
-    bottom = [axes[min(r, (len(curves) - 1 - c) // cols), c] for c in range(cols) for r in [rows - 1]]
-    for ax in bottom:  # the lowest used panel of each column carries the x axis
-        ax.tick_params(labelbottom=True)
-        ax.set_xlabel(label)
-        if x == "tokens_generated":
-            ax.ticklabel_format(axis="x", style="sci", scilimits=(3, 3))
-    if x == "step":  # MC methods make a handful of updates in the budget: a log axis keeps them visible
-        for ax in axes.flat:
-            ax.set_xscale("symlog", linthresh=1)
-            ax.set_xlim(left=0)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("held-out accuracy")
-    fig.suptitle(f"held-out greedy accuracy vs {label} (mean over seeds; band: min-max; grey: GRPO)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

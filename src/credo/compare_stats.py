@@ -1,0 +1,157 @@
+"""The numbers a comparison is judged by: paired intervals over seeds, seeds needed, equal-update accuracy,
+and each credit method paired with its `shuffled` control.
+
+Every function is pure (lists and results.json dicts in, numbers out), so the report can be rebuilt
+from a results.json alone. A comparison pairs by seed: one seed fixes the prompt order and the start,
+so the per-seed difference between two methods cancels the noise they share.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from scipy import stats as scipy_stats
+
+LEVEL = 0.95
+MAX_SEEDS = 1000  # "seeds needed" above this is reported as "more than MAX_SEEDS"
+
+
+def half_width(sd: float, n: int, level: float = LEVEL) -> float:
+    """Half-width of the t interval of a mean of n paired differences with sample sd (n >= 2)."""
+    return float(scipy_stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+
+
+def seeds_needed(mean: float, sd: float, level: float = LEVEL, cap: int = MAX_SEEDS) -> int | None:
+    """The fewest seeds n >= 2 whose t interval of the mean difference excludes 0, if the mean and the
+    paired sd stay as observed: the smallest n with t_{n-1} * sd / sqrt(n) < |mean|. None when no
+    n <= cap does (including a zero mean)."""
+    if mean == 0 or math.isnan(mean):
+        return None
+    for n in range(2, cap + 1):
+        if half_width(sd, n, level) < abs(mean):
+            return n
+    return None
+
+
+def paired(deltas: list[float], level: float = LEVEL) -> dict[str, Any]:
+    """Mean of per-seed differences with its t interval: {n, mean, sd, ci: [low, high] | None,
+    seeds_needed}. One difference has no spread, so no interval (ci None)."""
+    n = len(deltas)
+    if n == 0:
+        return {"n": 0, "mean": None, "sd": None, "ci": None, "seeds_needed": None}
+    mean = statistics.mean(deltas)
+    if n == 1:
+        return {"n": 1, "mean": mean, "sd": None, "ci": None, "seeds_needed": None}
+    sd = statistics.stdev(deltas)
+    w = half_width(sd, n, level)
+    return {"n": n, "mean": mean, "sd": sd, "ci": [mean - w, mean + w], "seeds_needed": seeds_needed(mean, sd, level)}
+
+
+def excludes_zero(interval: dict[str, Any], direction: int) -> bool | None:
+    """Whether the interval lies wholly above 0 (direction +1) or wholly below it (-1); None without one."""
+    if not interval or interval.get("ci") is None:
+        return None
+    low, high = interval["ci"]
+    return low > 0 if direction > 0 else high < 0
+
+
+def paired_deltas(a: dict[str, Any], b: dict[str, Any], value: Any) -> list[float]:
+    """value(run_a) - value(run_b) for every seed both methods finished; value(run) may be None (skipped)."""
+    out = []
+    for seed, run in a.items():
+        if seed in b:
+            x, y = value(run), value(b[seed])
+            if x is not None and y is not None:
+                out.append(x - y)
+    return out
+
+
+# --- equal policy updates ------------------------------------------------------------------------------
+def accuracy_at_step(curve: list[dict[str, Any]], step: float) -> float | None:
+    """Held-out accuracy after `step` policy updates, linearly interpolated between the curve's
+    evaluations (the fixed eval_n set; the final evaluation on the larger set is left out so that every
+    point is on the same problems). None when the run stopped before `step`."""
+    points = sorted((p["step"], p["accuracy"]) for p in curve if not p.get("final") and "step" in p)
+    for (s0, a0), (s1, a1) in zip(points, points[1:]):
+        if s0 <= step <= s1:
+            return a0 if s1 == s0 else a0 + (a1 - a0) * (step - s0) / (s1 - s0)
+    if points and points[-1][0] == step:
+        return points[-1][1]
+    return None
+
+
+def _last_step(run: dict[str, Any]) -> int | None:
+    steps = [p["step"] for p in run.get("curve", []) if not p.get("final") and "step" in p]
+    return max(steps) if steps else None
+
+
+def update_levels(results: dict[str, Any]) -> list[int]:
+    """Update counts the equal-updates table reports at: the fewest updates any run made (every method
+    has a value there) and, when larger, the fewest GRPO made (the methods that got that far)."""
+    lasts = {name: [s for r in e["seeds"].values() if (s := _last_step(r)) is not None]
+             for name, e in results["methods"].items()}
+    every = [s for v in lasts.values() for s in v]
+    if not every or min(every) <= 0:
+        return []
+    levels = [min(every)]
+    if lasts.get("grpo") and min(lasts["grpo"]) > levels[0]:
+        levels.append(min(lasts["grpo"]))
+    return levels
+
+
+def equal_updates(results: dict[str, Any]) -> dict[str, Any]:
+    """{updates: [U...], methods: {name: {str(U): {accuracy_mean, seeds, delta_vs_grpo}}}}: accuracy after
+    the same number of policy updates, with the per-seed difference to GRPO's at that count. A method
+    some of whose runs stopped before U has no value there (a mean over the seeds that got that far
+    would favour them)."""
+    levels = update_levels(results)
+    grpo = results["methods"].get("grpo", {}).get("seeds", {})
+    table: dict[str, Any] = {}
+    for name, entry in results["methods"].items():
+        row = {}
+        for u in levels:
+            accs = [a for r in entry["seeds"].values() if (a := accuracy_at_step(r.get("curve", []), u)) is not None]
+            if len(accs) < len(entry["seeds"]) or not accs:
+                row[str(u)] = {"accuracy_mean": None, "seeds": len(accs), "delta_vs_grpo": None}
+                continue
+            deltas = paired_deltas(entry["seeds"], grpo, lambda r, u=u: accuracy_at_step(r.get("curve", []), u))
+            row[str(u)] = {"accuracy_mean": statistics.mean(accs), "seeds": len(accs),
+                           "delta_vs_grpo": paired(deltas) if name != "grpo" else None}
+        table[name] = row
+    return {"updates": levels, "methods": table}
+
+
+# --- controls ------------------------------------------------------------------------------------------
+def parse_method_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """'shuffled:of=rredcot' -> ('shuffled', {'of': 'rredcot'}); a plain name has no options."""
+    name, *items = spec.split(":")
+    options = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"method {spec!r}: option {item!r} must look like key=value")
+        key, value = item.split("=", 1)
+        options[key] = value
+    return name, options
+
+
+def control_target(spec: str) -> str | None:
+    """The method a `shuffled:of=<m>` control is the control of; None for any other method."""
+    name, options = parse_method_spec(spec)
+    return options.get("of") if name == "shuffled" else None
+
+
+def control_pairs(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each control in the grid with its method: the per-seed difference of final accuracy
+    (method - control) with its interval; `delta` is None when the method is not in the grid."""
+    out = []
+    for spec, entry in results["methods"].items():
+        target = control_target(spec)
+        if target is None:
+            continue
+        method = results["methods"].get(target)
+        deltas = (paired_deltas(method["seeds"], entry["seeds"], lambda r: r.get("final_accuracy"))
+                  if method else [])
+        out.append({"method": target, "control": spec, "delta": paired(deltas) if method else None})
+    return out
