@@ -230,6 +230,14 @@ def _schedule(args: argparse.Namespace) -> dict:
     return schedule
 
 
+def _foreign_output(path: str, kind: str) -> bool:
+    """Whether --out exists and is not empty nor a credo `kind` directory (claim_output would refuse it)."""
+    from credo.runs import run_kind
+    if not os.path.exists(path):
+        return False
+    return not os.path.isdir(path) or (bool(os.listdir(path)) and run_kind(path) != kind)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from credo.compare import PRESETS, compare
     from credo.compare_eta import confirm
@@ -248,15 +256,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
         results = rewrite_report(args.out)
     else:
         interactive = sys.stdin is not None and sys.stdin.isatty()
+        schedule = _schedule(args)
+        if args.force or _foreign_output(args.out, "compare"):
+            # replaced first (its old runs are neither checked nor reused), or refused untouched
+            claim_output(args.out, "compare", force=args.force)
 
         def confirm_then_claim(seconds: float) -> None:
-            # --out is claimed only once the run is confirmed: a refused comparison leaves nothing behind
+            # otherwise --out is claimed once the run is confirmed: a refused comparison leaves nothing behind
             confirm(seconds, yes=args.yes, interactive=interactive)
-            claim_output(args.out, "compare", force=args.force)
+            claim_output(args.out, "compare")
 
         results = compare(args.preset, args.out, methods, seeds, start=args.start, progress=not args.quiet,
                           jobs=args.jobs, token_budget=args.budget, command=" ".join(["credo", *args.argv]),
-                          schedule=_schedule(args), task=args.task, confirm=confirm_then_claim)
+                          schedule=schedule, task=args.task, confirm=confirm_then_claim)
     print(open(os.path.join(args.out, "report.md")).read())
     return 1 if results["failures"] else 0
 
