@@ -33,11 +33,12 @@ def probe(policy, task):
 
 @pytest.mark.parametrize("mode", ["normalized", "absolute"])
 @pytest.mark.parametrize("v0", ["probe", "group_mean"])
-def test_redistribution_telescopes_and_values_are_probabilities(policy, mode, v0):
+@pytest.mark.parametrize("candidates", ["suffixes", "answers"])
+def test_redistribution_telescopes_and_values_are_probabilities(policy, mode, v0, candidates):
     task = ArithTask()
     r = batch(policy, task)
     pr = probe(policy, task)
-    cfg = RREDCoTConfig(probe=mode, v0=v0)
+    cfg = RREDCoTConfig(probe=mode, v0=v0, candidates=candidates)
     values = probe_values(r, pr, pr.segment(r, "lines"), cfg)
     for v, R, reward in zip(values, redistribute(values), r.rewards):
         assert ((v >= 0) & (v <= 1)).all()
@@ -84,12 +85,32 @@ def test_cost_counter_matches_prefix_reuse_formula(policy):
     r = batch(policy, task).select([0, 1])  # one group, two 2-segment traces, candidates {85 (gold), 86}
     pr = probe(policy, task)
     spec = credit.get("rredcot")
-    out = spec(r, pr, spec.make_config({}))
+    out = spec(r, pr, spec.make_config({"candidates": "answers"}))
     branch = len(policy.encode_continuation("?85", eos=True))
     # s_0 (the prompt) is shared by the group: 2 candidates once; s_1 differs per trace: 2 candidates each
     n_branches = 2 + 2 * 2
     trace_tokens = int(r.prompt_mask.sum() + r.completion_mask.sum())
     assert out.cost.tokens_scored == trace_tokens + n_branches * branch
-    no_reuse = spec(r, pr, spec.make_config({"reuse_prefix": False}))
+    no_reuse = spec(r, pr, spec.make_config({"candidates": "answers", "reuse_prefix": False}))
     assert torch.allclose(no_reuse.advantages, out.advantages, atol=1e-5)
     assert no_reuse.cost.tokens_scored > out.cost.tokens_scored
+
+
+def test_group_mean_v0_leaves_the_row_out(policy):
+    task = ArithTask()
+    r = batch(policy, task).select([0, 1, 2])  # one group, rewards 1, 0, 1
+    pr = probe(policy, task)
+    values = probe_values(r, pr, pr.segment(r, "lines"), RREDCoTConfig(v0="group_mean"))
+    assert [float(v[0]) for v in values] == [0.5, 1.0, 0.5]  # the mean of the *other* members
+
+
+def test_default_is_suffixes_and_uniform_groups_can_keep_grpo(policy):
+    task = ArithTask()
+    assert RREDCoTConfig().candidates == "suffixes"
+    sub = batch(policy, task).select([0, 1, 2, 4, 5])  # group 0 mixed; rows 4, 5 of group 1 both wrong
+    spec = credit.get("rredcot")
+    skip = spec(sub, probe(policy, task), spec.make_config({"skip_uniform_groups": True})).advantages
+    keep = spec(sub, probe(policy, task), spec.make_config({"skip_uniform_groups": False})).advantages
+    assert (skip[3:] == 0).all()  # the all-wrong group keeps GRPO's zero
+    assert keep[3:].abs().sum() > 0  # otherwise the redistribution speaks there
+    assert not torch.allclose(skip[:3], keep[:3])  # and z is taken over the live groups only

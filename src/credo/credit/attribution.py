@@ -36,7 +36,7 @@ import torch
 from credo.config import check
 from credo.credit.outcome import grpo_advantages
 from credo.credit.registry import register
-from credo.credit.rredcot import candidate_answers
+from credo.credit.values import candidate_answers
 from credo.policy.base import left_pad, right_pad
 from credo.probe import Probe, prompt_tokens
 from credo.rollouts import Credit, Rollouts

@@ -134,6 +134,12 @@ class ArithTask:
     def solution(self, problem: Problem) -> str:
         return "\n".join(self.solution_lines(problem))
 
+    def reference_solution(self, problem: Problem) -> list[str]:
+        """The worked solution as step pieces (line + newline; the answer line last) whose
+        concatenation is the solution: piece j is step j, aligned with the `lines` segmenter."""
+        lines = self.solution_lines(problem)
+        return [line + "\n" for line in lines[:-1]] + lines[-1:]
+
     def extract_answer(self, completion: str) -> str | None:
         lines = [line for line in completion.split("\n") if line != ""]
         if not lines:
