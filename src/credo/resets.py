@@ -11,8 +11,8 @@ is found, one plain group of n_fresh + n_reset fresh completions is used instead
 
 Localisers (which step is the first error?):
   random  uniform over the parent's steps (RRPO);
-  value   the step with the largest drop of the policy's own RREDCoT value (SRPO, ours, for models
-          that cannot follow instructions);
+  value   the first step whose drop in the policy's own suffix value exceeds `value_drop` (SRPO,
+          ours, for models that cannot follow instructions; see `localise_by_value`);
   prompt  ask the policy (temperature 0.3) for the first wrong step of the numbered steps, told only
           that the answer is wrong; the last integer of its reply, clamped; the middle step when
           unparsable (SRPO for instruction models; needs a task with `localisation_prompt`);
@@ -44,7 +44,7 @@ class ResetConfig:
     """n_fresh / n_reset: sizes of Group 1 and Group 2. max_fresh_attempts: samples spent looking for
     a failed parent. localiser: random | value | prompt | oracle. backoff: reset this many steps
     earlier than localised. segmenter: what a step is. prompt_temperature: the prompt localiser's
-    sampling temperature."""
+    sampling temperature. value_drop: the value localiser's threshold on a step's value drop."""
 
     n_fresh: int = 4
     n_reset: int = 4
@@ -53,12 +53,14 @@ class ResetConfig:
     backoff: int = 0
     segmenter: Any = "lines"
     prompt_temperature: float = 0.3
+    value_drop: float = 0.05
 
     def __post_init__(self) -> None:
         check(self.n_fresh >= 2 and self.n_reset >= 2, f"reset.n_fresh and reset.n_reset must be >= 2, got {self.n_fresh}/{self.n_reset}")
         check(self.max_fresh_attempts >= 1, f"reset.max_fresh_attempts must be >= 1, got {self.max_fresh_attempts}")
         check(self.localiser in LOCALISERS, f"reset.localiser must be one of {LOCALISERS}, got {self.localiser!r}")
         check(self.backoff >= 0, f"reset.backoff must be >= 0, got {self.backoff}")
+        check(0 < self.value_drop < 1, f"reset.value_drop must be in (0, 1), got {self.value_drop}")
         segmenter_config(self.segmenter)
 
 
@@ -71,7 +73,7 @@ def parse_step_index(reply: str, n_steps: int) -> int:
 
 
 def localise(name: str, rollouts: Rollouts, rows: Sequence[int], probe: Probe, segment_ids: torch.Tensor,
-             rng: random.Random, prompt_temperature: float = 0.3) -> list[int]:
+             rng: random.Random, prompt_temperature: float = 0.3, value_drop: float = 0.05) -> list[int]:
     """The 0-based step to reset at for each row in `rows` (each a failed trace)."""
     n_steps = [len(b) for b in segment_bounds(segment_ids[list(rows)])]
     if name == "random":
@@ -85,10 +87,7 @@ def localise(name: str, rollouts: Rollouts, rows: Sequence[int], probe: Probe, s
             out.append(min(first if first is not None else n - 1, max(n - 1, 0)))
         return out
     if name == "value":
-        from credo.credit.rredcot import RREDCoTConfig, probe_values
-        sub = rollouts.select(list(rows))
-        values = probe_values(sub, probe, segment_ids[list(rows)], RREDCoTConfig())
-        return [int(torch.argmin(v[1:] - v[:-1])) if len(v) > 1 else 0 for v in values]
+        return localise_by_value(rollouts, rows, probe, segment_ids, value_drop)
     if name == "prompt":
         builder = getattr(probe.task, "localisation_prompt", None)
         if builder is None:
@@ -104,6 +103,36 @@ def localise(name: str, rollouts: Rollouts, rows: Sequence[int], probe: Probe, s
         replies = [policy.decode(r) for r in out.completion_ids]
         return [parse_step_index(reply, max(n, 1)) for reply, n in zip(replies, n_steps)]
     raise ValueError(f"unknown localiser {name!r}; available: {LOCALISERS}")
+
+
+def localise_by_value(rollouts: Rollouts, rows: Sequence[int], probe: Probe, segment_ids: torch.Tensor,
+                      threshold: float) -> list[int]:
+    """SRPO's `value` localiser (ours; docs/methods.md, "## RRPO and SRPO"): the first step k whose
+    drop V(s_k) - V(s_{k+1}) of the policy's own normalized suffix value exceeds `threshold`; the
+    final transition V(s_{K-1}) -> r is excluded; step 1 (index 0) when no drop qualifies or the
+    parent has no final answer.
+
+    Each parent is valued alone, as at training time (there is no group then): its candidates are
+    its own tail after each step (utility 0, it failed) and the task's reference-solution tail
+    after the same step (utility by the verifier), so V(s_k) = pi(ref | s_k) / (pi(ref | s_k) +
+    pi(own | s_k)). No gold answer is forced as a candidate; the reference tail, a worked solution,
+    does end with the gold answer. A task without a reference solution gives V = 0 everywhere and so
+    step 1 for every parent: use `prompt` or `random` there. The 0.05 default was chosen on
+    training problems (issue 13 report)."""
+    from credo.credit.values import suffix_values
+    index = list(rows)
+    alone = rollouts.select(index).with_fields(group=torch.arange(len(index)))
+    values = suffix_values(alone, probe, segment_ids[index], mode="normalized", include_reference=True)
+    return [first_value_drop(v, threshold) if probe.task.extract_answer(text) is not None else 0
+            for v, text in zip(values, alone.completions)]
+
+
+def first_value_drop(values: torch.Tensor, threshold: float) -> int:
+    """values[K + 1] = V(s_0..s_K) -> the first k in 0..K-2 with V(s_k) - V(s_{k+1}) > threshold
+    (the final transition into the outcome is excluded), else 0."""
+    drops = values[:-2] - values[1:-1]
+    hits = (drops > threshold).nonzero().flatten().tolist()
+    return hits[0] if hits else 0
 
 
 def continue_from(policy: Policy, task: Task, base: Rollouts, row: int, cut: int, n: int, sampling: SamplingConfig,
@@ -159,7 +188,8 @@ def collect_resets(policy: Policy, task: Task, draw: Callable[[int], list[Proble
             continue
         source, j = parents[p]
         segment_ids = probe.segment(source.select([j]), config.segmenter)
-        step = localise(config.localiser, source, [j], probe, _pad_to(segment_ids, source, j), rng, config.prompt_temperature)[0]
+        step = localise(config.localiser, source, [j], probe, _pad_to(segment_ids, source, j), rng, config.prompt_temperature,
+                        config.value_drop)[0]
         step = max(step - config.backoff, 0)
         bounds = segment_bounds(segment_ids)[0]
         cut = bounds[step][0] if bounds else 0
