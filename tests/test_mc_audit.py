@@ -2,10 +2,15 @@ import json
 import math
 import os
 
+import pytest
 import torch
 
 from credo import credit
-from credo.audit import AuditConfig, fidelity, first_error_top1, run_audit, METRICS
+from credo.audit import (AuditConfig, fidelity, first_error_top1, floor_credit, most_frequent_position, pairwise_rank,
+                         run_audit, score_methods, METRICS)
+from credo.config import ConfigError
+from credo.credit.registry import register
+from credo.rollouts import Credit
 from credo.credit.mc import mc_values
 from credo.policy.base import SamplingConfig
 from credo.probe import Probe
@@ -96,7 +101,7 @@ def test_audit_writes_schema(saved_policy, tmp_path):
                       max_new_tokens=16, localisers=("random", "oracle", "value"))
     report = run_audit(cfg, str(tmp_path / "audit"), progress=False)
     on_disk = json.load(open(tmp_path / "audit" / "audit.json"))
-    assert set(on_disk) == {"config", "methods"}
+    assert set(on_disk) == {"config", "methods", "localisers"}
     assert {"random", "grpo", "first_step", "vineppo:k=2", "rloo", "mc_reference"} <= set(on_disk["methods"])
     for row in on_disk["methods"].values():
         assert set(row) == set(METRICS)
@@ -105,9 +110,58 @@ def test_audit_writes_schema(saved_policy, tmp_path):
     assert os.path.getsize(tmp_path / "audit" / "audit.png") > 1000
     assert "| vineppo:k=2 |" in open(tmp_path / "audit" / "audit.md").read()
     loc = json.load(open(tmp_path / "audit" / "localisers.json"))
+    assert loc == on_disk["localisers"]
     assert set(loc["localisers"]) == {"random", "oracle", "value"}
     if loc["traces"]:
         assert loc["localisers"]["oracle"]["localisation_top1"] == 1.0
     # second run reuses the cached reference: identical reference row
     again = run_audit(cfg, str(tmp_path / "audit2"), progress=False)
     assert again["methods"]["mc_reference"]["first_error_top1"] == report["methods"]["mc_reference"]["first_error_top1"]
+
+
+def test_pairwise_rank_counts_earlier_correct_steps_and_shares_ties():
+    credit_ = [torch.tensor([0.5, -1.0, 0.2]), torch.tensor([0.0, 0.0, 0.0]), torch.tensor([-1.0, 0.3])]
+    # trace 0: e=1 vs j=0 -> right; trace 1: e=2 vs j=0, 1 -> two ties; trace 2: e=0 has no earlier step
+    assert pairwise_rank(credit_, [1, 2, 0]) == (1 + 0.5 + 0.5) / 3
+    assert pairwise_rank([torch.tensor([-1.0, 0.0])], [1]) == 0.0
+
+
+def test_position_prior_floor_blames_the_most_frequent_first_error():
+    ref = [torch.zeros(3), torch.zeros(3), torch.zeros(2), torch.zeros(4)]
+    assert most_frequent_position([1, 1, 0, None], ref) == 1
+    credit_ = floor_credit("position_prior", ref, 0, prior=2)
+    assert [int(torch.argmin(c)) for c in credit_] == [2, 2, 1, 2]  # clamped to the last segment
+
+
+def test_unknown_method_or_option_fails_before_any_sampling(saved_policy, tmp_path, monkeypatch):
+    import credo.audit as audit
+    monkeypatch.setattr(audit, "build_reference", lambda *a, **k: pytest.fail("sampled before checking methods"))
+    for spec, field in (("nonexistent", "nonexistent"), ("rredcot:lamda=1", "lamda"), ("rredcot:lam=-1", "lam")):
+        with pytest.raises(ConfigError, match=field):
+            run_audit(AuditConfig(checkpoint=saved_policy, n=8, group_size=4, k_ref=2, methods=(spec,)),
+                      str(tmp_path / "a"), progress=False)
+
+
+if "weights_only_for_test" not in credit.names():
+    @register("weights_only_for_test", "test estimator: GRPO advantages, credit carried by token weights")
+    def _weights_only(rollouts, probe, config):
+        from credo.credit.outcome import broadcast, grpo_advantages
+        advantages = broadcast(grpo_advantages(rollouts.rewards, rollouts.group), rollouts)
+        positions = torch.arange(rollouts.completion_ids.shape[1], dtype=torch.float32)[None]
+        return Credit(advantages=advantages, weights=(1 + positions / 10) * rollouts.completion_mask)
+
+
+def test_audit_scores_a_weight_only_method_differently_from_grpo(policy):
+    task = ArithTask()
+    texts = ["37+48=85\n#### 85", "37+48=86\n#### 86", "37+48=85\n#### 86", "37+48=84\n#### 85"]
+    r = rollouts_of(policy, task, texts)
+    seg = probe_for(policy, task).segment(r, "lines")
+    from credo.audit import checked_methods
+    rows = {}
+    failures = score_methods(AuditConfig(), checked_methods(["grpo", "weights_only_for_test"]), r, seg, policy, task,
+                             False, lambda label, credit_, cost: rows.__setitem__(label, credit_))
+    assert not failures
+    for grpo_credit, weighted in zip(rows["grpo"], rows["weights_only_for_test"]):
+        assert torch.allclose(grpo_credit, grpo_credit[0].expand_as(grpo_credit))  # uniform over segments
+        assert float(grpo_credit[0]) != 0  # every row is in the mixed group
+        assert not torch.allclose(weighted, weighted[0].expand_as(weighted))  # the weights are seen

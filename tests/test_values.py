@@ -1,0 +1,158 @@
+"""Value probes (credo.credit.values) and the SRPO value localiser built on them."""
+
+import math
+import os
+
+import pytest
+import torch
+
+from credo.credit.values import answer_values, reference_tails, suffix_values
+from credo.policy import load_policy
+from credo.policy.base import SamplingConfig
+from credo.probe import Probe
+from credo.resets import first_value_drop, localise, localise_by_value
+from credo.rollouts import Rollouts
+from credo.segment import segment_bounds
+from credo.tasks.arith import ArithTask
+from credo.tasks.base import Problem, rewards_for
+
+P2 = Problem("12+13+14", "12+13+14\n", "39", {"terms": [12, 13, 14], "ops": ["+", "+"]})
+P4 = Problem("37+48-12+55", "37+48-12+55\n", "128", {"terms": [37, 48, 12, 55], "ops": ["+", "-", "+"]})
+GROUP = ["12+13=25\n25+14=39\n#### 39", "12+13=25\n25+14=38\n#### 38", "12+13=26\n26+14=40\n#### 40",
+         "12+13=26\n#### 26"]
+SHIPPED = os.path.join(os.path.dirname(__file__), "..", "src", "credo", "assets", "sft-37beb6f32137")
+
+
+def rollouts_of(policy, task, texts, problem=P2, groups=None):
+    prompt_ids, prompt_mask = policy.encode_prompts([problem.prompt] * len(texts))
+    ids, mask = policy.encode_completions(texts)
+    rewards, correct = rewards_for(task, [problem] * len(texts), texts)
+    group = torch.tensor(groups if groups is not None else [0] * len(texts))
+    return Rollouts(prompt_ids, prompt_mask, ids, mask, group, rewards, torch.zeros(ids.shape), correct,
+                    [problem] * len(texts), list(texts))
+
+
+def probe_for(policy, task):
+    return Probe(policy, task, SamplingConfig(max_new_tokens=8), torch.Generator().manual_seed(0))
+
+
+def brute_force(policy, task, r, seg, mode, include_reference):
+    """Every prefix re-scored from scratch with policy.score (no branches, no KV reuse)."""
+    bounds = segment_bounds(seg)
+    out = []
+    for i, segs in enumerate(bounds):
+        text = r.completions[i]
+        v = []
+        for j in range(len(segs)):
+            cut = 0 if j == 0 else segs[j - 1][1]
+            prefix = policy.decode(r.completion_ids[i, :cut])
+            tails = {policy.decode(r.completion_ids[m, b[j][0]:int(r.lengths[m])])
+                     for m, b in enumerate(bounds) if len(b) > j}
+            if include_reference:
+                tails.add("".join(task.reference_solution(r.problems[i])[j:]))
+            num = den = 0.0
+            for tail in tails:
+                p_ids, p_mask = policy.encode_prompts([r.problems[i].prompt + prefix])
+                t_ids, t_mask = policy.encode_completions([tail])
+                with torch.no_grad():
+                    logp, _ = policy.score(p_ids, p_mask, t_ids, t_mask)
+                prob = math.exp(float(logp.sum()))
+                u = task.reward(r.problems[i], prefix + tail)
+                num += u * prob
+                den += prob
+            v.append(num if mode == "absolute" else (num / den if num else 0.0))
+        out.append(v + [float(r.rewards[i])])
+        assert text  # every row has a completion
+    return out
+
+
+@pytest.mark.parametrize("mode", ["normalized", "absolute"])
+@pytest.mark.parametrize("include_reference", [True, False])
+@pytest.mark.parametrize("reuse_prefix", [True, False])
+def test_suffix_value_equals_brute_force_rescoring_of_every_prefix(policy, mode, include_reference, reuse_prefix):
+    task = ArithTask()
+    r = rollouts_of(policy, task, GROUP)
+    probe = probe_for(policy, task)
+    seg = probe.segment(r, "lines")
+    got = suffix_values(r, probe, seg, mode, include_reference, reuse_prefix)
+    want = brute_force(policy, task, r, seg, mode, include_reference)
+    for g, w in zip(got, want):
+        assert torch.allclose(g, torch.tensor(w), rtol=1e-4, atol=1e-9), (g, w)
+
+
+def test_suffix_value_of_a_prefix_shared_with_a_correct_member_is_positive(policy):
+    task = ArithTask()
+    r = rollouts_of(policy, task, GROUP)
+    probe = probe_for(policy, task)
+    for mode in ("normalized", "absolute"):
+        values = suffix_values(r, probe, probe.segment(r, "lines"), mode, include_reference=False)
+        assert values[1][1] > 0  # row 1 is wrong, but "12+13=25\n" is also the correct row 0's prefix
+        assert values[1][-1] == 0 and values[0][-1] == 1
+
+
+def test_groups_do_not_leak_and_absolute_scores_only_useful_tails(policy):
+    task = ArithTask()
+    r = rollouts_of(policy, task, GROUP[1:3] + GROUP[:1], groups=[0, 0, 1])
+    probe = probe_for(policy, task)
+    seg = probe.segment(r, "lines")
+    values = suffix_values(r, probe, seg, "normalized", include_reference=False)
+    assert values[0][1] == 0  # the correct row is in another group: its tail is not a candidate
+    probe.take_cost()
+    suffix_values(r, probe, seg, "absolute", include_reference=False)
+    # absolute: only the correct row's own tails (s_0, s_1, s_2 of row 2) are scored after its trace
+    tails = sum(len(policy.encode_completions([GROUP[0][len(p):]])[0][0]) for p in ("", "12+13=25\n", "12+13=25\n25+14=39\n"))
+    assert probe.take_cost().tokens_scored == int(r.prompt_mask[2].sum() + r.completion_mask[2].sum()) + tails
+
+
+def test_answer_absolute_conditions_on_the_never_sampled_marker(policy):
+    task = ArithTask()
+    r = rollouts_of(policy, task, GROUP[:2])
+    probe = probe_for(policy, task)
+    seg = probe.segment(r, "lines")
+    values = answer_values(r, probe, seg, "absolute", include_gold=True)
+    p_ids, p_mask = policy.encode_prompts([P2.prompt + "?"])  # s_0 + T
+    a_ids, a_mask = policy.encode_completions(["39"])
+    with torch.no_grad():
+        logp, _ = policy.score(p_ids, p_mask, a_ids, a_mask)
+    assert math.isclose(float(values[0][0]), math.exp(float(logp.sum())), rel_tol=1e-4)
+
+
+def test_reference_tails_follow_the_solution_steps(policy):
+    task = ArithTask()
+    steps = task.reference_solution(P4)
+    assert "".join(steps) == task.solution(P4) and len(steps) == 4
+    tails = reference_tails(probe_for(policy, task), P4, 5)
+    assert policy.decode(torch.tensor(tails[2])) == "73+55=128\n#### 128"
+    assert tails[4] is None
+
+
+def test_first_value_drop_rule():
+    assert first_value_drop(torch.tensor([0.5, 0.49, 0.1, 0.3, 0.0]), 0.05) == 1  # the first, not the largest
+    assert first_value_drop(torch.tensor([0.5, 0.2, 0.1, 0.9, 0.0]), 0.05) == 0
+    assert first_value_drop(torch.tensor([0.5, 0.5, 0.5, 0.0]), 0.05) == 0  # the final transition is excluded
+    assert first_value_drop(torch.tensor([0.3, 0.4, 0.45, 0.0]), 0.05) == 0  # no drop qualifies: step 1
+    assert first_value_drop(torch.tensor([0.3, 0.4, 0.2, 0.0]), 0.05) == 1
+
+
+def test_value_localiser_values_each_parent_alone_and_needs_an_answer(policy):
+    task = ArithTask()
+    texts = ["12+13=25\n25+14=38\n#### 38", "12+13=25\n25+14=39\n#### 39", "12+13=26\n26+14=40\n", "12+13=26\n"]
+    r = rollouts_of(policy, task, texts)
+    probe = probe_for(policy, task)
+    seg = probe.segment(r, "lines")
+    together = localise_by_value(r, [0, 2, 3], probe, seg, 0.05)
+    alone = [localise_by_value(r, [row], probe, seg, 0.05)[0] for row in (0, 2, 3)]
+    assert together == alone  # the correct row 1 of the same group is never a candidate
+    assert together[1:] == [0, 0]  # no final answer: step 1
+
+
+def test_value_localiser_finds_the_first_error_on_the_shipped_start():
+    policy = load_policy(SHIPPED)
+    task = ArithTask()
+    texts = ["37+48=85\n85-12=74\n74+55=129\n#### 129",   # first error at step 2 (index 1)
+             "37+48=86\n86-12=74\n74+55=129\n#### 129",   # at step 1, later lines carry it forward
+             "37+48=85\n85-12=73\n73+55=127\n#### 127"]   # at step 3
+    r = rollouts_of(policy, task, texts, problem=P4)
+    probe = Probe(policy, task, SamplingConfig(max_new_tokens=8), torch.Generator().manual_seed(0))
+    seg = probe.segment(r, "lines")
+    assert localise("value", r, [0, 1, 2], probe, seg, None) == [1, 0, 2]
