@@ -51,3 +51,16 @@ def test_gym_task_splits_disjoint_and_scorer(tmp_path):
     assert task.answer_probe("7") == ("\n<answer>", "7</answer>")
     with pytest.raises(ValueError, match="gym:no_such_dataset"):
         make_task("gym:no_such_dataset")
+
+
+def test_jsonl_solution_field_becomes_the_reference_solution(tmp_path):
+    path = write(tmp_path, ['{"question": "2+3*4?", "answer": "14", "solution": "3*4=12\\n\\n2+12=14"}',
+                            '{"question": "1+1?", "answer": "2", "solution": "1+1=2\\nso \\\\boxed{2}"}',
+                            '{"question": "2+2?", "answer": "4"}'])
+    task = make_task(f"jsonl:{path}")
+    by_q = {p.prompt: p for p in task.train + task.heldout}
+    steps = task.reference_solution(by_q["2+3*4?"])
+    assert steps == ["3*4=12\n\n", "2+12=14", "\nThe final answer is \\boxed{14}"]  # no boxed answer: template added
+    assert task.reference_solution(by_q["1+1?"]) == ["1+1=2\n", "so \\boxed{2}"]
+    assert task.reward(by_q["1+1?"], "".join(task.reference_solution(by_q["1+1?"]))) == 1.0
+    assert task.reference_solution(by_q["2+2?"]) is None

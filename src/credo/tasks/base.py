@@ -2,7 +2,9 @@
 
 Tasks also own everything that depends on the answer format, so estimators stay task-agnostic:
 how to extract an answer, the forced-answer probe template (RREDCoT), and how a reference
-solution is placed before a prompt (SC-GRPO's teacher context).
+solution is placed before a prompt (SC-GRPO's teacher context). Optional hook:
+`reference_solution(problem) -> list[str] | None`, a worked solution as step pieces whose
+concatenation is a correct completion (RREDCoT's and the value localiser's reference tail).
 """
 
 from __future__ import annotations

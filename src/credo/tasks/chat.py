@@ -38,6 +38,30 @@ class FreeFormTask:
     def localisation_prompt(self, problem, steps: Sequence[str]) -> str:  # noqa: ANN001
         return localisation_prompt(problem.prompt, steps)
 
+    def worked_solution(self, problem) -> str | None:  # noqa: ANN001
+        """The problem's worked solution text, if its source carries one (jsonl: a `solution` field)."""
+        solution = problem.data.get("solution")
+        return solution if isinstance(solution, str) and solution.strip() else None
+
+    def reference_solution(self, problem) -> list[str] | None:  # noqa: ANN001
+        """The worked solution as step pieces whose concatenation is the reference completion (one
+        piece per non-blank line, blank lines kept with the line before), ending with the task's
+        answer template + gold answer when the solution does not state a final answer itself; None
+        without a worked solution. Used as RREDCoT's reference tail (docs/methods.md, "## RREDCoT")."""
+        solution = self.worked_solution(problem)
+        if solution is None:
+            return None
+        steps: list[str] = []
+        for line in solution.splitlines(keepends=True):
+            if steps and not line.strip():
+                steps[-1] += line
+            else:
+                steps.append(line)
+        if self.extract_answer(solution) is None:
+            template, answer = self.answer_probe(problem.answer)
+            steps.append(template + answer)
+        return steps
+
     def reward(self, problem, completion: str) -> float:  # noqa: ANN001
         answer = self.extract_answer(completion)
         return 1.0 if answer is not None and self.check_answer(problem, answer) else 0.0

@@ -66,6 +66,16 @@ class GymTask(FreeFormTask):
         return problem.data.get("entry") or {"question": problem.prompt, "answer": problem.answer,
                                              "metadata": problem.data.get("metadata", {})}
 
+    def worked_solution(self, problem: Problem) -> str | None:
+        """A worked solution carried by the reasoning-gym entry (top-level or metadata `solution` /
+        `cot` text spanning more than one line; a one-line `solution` is only an answer), else None."""
+        entry = self.entry(problem)
+        metadata = entry.get("metadata") or {}
+        for text in (entry.get("solution"), metadata.get("solution"), metadata.get("cot")):
+            if isinstance(text, str) and "\n" in text.strip():
+                return text
+        return None
+
     def check_answer(self, problem: Problem, answer: str) -> bool:
         return float(self.scorer.score_answer(answer, self.entry(problem))) >= 1.0
 

@@ -1,5 +1,7 @@
 """`jsonl:<path>`: math problems from a JSONL file of {"question", "answer"}, verified by math-verify.
 
+An optional text field "solution" (a worked solution) becomes the task's reference solution.
+
 The completion's answer is the content of its last \\boxed{...}. A malformed row is an error that
 names its line, unless `skip_bad_rows` is set (then it is reported once and skipped). The held-out
 split is a hash of the question (`heldout_permille` per mille), disjoint from training; repeated
@@ -60,7 +62,8 @@ def _parse_row(raw: bytes, max_question_chars: int) -> Problem:
         raise ValueError(f"question is {len(question)} characters, over the limit max_question_chars={max_question_chars}")
     if not question.strip():
         raise ValueError("empty question")
-    return Problem(key=question, prompt=question, answer=str(row["answer"]), data={})
+    data = {"solution": row["solution"]} if isinstance(row.get("solution"), str) else {}  # RREDCoT's reference tail
+    return Problem(key=question, prompt=question, answer=str(row["answer"]), data=data)
 
 
 def read_rows(path: str, skip_bad_rows: bool, max_question_chars: int = 16_000) -> list[Problem]:
@@ -82,7 +85,7 @@ def read_rows(path: str, skip_bad_rows: bool, max_question_chars: int = 16_000) 
                     raise UserError(message + " (set task_options.skip_bad_rows=true to skip such rows)") from None
                 bad.append(message)
                 continue
-            problems.append(Problem(problem.key, problem.prompt, problem.answer, data={"line": number}))
+            problems.append(Problem(problem.key, problem.prompt, problem.answer, data={"line": number, **problem.data}))
     if bad:
         print(f"jsonl task: skipped {len(bad)} malformed row(s); first: {bad[0]}", file=sys.stderr)
     if not problems:
