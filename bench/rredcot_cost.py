@@ -61,7 +61,7 @@ def main() -> None:
                 seg_ids = probe.segment(r, seg)
                 probe.take_cost()
                 start = time.perf_counter()
-                probe_values(r, probe, seg_ids, RREDCoTConfig(segmenter=seg, reuse_prefix=reuse))
+                probe_values(r, probe, seg_ids, RREDCoTConfig(candidates="answers", segmenter=seg, reuse_prefix=reuse))
                 result[reuse] = (probe.take_cost().tokens_scored / args.traces, time.perf_counter() - start)
             rows.append({"trace_tokens": length, "segments": segments,
                          "scored_per_trace_reuse": result[True][0], "scored_per_trace_no_reuse": result[False][0],
