@@ -158,10 +158,10 @@ def test_audit_scores_a_weight_only_method_differently_from_grpo(policy):
     seg = probe_for(policy, task).segment(r, "lines")
     from credo.audit import checked_methods
     rows = {}
-    failures = score_methods(AuditConfig(), checked_methods(["grpo", "weights_only_for_test"]), r, seg, policy, task,
+    failures = score_methods(AuditConfig(), checked_methods(["grpo:std=sample", "weights_only_for_test"]), r, seg, policy, task,
                              False, lambda label, credit_, cost: rows.__setitem__(label, credit_))
     assert not failures
-    for grpo_credit, weighted in zip(rows["grpo"], rows["weights_only_for_test"]):
+    for grpo_credit, weighted in zip(rows["grpo:std=sample"], rows["weights_only_for_test"]):
         assert torch.allclose(grpo_credit, grpo_credit[0].expand_as(grpo_credit))  # uniform over segments
         assert float(grpo_credit[0]) != 0  # every row is in the mixed group
         assert not torch.allclose(weighted, weighted[0].expand_as(weighted))  # the weights are seen

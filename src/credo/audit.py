@@ -241,7 +241,7 @@ def score_methods(config: AuditConfig, methods: list[tuple[str, str, Any]], roll
     failures: dict[str, str] = {}
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
     n = rollouts.batch_size
-    done: set[str] = set()
+    done: set[str] = set(FLOORS)  # a floor's label (e.g. grpo) keeps its floor row
     for label, name, est_config in methods:
         if label in done:
             continue

@@ -23,7 +23,8 @@ TIE = 1e-6  # segment means of a constant credit differ by float32 rounding: tre
 
 
 def _correlation(fn: Any, a: torch.Tensor, b: torch.Tensor) -> float:
-    if len(a) < 2 or float(a.std()) == 0.0:
+    """fn's correlation of a and b; 0 when a is constant up to TIE (it ranks nothing)."""
+    if len(a) < 2 or float(a.max() - a.min()) <= TIE:
         return 0.0
     value = fn(a.numpy(), b.numpy())[0]
     return 0.0 if math.isnan(value) else float(value)

@@ -1,14 +1,11 @@
-"""RREDCoT: reward redistribution over CoT segments with the policy's own forced-answer value.
+"""RREDCoT: reward redistribution over CoT segments with the policy's own value, no generation.
 
-RUDDER applied to chains of thought: segment k receives `R_k = V(s_k) - V(s_{k-1})`, which
-telescopes to `r - V(s_0)`, so the return is preserved. V comes from the policy itself, with no
-generation: a task-given answer template T is appended to the prefix s_k and each candidate
-answer a (the distinct final answers of the group, plus the gold answer when known) is teacher
-forced after it; A+ are the candidates the verifier accepts.
-  probe=normalized (default): V = sum_{A+} pi(a | s_k + T) / sum_{A} pi(a | s_k + T)
-  probe=absolute:             V = sum_{A+} pi(T + a | s_k)   (the importance-sampling lower bound)
-Both lie in [0, 1] (distinct EOS-terminated answers are disjoint events). V(s_K) := r;
-V(s_0) from the probe on the prompt (v0=probe) or the group's mean reward (v0=group_mean).
+Specification: docs/methods.md, "## RREDCoT". Segment k receives `R_k = V(s_k) - V(s_{k-1})`,
+which telescopes to `r - V(s_0)`, so the return is preserved; V(s_K) := r. V comes from
+credo.credit.values: by default (`candidates=suffixes`) the importance-sampling value over the
+group's own tails after each state plus the task's reference-solution tail, teacher-forced after
+the state with the prefix KV cache reused (the IS lower bound, `probe=absolute`, by default);
+`candidates=answers` is the forced-answer probe (`probe=normalized` by default).
 
 Advantage modes (z = standardisation over all segments of the batch):
   additive (default) A_t = A_GRPO + lam * z(R_k)   [center=True, ours: z is centred per trace, so
@@ -17,9 +14,14 @@ Advantage modes (z = standardisation over all segments of the batch):
   replace            A_t = z(R_k)                  [one-segment traces keep A_GRPO, ours]
   weight             A_t = A_GRPO * w_t, w = clip(1 + lam * sign(A) * z(R), 0, w_max),
                      renormalised to mean 1 over each sequence's tokens
-Cost: with prefix reuse one pass over prompt + completion per trace plus |T + a| tokens per
-(boundary, candidate), i.e. T + K * |T + a|; identical prefixes (s_0 of a group) are scored once.
-`candidates=suffixes` of METHODS.md (group tails as the proposal) is not implemented.
+Defaults chosen by measurement on the shipped start (docs/results/audit-faithful/choose_lam.txt;
+docs/methods.md, "### Choice of lam, centring and uniform groups"): lam=0.5 with centring gives the
+highest share of steps whose advantage has the step's sign (0.858 vs 0.851 at lam=1, 0.847 at
+0.25; uncentred 0.77) while halving the share of correct traces' segments pushed negative (0.070
+vs 0.132 at lam=1); all-equal-reward groups are kept (skip_uniform_groups=False) because there
+the suffix value finds the first error better than in mixed groups (top-1 0.875 vs 0.667; the
+reference tail is what speaks), and skipping them leaves 55% of first errors without a negative
+advantage.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from credo.segment import broadcast_segments, segmenter_config
 @dataclass(frozen=True)
 class RREDCoTConfig:
     """candidates: suffixes (the group's own tails, the default) | answers (forced-answer probe).
-    probe: normalized | absolute, how candidate probabilities become a value (credo.credit.values).
+    probe: normalized | absolute, how candidate probabilities become a value (credo.credit.values);
+    '' (default) = absolute for suffixes, normalized for answers (see `value_mode`).
     include_reference: add the task's reference-solution tail to the suffixes (when it has one).
     include_gold: add the gold answer to the answer candidates. v0: probe | group_mean (V(s_0)).
     mode: additive | replace | weight. lam: strength of the redistribution. w_max: weight cap
@@ -52,12 +55,12 @@ class RREDCoTConfig:
     trace off one KV cache (False re-reads every prefix; same values, more cost)."""
 
     candidates: str = "suffixes"
-    probe: str = "normalized"
+    probe: str = ""
     include_reference: bool = True
     include_gold: bool = True
     v0: str = "probe"
     mode: str = "additive"
-    lam: float = 1.0
+    lam: float = 0.5
     w_max: float = 3.0
     center: bool = True
     skip_uniform_groups: bool = False
@@ -66,20 +69,27 @@ class RREDCoTConfig:
 
     def __post_init__(self) -> None:
         check(self.candidates in ("suffixes", "answers"), f"credit.candidates must be 'suffixes' or 'answers', got {self.candidates!r}")
-        check(self.probe in VALUE_MODES, f"credit.probe must be 'normalized' or 'absolute', got {self.probe!r}")
+        check(self.probe in ("", *VALUE_MODES), f"credit.probe must be 'normalized' or 'absolute', got {self.probe!r}")
         check(self.v0 in ("probe", "group_mean"), f"credit.v0 must be 'probe' or 'group_mean', got {self.v0!r}")
         check(self.mode in ("additive", "replace", "weight"), f"credit.mode must be additive|replace|weight, got {self.mode!r}")
         check(0 <= self.lam <= 100, f"credit.lam must be in [0, 100], got {self.lam}")
         check(1 <= self.w_max <= 100, f"credit.w_max must be in [1, 100], got {self.w_max}")
         segmenter_config(self.segmenter)
 
+    @property
+    def value_mode(self) -> str:
+        """The probe in force: suffixes default to the IS lower bound (absolute: the paper's estimator,
+        measured as good at 1/3 of normalized's cost), answers to normalized (docs/methods.md)."""
+        return self.probe or ("absolute" if self.candidates == "suffixes" else "normalized")
+
 
 def probe_values(rollouts: Rollouts, probe: Probe, segment_ids: torch.Tensor, config: RREDCoTConfig) -> list[torch.Tensor]:
     """Per row, V(s_0..s_K) (K = its segment count; V(s_K) = r) by the configured value probe."""
     if config.candidates == "suffixes":
-        values = suffix_values(rollouts, probe, segment_ids, config.probe, config.include_reference, config.reuse_prefix)
+        values = suffix_values(rollouts, probe, segment_ids, config.value_mode, config.include_reference,
+                               config.reuse_prefix)
     else:
-        values = answer_values(rollouts, probe, segment_ids, config.probe, config.include_gold, config.reuse_prefix)
+        values = answer_values(rollouts, probe, segment_ids, config.value_mode, config.include_gold, config.reuse_prefix)
     if config.v0 == "group_mean":  # leave-one-out: the row's own reward must not leak into R_1
         loo = rloo_advantages(rollouts.rewards, rollouts.group)
         for v, r, a in zip(values, rollouts.rewards, loo):
