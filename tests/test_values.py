@@ -46,18 +46,18 @@ def brute_force(policy, task, r, seg, mode, include_reference):
         for j in range(len(segs)):
             cut = 0 if j == 0 else segs[j - 1][1]
             prefix = policy.decode(r.completion_ids[i, :cut])
-            tails = {policy.decode(r.completion_ids[m, b[j][0]:int(r.lengths[m])])
+            tails = {policy.decode(r.completion_ids[m, b[j][0]:int(r.lengths[m])]): float(r.rewards[m])
                      for m, b in enumerate(bounds) if len(b) > j}
             if include_reference:
-                tails.add("".join(task.reference_solution(r.problems[i])[j:]))
+                tails["".join(task.reference_solution(r.problems[i])[j:])] = 1.0
             num = den = 0.0
-            for tail in tails:
+            for tail, u in tails.items():
                 p_ids, p_mask = policy.encode_prompts([r.problems[i].prompt + prefix])
                 t_ids, t_mask = policy.encode_completions([tail])
                 with torch.no_grad():
                     logp, _ = policy.score(p_ids, p_mask, t_ids, t_mask)
                 prob = math.exp(float(logp.sum()))
-                u = task.reward(r.problems[i], prefix + tail)
+                assert u == task.reward(r.problems[i], prefix + tail)  # the member's reward is the tail's utility
                 num += u * prob
                 den += prob
             v.append(num if mode == "absolute" else (num / den if num else 0.0))
@@ -121,7 +121,8 @@ def test_reference_tails_follow_the_solution_steps(policy):
     task = ArithTask()
     steps = task.reference_solution(P4)
     assert "".join(steps) == task.solution(P4) and len(steps) == 4
-    tails = reference_tails(probe_for(policy, task), P4, 5)
+    tails, reward = reference_tails(probe_for(policy, task), P4, 5)
+    assert reward == 1.0
     assert policy.decode(torch.tensor(tails[2])) == "73+55=128\n#### 128"
     assert tails[4] is None
 

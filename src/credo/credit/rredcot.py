@@ -136,7 +136,7 @@ def _standardise(R: list[torch.Tensor], gather: Any = None) -> list[torch.Tensor
     return [((r - mu) / sd if float(sd) > 1e-8 else torch.zeros_like(r)) for r in R]
 
 
-@register("rredcot", "RREDCoT: segment credit V(s_k) - V(s_{k-1}) from the policy's own forced-answer probe, no generation",
+@register("rredcot", "RREDCoT: segment credit V(s_k) - V(s_{k-1}), V the policy's own IS value over its group's tails (+ reference), no generation",
           RREDCoTConfig, uses_model=True, needs_segments=True)
 def rredcot(rollouts: Rollouts, probe: Probe, config: RREDCoTConfig) -> Credit:
     segment_ids = probe.segment(rollouts, config.segmenter)

@@ -7,7 +7,8 @@ State j of row i is s_j = prompt + the row's first j segments (j = 0..K_i - 1); 
 returned here is V(s_0..s_{K_i}) with the last entry V(s_{K_i}) := r_i, the observed outcome.
 A value is an importance-sampling estimate over a set of candidate continuations c of s_j, each
 teacher-forced after s_j (the prefix KV cache is reused, see `Policy.score_branches`) and each with
-a utility u(c) in [0, 1] given by the task's verifier on s_j + c:
+a utility u(c) in [0, 1]: a member's tail carries that member's reward r_m (which, for rewards
+that depend on the final answer, is the reward of s_j + tail), the reference tail its verified reward:
   absolute    V = sum_c u(c) pi(c | s_j)                 (a lower bound in expectation; only
                                                           candidates with u > 0 are scored)
   normalized  V = sum_c u(c) pi(c | s_j) / sum_c pi(c | s_j)
@@ -123,52 +124,39 @@ def _score_in_chunks(rollouts: Rollouts, probe: Probe, branches: list[tuple[int,
     return out
 
 
-class _Utility:
-    """u(s_j + c) by the task's verifier, memoised per (row's problem, text)."""
-
-    def __init__(self, rollouts: Rollouts, probe: Probe) -> None:
-        self.rollouts, self.task, self.policy = rollouts, probe.task, probe.policy
-        self.memo: dict[tuple[str, str], float] = {}
-
-    def __call__(self, row: int, prefix: Sequence[int], tokens: Sequence[int]) -> float:
-        problem = self.rollouts.problems[row]
-        text = self.policy.decode(torch.tensor([*prefix, *tokens], dtype=torch.long))
-        key = (getattr(problem, "key", str(row)), text)
-        if key not in self.memo:
-            self.memo[key] = float(self.task.reward(problem, text))
-        return self.memo[key]
-
-
-def reference_tails(probe: Probe, problem: Any, states: int) -> list[tuple[int, ...] | None]:
-    """Token ids of the task's reference solution after its j-th step, j = 0..states-1 (None where
-    the task has no reference solution or it has no j-th step). EOS-terminated."""
+def reference_tails(probe: Probe, problem: Any, states: int) -> tuple[list[tuple[int, ...] | None], float]:
+    """(token ids of the task's reference solution after its j-th step, j = 0..states-1, EOS-terminated;
+    None where the task has no reference solution or it has no j-th step), and the reference's
+    reward by the task's verifier (its utility)."""
     hook = getattr(probe.task, "reference_solution", None)
     steps = hook(problem) if hook is not None else None
     if not steps:
-        return [None] * states
-    return [tuple(probe.policy.encode_continuation("".join(steps[j:]), eos=True)) if j < len(steps) else None
-            for j in range(states)]
+        return [None] * states, 0.0
+    tails = [tuple(probe.policy.encode_continuation("".join(steps[j:]), eos=True)) if j < len(steps) else None
+             for j in range(states)]
+    return tails, float(probe.task.reward(problem, "".join(steps)))
 
 
 def suffix_candidates(rollouts: Rollouts, probe: Probe, segment_ids: torch.Tensor,
                       include_reference: bool) -> list[list[list[Candidate]]]:
-    """candidates[row][j]: the group's distinct tails after their own j-th segment (+ the reference tail)."""
+    """candidates[row][j]: the group's distinct tails after their own j-th segment, each with its
+    member's reward as utility, plus the reference tail with the reference's verified reward."""
     bounds = segment_bounds(segment_ids)
     lengths = rollouts.lengths.tolist()
+    rewards = rollouts.rewards.tolist()
     members = group_rows(rollouts)
-    utility = _Utility(rollouts, probe)
     out = []
     for row, cuts in enumerate(state_cuts(segment_ids)):
-        completion = rollouts.completion_ids[row].tolist()
-        references = reference_tails(probe, rollouts.problems[row], len(cuts)) if include_reference else [None] * len(cuts)
+        references, reference_reward = ([None] * len(cuts), 0.0)
+        if include_reference:
+            references, reference_reward = reference_tails(probe, rollouts.problems[row], len(cuts))
         per_state = []
-        for j, cut in enumerate(cuts):
-            tails = {tuple(rollouts.completion_ids[m, bounds[m][j][0]:lengths[m]].tolist())
+        for j in range(len(cuts)):
+            tails = {tuple(rollouts.completion_ids[m, bounds[m][j][0]:lengths[m]].tolist()): rewards[m]
                      for m in members[int(rollouts.group[row])] if len(bounds[m]) > j}
             if references[j] is not None:
-                tails.add(references[j])
-            prefix = completion[:cut]
-            per_state.append([Candidate(t, utility(row, prefix, t)) for t in sorted(tails) if t])
+                tails[references[j]] = max(reference_reward, tails.get(references[j], 0.0))
+            per_state.append([Candidate(t, u) for t, u in sorted(tails.items()) if t])
         out.append(per_state)
     return out
 
