@@ -1,6 +1,6 @@
 """`credo audit`: how right is each estimator's credit, and what does it cost?
 
-Protocol (see METHODS.md, "How credit quality is judged"):
+Protocol (docs/methods.md, "## How fidelity is judged"):
 1. sample `n` held-out traces from the checkpoint (n / group_size prompts x group_size samples, so
    group-based estimators see real groups);
 2. cut them into `lines` segments (one arithmetic step per segment) and compute reference MC values
@@ -18,7 +18,8 @@ Metric definitions (docs/methods.md, "## How fidelity is judged"):
 - `pairwise`: over (first wrong step e, earlier correct step j < e) pairs of those traces, the share
   where e gets less credit than j (ties count 1/2): a rank measure that is not all-or-nothing;
 - `*_localisable`: the same on *localisable* traces, where the reference value drops by >= 0.15 at
-  the labelled error (elsewhere no outcome-based value can see the error);- cost: tokens scored and generated per trace by the estimator, seconds per trace, and
+  the labelled error (elsewhere no outcome-based value can see the error);
+- cost: tokens scored and generated per trace by the estimator, seconds per trace, and
   `cost_vs_grpo_step` = (tokens scored + generated) / (tokens of sampling the trace itself).
 Rows `random`, `grpo` (uniform), `first_step` (always blames step 1) and `position_prior` (always
 blames the most frequent first-error position) are floors; `mc_reference` is the reference itself
@@ -177,7 +178,6 @@ def segment_credit_of(result: Any, segment_ids: torch.Tensor) -> list[torch.Tens
 
 def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[str, Any]:
     """Run the audit and write audit.json, audit.md and audit.png into out_dir."""
-    from credo.audit_report import localiser_table, markdown_table, plot_audit
     methods = checked_methods(config.methods)  # before the (slow) reference: a typo fails at once
     checkpoint = config.checkpoint
     if not checkpoint:
@@ -201,9 +201,11 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
                                data.trace_tokens)
     policy = load_policy(checkpoint)
     policy.model.eval()
-    failures = score_methods(config, methods, rollouts, segment_ids, policy, task, progress,
-                             lambda label, credit, cost: rows.__setitem__(
-                                 label, score_row(credit, reference, labels, cost, data.trace_tokens)))
+
+    def record(label: str, credit: list[torch.Tensor], cost: dict[str, float]) -> None:
+        rows[label] = score_row(credit, reference, labels, cost, data.trace_tokens)
+
+    failures = score_methods(config, methods, rollouts, segment_ids, policy, task, progress, record)
     rows["mc_reference"] = score_row(reference, reference, labels, data.reference_cost, data.trace_tokens)
     split_half = split_half_spearman(data.reference)
     reliability = 2 * split_half / (1 + split_half) if split_half > -1 else float("nan")
