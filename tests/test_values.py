@@ -90,6 +90,19 @@ def test_suffix_value_of_a_prefix_shared_with_a_correct_member_is_positive(polic
         assert values[1][-1] == 0 and values[0][-1] == 1
 
 
+def test_a_row_without_segments_has_only_its_outcome(policy):
+    task = ArithTask()
+    r = rollouts_of(policy, task, GROUP[:3])
+    mask = r.completion_mask.clone()
+    mask[2] = False  # nothing generated (a zero-length completion)
+    r = r.with_fields(completion_mask=mask, rewards=torch.tensor([1.0, 0.0, 0.0]))
+    probe = probe_for(policy, task)
+    seg = probe.segment(r, "lines")
+    assert segment_bounds(seg)[2] == []
+    for values in (suffix_values(r, probe, seg), answer_values(r, probe, seg)):
+        assert values[2].tolist() == [0.0] and len(values[0]) == 4
+
+
 def test_groups_do_not_leak_and_absolute_scores_only_useful_tails(policy):
     task = ArithTask()
     r = rollouts_of(policy, task, GROUP[1:3] + GROUP[:1], groups=[0, 0, 1])

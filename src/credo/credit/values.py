@@ -48,7 +48,7 @@ class Candidate:
 
 def state_cuts(segment_ids: torch.Tensor) -> list[list[int]]:
     """segment_ids[B, T] -> per row, the completion length of each state s_0..s_{K-1}."""
-    return [[0] + [end for _, end in segs[:-1]] for segs in segment_bounds(segment_ids)]
+    return [[0] + [end for _, end in segs[:-1]] if segs else [] for segs in segment_bounds(segment_ids)]
 
 
 def group_rows(rollouts: Rollouts) -> dict[int, list[int]]:
