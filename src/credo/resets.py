@@ -117,8 +117,9 @@ def localise_by_value(rollouts: Rollouts, rows: Sequence[int], probe: Probe, seg
     after the same step (utility by the verifier), so V(s_k) = pi(ref | s_k) / (pi(ref | s_k) +
     pi(own | s_k)). No gold answer is forced as a candidate; the reference tail, a worked solution,
     does end with the gold answer. A task without a reference solution gives V = 0 everywhere and so
-    step 1 for every parent: use `prompt` or `random` there. The 0.05 default was chosen on
-    training problems (issue 13 report)."""
+    step 1 for every parent: use `prompt` or `random` there. The normalized value and the 0.05
+    default were chosen on training problems (docs/results/audit-faithful/choose_value_drop.txt:
+    top-1 0.957 with step-1 share 0.504 vs the oracle's 0.475; the absolute value reaches 0.763)."""
     from credo.credit.values import suffix_values
     index = list(rows)
     alone = rollouts.select(index).with_fields(group=torch.arange(len(index)))
