@@ -87,17 +87,22 @@ def test_grpo_family_advantages_sum_to_zero_in_each_group(name, batch):
 @PROPERTY
 @given(batch=batches(), v0=st.sampled_from(["probe", "group_mean"]))
 def test_rredcot_redistribution_telescopes(batch, v0):
-    """sum_k R_{i,k} = r_i - V(s_0): V(s_0) is the group's mean reward (v0=group_mean) or the probe's
-    value of the bare prompt, which is one number per group (every row shares prompt and candidates)."""
+    """sum_k R_{i,k} = r_i - V(s_0): V(s_0) is the mean reward of the row's *other* group members
+    (v0=group_mean, leave-one-out) or the probe's value of the bare prompt, which is one number per
+    group (every row shares the prompt and the candidates: the group's completions and the reference)."""
     rollouts = make_rollouts(*batch)
     R = run("rredcot", rollouts, v0=v0).segment_credit
     start_values = rollouts.rewards - torch.stack([r.sum() for r in R])
+    segmented = torch.tensor([len(r) > 0 for r in R])  # a row with no segment has only its outcome
     for g in rollouts.group.unique():
-        in_group = rollouts.group == g
+        in_group = (rollouts.group == g) & segmented
         values = start_values[in_group]
-        assert float(values.max() - values.min()) < 1e-5
-        if v0 == "group_mean":
-            assert abs(float(values[0] - rollouts.rewards[in_group].mean())) < 1e-5
+        if v0 == "probe" and values.numel():
+            assert float(values.max() - values.min()) < 1e-5
+        for row in in_group.nonzero().flatten().tolist():
+            others = (rollouts.group == g) & (torch.arange(len(R)) != row)
+            if v0 == "group_mean" and others.any():
+                assert abs(float(start_values[row] - rollouts.rewards[others].mean())) < 1e-5
 
 
 @pytest.mark.parametrize("name", credit.names())
