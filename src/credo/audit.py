@@ -95,24 +95,23 @@ def parse_method(spec: str) -> tuple[str, str, dict[str, str]]:
     parsed = {}
     for item in options:
         if "=" not in item:
-            raise ConfigError(f"audit.methods: {spec!r}: option {item!r} must look like key=value")
+            raise ConfigError(f"audit method {spec!r}: option {item!r} must look like key=value")
         key, value = item.split("=", 1)
         parsed[key] = value
     return spec, name, {**AUDIT_DEFAULTS.get(name, {}), **parsed}
 
 
 def checked_methods(specs: Sequence[str]) -> list[tuple[str, str, Any]]:
-    """(label, estimator name, config) of every spec; an unknown estimator or option is a
-    ConfigError naming the spec, raised before any sampling starts."""
+    """(label, estimator name, config) of every spec; an unknown estimator or option is a one-line
+    ConfigError naming it (`audit --methods ...`), raised before any sampling starts."""
     out = []
     for spec in specs:
-        label, name, options = parse_method(spec)
         try:
-            out.append((label, name, credit_registry.get(name).make_config(options)))
-        except KeyError as err:
-            raise ConfigError(f"audit.methods: {spec!r}: {err.args[0]}") from None
-        except ConfigError as err:
-            raise ConfigError(f"audit.methods: {spec!r}: {err}") from None
+            label, name, options = parse_method(spec)
+            estimator = credit_registry.get(name)
+        except (ValueError, KeyError) as err:
+            raise ConfigError(f"audit --methods: {err.args[0] if err.args else err}") from None
+        out.append((label, name, estimator.make_config(options, prefix=f"audit --methods {name}:")))
     return out
 
 

@@ -189,16 +189,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def _check_audit_methods(specs: tuple[str, ...]) -> None:
     """Each --methods entry names a registered estimator with valid options (before any sampling starts)."""
-    from credo import credit
-    from credo.audit import parse_method
-    from credo.config import ConfigError
-    for spec in specs:
-        try:
-            _, name, options = parse_method(spec)
-            estimator = credit.get(name)
-        except (ValueError, KeyError) as err:
-            raise ConfigError(f"audit --methods: {err.args[0] if err.args else err}") from None
-        estimator.make_config(options, prefix=f"audit --methods {name}:")
+    from credo.audit import checked_methods
+    checked_methods(specs)
 
 
 def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
