@@ -8,7 +8,7 @@ from credo import credit
 from credo.loss import LossConfig, policy_loss
 from credo.policy.base import SamplingConfig, Samples
 from credo.probe import Probe
-from credo.resets import ResetConfig, collect_resets, localise, parse_step_index
+from credo.resets import ResetConfig, collect_resets, localise, parse_step, parse_step_index
 from credo.tasks.arith import ArithTask
 from credo.tasks.base import Problem
 from credo.train import Trainer, load_train_config
@@ -64,6 +64,50 @@ def test_reset_groups_parent_excluded_prefix_masked(policy):
     assert out.tokens_generated > int(r.completion_mask.sum()) - 1  # search samples are counted too
 
 
+class Scripted(Solver):
+    """Fresh draws follow a per-prompt script (C = correct, W = wrong, E = empty); continuations of a
+    reset prefix are solved correctly. Wrong draw k answers 9000 + k, so rows can be traced."""
+
+    def __init__(self, policy, task, scripts):
+        super().__init__(policy, task)
+        self.scripts = {prompt: list(outcomes) for prompt, outcomes in scripts.items()}
+        self.drawn = {prompt: 0 for prompt in scripts}
+
+    def _solve(self, text):
+        if not text.endswith("\n") or text.count("\n") > 1:
+            return super()._solve(text)  # a reset continuation
+        k = self.drawn[text]
+        self.drawn[text] += 1
+        outcome = self.scripts[text][k] if k < len(self.scripts[text]) else "C"
+        return {"C": super()._solve(text), "W": f"1+1=2\n#### {9000 + k}", "E": ""}[outcome]
+
+
+def test_parent_search_is_the_first_failure_among_all_fresh_draws(policy):
+    task = ArithTask()
+    problems = [Problem(e, e + "\n", str(eval(e)), {"terms": [int(x) for x in e.split("+")], "ops": ["+"]})
+                for e in ("11+22", "33+44", "55+12", "21+13")]
+    scripts = {"11+22\n": "CWWCCC", "33+44\n": "C" * 30, "55+12\n": "EWCCC", "21+13\n": "CCCCCCWC"}
+    policy = Scripted(policy, task, scripts)
+    probe = Probe(policy, task, SamplingConfig(max_new_tokens=24), torch.Generator().manual_seed(1))
+    out = collect_resets(policy, task, lambda n: problems[:n], 4, ResetConfig(localiser="random"),
+                         SamplingConfig(max_new_tokens=24), torch.Generator().manual_seed(0), probe, random.Random(0))
+    r = out.rollouts
+    texts = lambda g: [r.completions[i] for i in (r.group == g).nonzero().flatten().tolist()]  # noqa: E731
+    solved = {p.prompt: task.solution(p) for p in problems}
+    # 11+22: draw 2 (the first failure, inside what used to be Group 1) is the parent; draw 3 fills Group 1
+    assert out.details["parents"][0] == policy.encode_completions(["1+1=2\n#### 9001"])[0][0].tolist()
+    assert texts(0) == [solved["11+22\n"], "1+1=2\n#### 9002"] + [solved["11+22\n"]] * 2
+    # 33+44: 12 correct draws in all, then the plain-group fallback of 8 (4 topped up outside the budget)
+    assert 1 not in out.details["parents"] and texts(2) == [solved["33+44\n"]] * 8
+    assert policy.drawn["33+44\n"] == 12 + 4
+    # 55+12: an empty draw is never a parent; it stays in Group 1
+    assert texts(4) == [""] + [solved["55+12\n"]] * 3
+    # 21+13: Group 1 is full after 4 draws, correct draws 5 and 6 are dropped, draw 7 is the parent
+    assert texts(6) == [solved["21+13\n"]] * 4
+    assert out.info["fresh_draws_per_prompt"] == (5 + 12 + 5 + 7) / 4
+    assert out.info["reset_fallbacks"] == 1.0 and sorted(out.details["parents"]) == [0, 2, 3]
+
+
 def test_groups_are_normalised_separately():
     from test_outcome import make_rollouts
     r = make_rollouts([1, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1], [3] * 6)
@@ -96,14 +140,26 @@ def test_oracle_localiser_is_exact_and_value_localiser_in_range(policy):
         assert all(0 <= k < n for k, n in zip(picks, [2, 3, 1]))
     with pytest.raises(ValueError, match="localisation_prompt"):
         localise("prompt", r, rows, probe, seg, random.Random(0))
+    # SRPO's "self": the value localiser on a task with no localisation request (tiny arith)
+    assert localise("self", r, rows, probe, seg, random.Random(0)) == localise("value", r, rows, probe, seg, random.Random(0))
 
 
-def test_prompt_localiser_parsing_of_messy_replies():
+def test_prompt_localiser_parser_reads_like_the_public_code():
+    # 0-based results; the public parser is 1-based
+    assert parse_step_index("the first error is in Step 2, where 85-12 = 63 should be 73", 5) == 1
+    assert parse_step_index("", 5) == 0                                  # empty: step 1
+    assert parse_step_index("Let me check 37+48=85, then 85-12=", 5) == 0  # truncated, no step named: step 1
+    assert parse_step_index("The first wrong step is \\boxed{", 5) == 0  # truncated inside the box: step 1
+    assert parse_step_index("I cannot tell where it goes wrong.", 5) == 0  # number-free: step 1
+    assert parse_step_index("Step 4 shows the wrong total, but it originates earlier.\n\\boxed{2}", 5) == 1
+    assert parse_step_index("\\boxed{3} no wait \\boxed{ 4 }", 5) == 3    # the last box wins
+    assert parse_step_index("\\boxed{0}", 5) == 0                        # "no error": step 1
+    assert parse_step_index("\\boxed{99}, i.e. Step 3", 5) == 2          # box out of range: the prose decides
+    assert parse_step_index("\\boxed{85}", 5) == 0                       # the problem's answer, not a step: step 1
     assert parse_step_index("Step 3 looks wrong... no wait, it is step 2.", 5) == 1
-    assert parse_step_index("I cannot tell", 5) == 2
-    assert parse_step_index("the error is in step 99", 4) == 3
-    assert parse_step_index("Step 0", 4) == 0
-    assert parse_step_index("**Step 4**: 12+5=18", 6) == 5  # the last integer (18) wins, clamped
+    assert parse_step_index("the error is in step 99", 4) == 0           # out of range: step 1
+    assert parse_step_index("**Step 4**: 12+5=18", 6) == 3               # a number that is not a step is ignored
+    assert [parse_step(r, 5)[1] for r in ("\\boxed{2}", "it is Step 2", "", "\\boxed{7}")] == ["boxed", "prose", "fallback", "fallback"]
 
 
 def test_pg_loss_has_no_ratio_or_clip():
@@ -123,4 +179,18 @@ def test_rrpo_and_srpo_train_end_to_end(saved_policy, tmp_path):
         row = Trainer(cfg, str(tmp_path / method), progress=False).train_step()
         assert row["tokens_generated"] > 0
     cfg = load_train_config(None, ["method=srpo", "loss.kind=clip"])
-    assert cfg.loss.kind == "clip" and cfg.reset.localiser == "value"
+    assert cfg.loss.kind == "clip" and cfg.reset.localiser == "self"
+
+
+def test_reset_collection_repeats_with_the_seed(policy):
+    task = ArithTask()
+    cfg = ResetConfig(n_fresh=2, n_reset=2, localiser="random")
+
+    def collect():
+        probe = Probe(policy, task, SamplingConfig(max_new_tokens=16), torch.Generator().manual_seed(1))
+        return collect_resets(policy, task, draw(task), 3, cfg, SamplingConfig(max_new_tokens=16),
+                              torch.Generator().manual_seed(0), probe, random.Random(0))
+
+    a, b = collect(), collect()
+    assert torch.equal(a.rollouts.completion_ids, b.rollouts.completion_ids) and a.tokens_generated == b.tokens_generated
+    assert torch.equal(a.rollouts.loss_mask, b.rollouts.loss_mask) and a.details == b.details

@@ -14,12 +14,12 @@ P = Problem("37+48", "37+48\n", "85", {"terms": [37, 48], "ops": ["+"]})
 RIGHT, WRONG = "37+48=85\n#### 85", "37+48=86\n#### 86"
 
 
-def group_rollouts(policy, texts_by_group):
+def group_rollouts(policy, texts_by_group, problem=P):
     task = ArithTask()
     texts = [t for grp in texts_by_group for t in grp]
     group = torch.tensor([g for g, grp in enumerate(texts_by_group) for _ in grp])
-    problems = [P] * len(texts)
-    prompt_ids, prompt_mask = policy.encode_prompts([P.prompt] * len(texts))
+    problems = [problem] * len(texts)
+    prompt_ids, prompt_mask = policy.encode_prompts([problem.prompt] * len(texts))
     ids, mask = policy.encode_completions(texts)
     rewards, correct = rewards_for(task, problems, texts)
     return Rollouts(prompt_ids, prompt_mask, ids, mask, group, rewards, torch.zeros(ids.shape), correct, problems, texts)
@@ -54,21 +54,57 @@ def test_sc_grpo_routing_branches(policy):
     mixed = [RIGHT, RIGHT, WRONG, WRONG]        # 2 <= n_c < G: weighted GRPO
     all_right = [RIGHT] * G                       # n_c = G: plain GRPO (zero advantage)
     one_right = [RIGHT, WRONG, WRONG, WRONG]      # n_c = 1: plain GRPO
-    all_wrong = [WRONG, "37+48=87\n#### 87", "1", WRONG + "\n"]  # n_c = 0: diversity pseudo-advantage
+    all_wrong = [WRONG, "1+2=3\n#### 3", "9", "50-1=49\n#### 49"]  # n_c = 0: diversity pseudo-advantage
     r = group_rollouts(policy, [mixed, all_right, one_right, all_wrong])
     out = credit.get("sc_grpo")(r, probe(policy))
     a = grpo_advantages(r.rewards, r.group)
     m = r.completion_mask
     w = out.weights
-    assert ((w[:4][m[:4]] >= 0) & (w[:4][m[:4]] < 1)).all()  # mixed: f weights
+    n = m[:4].sum(1).float()
+    assert torch.allclose((w[:4] * m[:4]).sum(1) / n, torch.ones(4), atol=1e-5)  # mixed: f, mean 1 per sequence
+    assert (w[:4][m[:4]] >= 0).all() and (w[:4][m[:4]] > 1).any()
     assert torch.allclose(out.advantages[:4], a[:4, None] * m[:4])
     assert (out.advantages[4:8] == 0).all() and (w[4:8][m[4:8]] == 1).all()
     assert torch.allclose(out.advantages[8:12], a[8:12, None] * m[8:12]) and (w[8:12][m[8:12]] == 1).all()
     seq = out.advantages[12:16].sum(1) / m[12:16].sum(1)
-    assert seq.abs().max() <= 0.1 * 2 + 1e-6 and seq.abs().sum() > 0  # alpha-scaled z-scores
-    assert abs(float(seq.sum())) < 1e-5
+    reference = [i for i in range(4) if (out.advantages[12 + i] == 0).all()]
+    assert len(reference) == 1  # n_c = 0: the reference rollout sits out of its own z-score...
+    others = seq[[i for i in range(4) if i != reference[0]]]
+    assert abs(float(others.sum())) < 1e-5  # ...the others are z-scored among themselves
+    assert others.abs().max() <= 0.1 * 2 / 3 ** 0.5 + 1e-6 and others.abs().sum() > 0  # alpha-scaled z of 3
     assert (out.advantages[~m] == 0).all()
     assert out.cost.tokens_scored > 0
+    spec = credit.get("sc_grpo")
+    raw = spec(r, probe(policy), spec.make_config({"normalise": False})).weights  # the paper's f in [0, 1)
+    assert ((raw[:4][m[:4]] >= 0) & (raw[:4][m[:4]] < 1)).all()
+    assert torch.allclose(w[:4], raw[:4] / ((raw[:4] * m[:4]).sum(1, keepdim=True) / n[:, None]) * m[:4], atol=1e-5)
+
+
+def test_sc_grpo_draws_new_references_every_step_and_repeats_with_the_seed(policy):
+    rights = ["37+48=85\n####" + " " * k + "85" for k in range(6)]  # six distinct correct texts
+    r = group_rollouts(policy, [rights + [WRONG, WRONG]])
+    spec = credit.get("sc_grpo")
+    shared = probe(policy)
+    first, second = spec(r, shared).weights, spec(r, shared).weights  # two steps of one run
+    assert not torch.equal(first, second)
+    assert torch.equal(spec(r, probe(policy)).weights, first)  # a fresh run with the same seed repeats step 1
+
+
+def test_sc_grpo_traces_longer_than_half_the_context_truncate_the_teacher_reference(policy):
+    from credo.credit.sc_grpo import context_length, teacher_prompt
+    long_right, long_wrong = "1+1=2\n" * 12 + "#### 85", "1+1=2\n" * 12 + "#### 86"
+    limit = context_length(policy)
+    r = group_rollouts(policy, [[long_right, long_right, long_wrong, long_wrong]])
+    T = r.completion_ids.shape[1]
+    assert T > limit // 2  # tau + prompt + completion cannot fit: this used to fail in the forward pass
+    out = credit.get("sc_grpo")(r, probe(policy))
+    assert out.info["teacher_truncated_rows"] == 4 and torch.isfinite(out.weights).all()
+    task, cut = ArithTask(), []
+    text = teacher_prompt(task, policy, P, long_right, T, cut, 0)
+    head, _, prompt = text.partition("|")
+    assert prompt == P.prompt and long_right.startswith(head) and 0 < len(head) < len(long_right) and cut == [0]
+    assert int(policy.encode_prompts([text])[1].sum()) + T <= limit
+    assert teacher_prompt(task, policy, P, RIGHT, 20, cut, 1) == task.reference_prompt(P, RIGHT) and cut == [0]
 
 
 def test_edited_set_is_exactly_the_differing_span():
@@ -87,21 +123,56 @@ def test_ibpo_groups_without_both_outcomes_are_plain_grpo(policy):
     assert torch.equal(out.advantages, grpo.advantages)
 
 
-def test_ibpo_alignment_credit_and_mass_preservation(policy):
+def test_ibpo_all_regions_ablation_credit_and_mass_preservation(policy):
     r = group_rollouts(policy, [[RIGHT, WRONG, RIGHT]])
     a = grpo_advantages(r.rewards, r.group)
-    out = credit.get("ibpo")(r)
+    spec = credit.get("ibpo")
+    out = spec(r, None, spec.make_config({"regions": "all", "kappa": 0.1, "preserve_mass": False}))
     # WRONG differs from RIGHT at the last digit of the step result (position 7) and of the answer (15)
     row = out.advantages[1]
     full = [7, 15]
     assert torch.allclose(row[full], a[1].expand(2))
     others = [t for t in range(int(r.completion_mask[1].sum())) if t not in full]
     assert torch.allclose(row[others], 0.1 * a[1].expand(len(others)))
-    spec = credit.get("ibpo")
-    kept = spec(r, None, spec.make_config({"preserve_mass": True})).advantages
+    kept = spec(r, None, spec.make_config({"regions": "all", "kappa": 0.1})).advantages
     n = r.completion_mask.sum(1).float()
     assert torch.allclose(kept.sum(1), a * n, atol=1e-5)
     assert (kept[~r.completion_mask] == 0).all()
+
+
+CARRIED = (Problem("37+48-12", "37+48-12\n", "73", {"terms": [37, 48, 12], "ops": ["+", "-"]}),
+           "37+48=85\n85-12=73\n#### 73",   # correct
+           "37+48=86\n86-12=74\n#### 74")   # one wrong line, then its value carried forward correctly
+
+
+def test_ibpo_credits_only_the_wrong_line_not_the_lines_that_carry_it_forward(policy):
+    problem, right, wrong = CARRIED
+    task = ArithTask()
+    assert task.step_truth(problem, wrong).first_error == 0  # later lines are correct given line 1
+    r = group_rollouts(policy, [[right, wrong, right, wrong]], problem)
+    a = grpo_advantages(r.rewards, r.group)
+    spec = credit.get("ibpo")
+    plain = spec(r, None, spec.make_config({"preserve_mass": False})).advantages  # kappa = 0
+    first_line = set(range(len("37+48=86\n")))
+    for row in (1, 3):   # each wrong trace: the differing digit of its first line only, at full A_w
+        credited = set(plain[row].nonzero().flatten().tolist())
+        assert credited == {7} and credited <= first_line and torch.isclose(plain[row, 7], a[row])
+    assert set(plain[0].nonzero().flatten().tolist()) == {7}  # c*: the counterpart ("5" of "=85")
+    assert (plain[2] != 0).sum() == int(r.completion_mask[2].sum())  # a correct trace nobody chose: GRPO
+    out = spec(r, None, spec.make_config({})).advantages  # defaults: first region, kappa 0, mass kept
+    n = r.completion_mask.sum(1).float()
+    assert torch.allclose(out.sum(1), a * n, atol=1e-5)
+    assert set(out[1].nonzero().flatten().tolist()) == {7}
+    every = spec(r, None, spec.make_config({"regions": "all", "preserve_mass": False})).advantages
+    assert len(set(every[1].nonzero().flatten().tolist())) > 1  # the ablation credits the carried lines too
+
+
+def test_first_edit_of_an_insertion_or_deletion_is_the_divergence_token():
+    from credo.credit.ibpo import first_edit
+    assert first_edit([1, 2, 3, 4, 9], [1, 2, 7, 4, 8]) == ({2}, {2})
+    assert first_edit([1, 2, 5], [1, 2, 7, 8, 5]) == ({2}, {2, 3})  # w wrote 5 where c* inserted 7 8
+    assert first_edit([1, 2, 3, 4, 5, 6], [1, 2, 5, 6]) == ({2, 3}, {2})
+    assert first_edit([1, 2], [1, 2, 3]) == (set(), {2})  # w stops early: no token of w to credit
 
 
 def test_ibpo_correct_mode_reports_generation_and_falls_back(policy):
@@ -110,3 +181,14 @@ def test_ibpo_correct_mode_reports_generation_and_falls_back(policy):
     out = spec(r, probe(policy), spec.make_config({"mode": "correct", "repair_tries": 2}))
     assert out.cost.tokens_generated > 0
     assert torch.isfinite(out.advantages).all() and (out.advantages[~r.completion_mask] == 0).all()
+
+
+def test_sc_grpo_diversity_scores_equal_up_to_float_noise_give_no_advantage():
+    from credo.credit.sc_grpo import _diversity_advantages
+    f = torch.tensor([[0.4180, 0.4306, 0.2899]] * 3)  # three others, identical over the reference's length
+    advantages, mask = torch.ones(4, 3), torch.ones(4, 3, dtype=torch.bool)
+    _diversity_advantages(advantages, f, [([0, 1, 3], 2)], torch.tensor([3, 3, 2, 3]), mask, 0.1)
+    assert (advantages == 0).all()
+    f[2, 0] = 0.9  # one other differs: z-scores among the three, the reference at 0
+    _diversity_advantages(advantages, f, [([0, 1, 3], 2)], torch.tensor([3, 3, 2, 3]), mask, 0.1)
+    assert abs(float(advantages[[0, 1, 3], 0].sum())) < 1e-6 and float(advantages[3, 0]) > 0 and (advantages[2] == 0).all()

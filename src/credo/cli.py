@@ -275,7 +275,7 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="a Hugging Face model directory or 'smollm2-135m' (same as --start)")
     p.add_argument("--task", help="task: arith (default), gym:<reasoning-gym dataset>, jsonl:<path>")
     p.add_argument("--seed", type=int, help="random seed of the run")
-    p.add_argument("--localiser", help="reset localiser for rrpo/srpo: random, value, prompt or oracle")
+    p.add_argument("--localiser", help="reset localiser for rrpo/srpo: random, value, prompt, oracle or self (prompt where the task has a localisation request, else value)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint (its "
                    "config.yaml holds the settings; only --steps may change)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out (an earlier run or any other files)")

@@ -7,6 +7,9 @@ an estimator with defaults that the user's config may still override:
   gspo     GRPO advantages + sequence-level ratio (pi/pi_old)^(1/|o|), clipped per sequence
   rrpo     reset rollouts at random steps of failed traces; -A log pi on suffixes (no ratio, no clip)
   srpo     reset rollouts at the self-localised first error; same loss (`loss.kind=clip`: srpo_clip)
+No recipe sets the optimiser schedule (epochs x minibatches): every method gets TrainConfig's one
+schedule, as the public SRPO code gives its GRPO baseline and SRPO the same. A method whose paper
+prescribes another schedule says so here, in its recipe.
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ RECIPES: dict[str, Recipe] = {
                     "strategy": "dynamic", "overlong_buffer": 16}),
     "rrpo": Recipe("grpo", "RRPO: reset a failed trace at a random step, resample suffixes; groups z-scored apart",
                    {"strategy": "resets", "reset": {"localiser": "random"}, "credit": {"std": "population"},
-                    "loss": {"kind": "pg"}, "epochs": 1}),
-    "srpo": Recipe("grpo", "SRPO: reset where the model itself localises the first error (value probe on the tiny model)",
-                   {"strategy": "resets", "reset": {"localiser": "value"}, "credit": {"std": "population"},
-                    "loss": {"kind": "pg"}, "epochs": 1}),
+                    "loss": {"kind": "pg"}}),
+    "srpo": Recipe("grpo", "SRPO: reset where the model itself localises the first error (asked, as the paper; "
+                   "its own value where the task has no localisation request, e.g. the tiny arith model)",
+                   {"strategy": "resets", "reset": {"localiser": "self"}, "credit": {"std": "population"},
+                    "loss": {"kind": "pg"}}),
     "gspo": Recipe("grpo", "GSPO: sequence-level importance ratio (pi/pi_old)^(1/|o|), clipped per sequence",
                    {"loss": {"ratio": "sequence", "eps_low": 3e-4, "eps_high": 4e-4}}),
 }

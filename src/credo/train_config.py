@@ -32,7 +32,9 @@ class TrainConfig:
     max_new_tokens each. eval_every_tokens > 0 evaluates whenever generated tokens cross a multiple of
     it (instead of every eval_every steps), so methods with different step costs share one x axis.
     epochs x minibatches AdamW steps per batch (lr, beta1, beta2, weight_decay,
-    grad_clip). strategy: 'plain', 'dynamic' or 'resets'; dynamic_max_rounds bounds DAPO's
+    grad_clip): ONE schedule for every method, set here (1 x 4, as the public SRPO code gives GRPO
+    and SRPO alike: verl ppo_epochs 1, mini-batch 8 of 32 prompts); a method whose paper prescribes
+    another sets it in its recipe (credo.methods), and every run records it in config.yaml. strategy: 'plain', 'dynamic' or 'resets'; dynamic_max_rounds bounds DAPO's
     resampling; reset: the RRPO/SRPO reset settings (group_size is unused by resets).
     overlong_buffer > 0 applies DAPO's overlong penalty over the last `overlong_buffer` tokens of
     max_new_tokens, scaled by overlong_penalty. eval_every steps: greedy accuracy on eval_n held-out
@@ -61,8 +63,8 @@ class TrainConfig:
     beta2: float = 0.99
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    epochs: int = 2
-    minibatches: int = 1
+    epochs: int = 1
+    minibatches: int = 4
     loss: LossConfig = field(default_factory=LossConfig)
     strategy: str = "plain"
     dynamic_max_rounds: int = 4

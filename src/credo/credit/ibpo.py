@@ -1,12 +1,18 @@
 """IBPO: implicit process advantages from counterfactual comparison inside a group.
 
 An incorrect trajectory w is compared with the most similar correct one c* of its group (token
-alignment, difflib's matching blocks). The tokens where they differ are the implicit alternative
-decisions:
-  E_w = tokens of w in replaced/deleted spans, E_c = tokens of c* in replaced/inserted spans;
-  A_{w,t} = A_w on E_w and kappa * A_w elsewhere; the same for c* on E_c (the union over every
-  incorrect trajectory that chose it). Correct trajectories no one chose keep their GRPO advantage.
-  preserve_mass rescales each reshaped row so sum_t A_t = |o| * A (the GRPO total).
+alignment, difflib's matching blocks). Where they differ is the implicit alternative decision:
+  regions=first (default): only the FIRST differing region, E_w = its tokens in w and E_c = its
+    counterpart in c*; later regions merely carry that difference forward (an arith slip "=86"
+    makes every later line differ too) and are not new decisions. When the region is empty on one
+    side (a pure insertion or deletion), that side's token at the divergence point stands for it
+    (ours: the token it wrote instead);
+  regions=all: every replaced/deleted span of w and replaced/inserted span of c* (an ablation);
+  A_{w,t} = A_w on E_w and kappa * A_w elsewhere (kappa = 0, the paper: only edited tokens get
+  credit); the same for c* on E_c (the union over every incorrect trajectory that chose it).
+  Correct trajectories no one chose keep their GRPO advantage.
+  preserve_mass (default on) rescales each reshaped row so sum_t A_t = |o| * A (the GRPO total):
+  without it IBPO is a ~0.4x-step GRPO at the same learning rate.
 Groups with no correct or no incorrect member get plain GRPO.
 mode=correct (ours for models that cannot follow a repair instruction): w is resampled
 `repair_tries` times from the first token where it diverges from c*; the first continuation that
@@ -32,16 +38,19 @@ from credo.tasks.base import rewards_for
 
 @dataclass(frozen=True)
 class IBPOConfig:
-    """mode: alignment | correct. kappa: credit share of unedited tokens. preserve_mass: keep each
-    row's advantage total equal to GRPO's. repair_tries: continuations per incorrect trace (correct mode)."""
+    """mode: alignment | correct. regions: first (the paper's single implicit decision) | all.
+    kappa: credit share of unedited tokens (0 = the paper). preserve_mass: keep each row's advantage
+    total equal to GRPO's. repair_tries: continuations per incorrect trace (correct mode)."""
 
     mode: str = "alignment"
-    kappa: float = 0.1
-    preserve_mass: bool = False
+    regions: str = "first"
+    kappa: float = 0.0
+    preserve_mass: bool = True
     repair_tries: int = 2
 
     def __post_init__(self) -> None:
         check(self.mode in ("alignment", "correct"), f"credit.mode must be 'alignment' or 'correct', got {self.mode!r}")
+        check(self.regions in ("first", "all"), f"credit.regions must be 'first' or 'all', got {self.regions!r}")
         check(0 <= self.kappa <= 1, f"credit.kappa must be in [0, 1], got {self.kappa}")
         check(self.repair_tries >= 1, f"credit.repair_tries must be >= 1, got {self.repair_tries}")
 
@@ -58,6 +67,19 @@ def edited_sets(wrong: list[int], right: list[int]) -> tuple[set[int], set[int]]
     return e_w, e_c
 
 
+def first_edit(wrong: list[int], right: list[int]) -> tuple[set[int], set[int]]:
+    """Token positions of the first differing region: its span in `wrong` and its counterpart in
+    `right`. An empty side (pure insertion/deletion) is the token at the divergence point, if any."""
+    matcher = difflib.SequenceMatcher(a=wrong, b=right, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        e_w = set(range(i1, i2)) or ({i1} if i1 < len(wrong) else set())
+        e_c = set(range(j1, j2)) or ({j1} if j1 < len(right) else set())
+        return e_w, e_c
+    return set(), set()
+
+
 def similarity(a: list[int], b: list[int]) -> float:
     return difflib.SequenceMatcher(a=a, b=b, autojunk=False).ratio()
 
@@ -71,7 +93,7 @@ def first_divergence(a: list[int], b: list[int]) -> int:
 
 
 def repair_edits(rollouts: Rollouts, probe: Probe, pairs: list[tuple[int, int]], tokens: list[list[int]],
-                 tries: int) -> dict[int, set[int]]:
+                 tries: int, edits=edited_sets) -> dict[int, set[int]]:
     """For (wrong row, chosen correct row) pairs: resample w from its divergence point; the edited set
     of the first verified repair, per wrong row (rows without a verified repair are absent)."""
     jobs = []
@@ -97,7 +119,7 @@ def repair_edits(rollouts: Rollouts, probe: Probe, pairs: list[tuple[int, int]],
     ok = rewards_for(probe.task, [rollouts.problems[w] for w, _ in jobs], texts)[1]
     for (w, _), full, good in zip(jobs, repaired, ok.tolist()):
         if good and w not in found:
-            found[w] = edited_sets(tokens[w], full)[0]
+            found[w] = edits(tokens[w], full)[0]
     return found
 
 
@@ -113,6 +135,7 @@ def ibpo(rollouts: Rollouts, probe: Probe | None, config: IBPOConfig) -> Credit:
     for row, g in enumerate(rollouts.group.tolist()):
         groups.setdefault(g, []).append(row)
     correct = rollouts.correct.tolist()
+    edits = first_edit if config.regions == "first" else edited_sets
     pairs, edits_w, edits_c = [], {}, {}
     for members in groups.values():
         good = [i for i in members if correct[i]]
@@ -121,20 +144,21 @@ def ibpo(rollouts: Rollouts, probe: Probe | None, config: IBPOConfig) -> Credit:
             continue
         for w in bad:
             c = max(good, key=lambda j: (similarity(tokens[w], tokens[j]), -j))
-            e_w, e_c = edited_sets(tokens[w], tokens[c])
+            e_w, e_c = edits(tokens[w], tokens[c])
             pairs.append((w, c))
             edits_w[w] = e_w
             edits_c.setdefault(c, set()).update(e_c)
     repaired = 0
     if config.mode == "correct" and pairs:
-        found = repair_edits(rollouts, probe, pairs, tokens, config.repair_tries)
+        found = repair_edits(rollouts, probe, pairs, tokens, config.repair_tries, edits)
         edits_w.update(found)
         repaired = len(found)
     scale = torch.ones_like(mask, dtype=torch.float32)
     for row, edited in list(edits_w.items()) + list(edits_c.items()):
+        if not edited:  # nothing of this row differs (a strict prefix of its partner): keep GRPO
+            continue
         row_scale = torch.full((mask.shape[1],), config.kappa)
-        if edited:
-            row_scale[list(edited)] = 1.0
+        row_scale[list(edited)] = 1.0
         scale[row] = row_scale
     advantages = a[:, None] * scale * mask
     if config.preserve_mass:

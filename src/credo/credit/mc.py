@@ -78,14 +78,32 @@ def mc_values(probe: Probe, rollouts: Rollouts, segment_ids: torch.Tensor, k: in
     return MCValues(values, samples)
 
 
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """values[B, T] standardised over the tokens where mask[B, T] is True (mean 0, unbiased variance 1,
+    as VinePPO's `masked_whiten(..., unbiased_variance=True)`); 0 outside the mask. Fewer than two
+    tokens: returned unchanged (the unbiased variance is undefined)."""
+    n = int(mask.sum())
+    if n < 2:
+        return values * mask
+    active = values[mask]
+    mean = active.mean()
+    var = ((active - mean) ** 2).sum() / (n - 1)
+    return (values - mean) * torch.rsqrt(var + eps) * mask
+
+
 @dataclass(frozen=True)
 class VinePPOConfig:
     """k: continuations per segment boundary (VinePPO uses 9). segmenter: name or mapping (see
-    credo.segment). batch_size: continuations sampled per forward batch."""
+    credo.segment). batch_size: continuations sampled per forward batch. whiten: standardise the
+    token advantages over the batch's trainable tokens, as VinePPO's trainer does before its loss
+    (`whiten_advantages: true`); without it the MC step differences are ~4x smaller than GRPO's
+    advantages. The audit turns it off (a positive affine map leaves its rank figures unchanged,
+    and segment_credit stays the raw V(s_k) - V(s_{k-1}) either way)."""
 
     k: int = 9
     segmenter: Any = "lines"
     batch_size: int = 1024
+    whiten: bool = True
 
     def __post_init__(self) -> None:
         check(self.k > 0, f"credit.k must be > 0, got {self.k}")
@@ -96,11 +114,16 @@ class VinePPOConfig:
 @register("vineppo", "VinePPO-style MC: k continuations per segment boundary, A_k = V(s_k) - V(s_{k-1})",
           VinePPOConfig, uses_model=True, needs_segments=True)
 def vineppo(rollouts: Rollouts, probe: Probe, config: VinePPOConfig) -> Credit:
-    """Cost: k * (number of non-terminal boundaries) continuations per trace, each generated in full."""
+    """Cost: k * (number of non-terminal boundaries) continuations per trace, each generated in full.
+    VinePPO's code whitens per (distributed) mini-batch inside its loss; credo whitens once over the
+    whole batch the credit is computed for."""
     segment_ids = probe.segment(rollouts, config.segmenter)
     mc = mc_values(probe, rollouts, segment_ids, config.k, config.batch_size)
     diffs = mc.differences()
-    advantages = broadcast_segments(diffs, segment_ids) * rollouts.trainable_mask()
+    mask = rollouts.trainable_mask()
+    advantages = broadcast_segments(diffs, segment_ids) * mask
+    if config.whiten:
+        advantages = masked_whiten(advantages, mask)
     return Credit(advantages=advantages, segment_credit=diffs,
                   info={"segments_per_trace": float(sum(len(d) for d in diffs) / max(len(diffs), 1))})
 

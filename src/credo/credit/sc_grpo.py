@@ -6,11 +6,19 @@ system prompt for chat models). Per completion token:
   D_t = KL( pi(. | tau, x, o_<t) || pi(. | x, o_<t) )   full vocabulary, fp32, in row chunks
   f_t = D_t / (D_t + c),  c = max(quantile_q of D over the batch's active tokens, c_min)
 Routing by n_c, the number of correct rollouts in a group of G:
-  2 <= n_c < G  GRPO advantages with token weights f; each rollout is conditioned on a random
-                correct tau other than itself;
-  n_c = 0       a random rollout o_r is the reference; s_i = mean_{t <= min(|o_i|, |o_r|)} f_t;
-                z-scored s is a diversity pseudo-advantage scaled by alpha (weights 1);
+  2 <= n_c < G  GRPO advantages with token weights f (renormalised to mean 1 over each sequence's
+                tokens when `normalise`, the default: f has mean ~0.19 on the shipped start, and raw
+                f would shrink these groups' share of the gradient from ~87% to ~45% in favour of
+                n_c = 1 groups); each rollout is conditioned on a random correct tau other than itself;
+  n_c = 0       a random rollout o_r is the reference; for the others s_i = mean_{t <= min(|o_i|,
+                |o_r|)} f_t (raw f), z-scored among the others (o_r, conditioned on itself, stays out
+                and gets 0) into a diversity pseudo-advantage scaled by alpha (weights 1);
   n_c in {1, G} plain GRPO (n_c = 1 would collapse entropy onto a single solution).
+References are drawn from per-step, per-group RNGs: seeded by a draw from the run's probe generator
+(seeded by the run seed, saved in checkpoints; the same on every data-parallel shard), `seed` and
+the group id, so steps differ, runs repeat, and shards choose as the whole batch would.
+A teacher context longer than the model's context (tau + prompt + completion; a trace longer than
+half the context) keeps the head of tau and drops the rest of it (`teacher_truncated_rows` counts them).
 Cost: a teacher and a student pass over every routed rollout (tokens scored, no generation).
 """
 
@@ -33,12 +41,14 @@ from credo.rollouts import Credit, Rollouts
 @dataclass(frozen=True)
 class SCGRPOConfig:
     """quantile: which quantile of D sets c (0.75). c_min: floor of c. alpha: scale of the n_c = 0
-    pseudo-advantage. chunk_rows: rows per teacher/student pass (bounds memory for big vocabularies).
-    seed: choice of references."""
+    pseudo-advantage. normalise: rescale f to mean 1 over each weighted sequence's tokens (false:
+    the paper's raw f in [0, 1)). chunk_rows: rows per teacher/student pass (bounds memory for big
+    vocabularies). seed: offset of the per-step reference RNG."""
 
     quantile: float = 0.75
     c_min: float = 1e-4
     alpha: float = 0.1
+    normalise: bool = True
     chunk_rows: int = 64
     seed: int = 0
 
@@ -50,16 +60,18 @@ class SCGRPOConfig:
 
 
 def self_conditioned_kl(rollouts: Rollouts, probe: Probe, rows: list[int], references: list[int],
-                        chunk_rows: int) -> torch.Tensor:
+                        chunk_rows: int, truncated: list[int] | None = None) -> torch.Tensor:
     """D[len(rows), T]: KL(teacher || student) per completion token of `rows`, the teacher seeing the
-    completion of row references[j] as its reference solution. Zero on padding."""
+    completion of row references[j] as its reference solution (its head only, where the whole would
+    not fit the context; such rows are appended to `truncated`). Zero on padding."""
     task, policy = probe.task, probe.policy
     T = rollouts.completion_ids.shape[1]
     out = torch.zeros(len(rows), T)
     for start in range(0, len(rows), chunk_rows):
         chunk, refs = rows[start:start + chunk_rows], references[start:start + chunk_rows]
         comp_ids, comp_mask = rollouts.completion_ids[chunk], rollouts.completion_mask[chunk]
-        teacher_prompts = [task.reference_prompt(rollouts.problems[i], rollouts.completions[r]) for i, r in zip(chunk, refs)]
+        teacher_prompts = [teacher_prompt(task, policy, rollouts.problems[i], rollouts.completions[r], T,
+                                          truncated, i) for i, r in zip(chunk, refs)]
         t_ids, t_mask = policy.encode_prompts(teacher_prompts)
         teacher = probe.completion_logits(t_ids, t_mask, comp_ids, comp_mask).float()
         student = probe.completion_logits(rollouts.prompt_ids[chunk], rollouts.prompt_mask[chunk], comp_ids, comp_mask).float()
@@ -67,6 +79,42 @@ def self_conditioned_kl(rollouts: Rollouts, probe: Probe, rows: list[int], refer
         kl = (log_t.exp() * (log_t - log_s)).sum(-1).clamp(min=0)
         out[start:start + len(chunk)] = kl * comp_mask
     return out
+
+
+def context_length(policy) -> int | None:  # noqa: ANN001
+    """The most positions the policy's model can read (None when it does not say)."""
+    config = getattr(policy.model, "config", None)
+    for name in ("max_len", "max_position_embeddings"):
+        if isinstance(getattr(config, name, None), int):
+            return getattr(config, name)
+    return None
+
+
+def teacher_prompt(task, policy, problem, reference: str, completion_width: int, truncated: list[int] | None,
+                   row: int) -> str:  # noqa: ANN001
+    """The task's teacher context for `problem` with `reference` as tau; when it and a completion of
+    `completion_width` tokens would exceed the context, tau is cut to the longest head that fits."""
+    text = task.reference_prompt(problem, reference)
+    limit = context_length(policy)
+    if limit is None or _prompt_length(policy, text) + completion_width <= limit:
+        return text
+    ids = policy.encode_continuation(reference)
+    keep = max(limit - completion_width - _prompt_length(policy, task.reference_prompt(problem, "")), 0)
+    while True:  # re-encoding a cut text can change its length by a token: shrink until it fits
+        text = task.reference_prompt(problem, policy.decode(torch.tensor(ids[:keep], dtype=torch.long)))
+        if _prompt_length(policy, text) + completion_width <= limit:
+            break
+        if keep == 0:  # not even an empty tau fits: no teacher signal for this row (D = 0)
+            text = problem.prompt
+            break
+        keep -= 1
+    if truncated is not None:
+        truncated.append(row)
+    return text
+
+
+def _prompt_length(policy, text: str) -> int:  # noqa: ANN001
+    return int(policy.encode_prompts([text])[1].sum())
 
 
 def weight_from_divergence(D: torch.Tensor, mask: torch.Tensor, quantile: float, c_min: float,
@@ -79,49 +127,79 @@ def weight_from_divergence(D: torch.Tensor, mask: torch.Tensor, quantile: float,
     return D / (D + c) * mask
 
 
-@register("sc_grpo", "SC-GRPO: GRPO with token weights f = D/(D+c), D = KL(policy conditioned on its own verified solution || policy)",
-          SCGRPOConfig, uses_model=True)
-def sc_grpo(rollouts: Rollouts, probe: Probe, config: SCGRPOConfig) -> Credit:
+def route(rollouts: Rollouts, seed: str) -> tuple[list[int], list[int], list[tuple[list[int], int]]]:
+    """(weighted rows, their reference rows, n_c = 0 groups as (members but the reference, reference)).
+    One generator per group id, seeded by `seed` and the id, so the choices do not depend on which
+    other groups share the batch (data-parallel shards)."""
     groups: dict[int, list[int]] = {}
     for row, g in enumerate(rollouts.group.tolist()):
         groups.setdefault(g, []).append(row)
     correct = rollouts.correct.tolist()
     weighted_rows, weighted_refs, diversity = [], [], []
     for g, members in groups.items():
-        # one generator per group id: the choices do not depend on which other groups share the batch (shards)
-        rng = random.Random(config.seed * 1_000_003 + g)
+        rng = random.Random(f"{seed}:{g}")
         good = [i for i in members if correct[i]]
         if 2 <= len(good) < len(members):
             for i in members:
                 weighted_rows.append(i)
                 weighted_refs.append(rng.choice([j for j in good if j != i]))
         elif not good and len(members) > 1:
-            diversity.append((members, rng.choice(members)))
+            ref = rng.choice(members)
+            diversity.append(([i for i in members if i != ref], ref))
+    return weighted_rows, weighted_refs, diversity
+
+
+@register("sc_grpo", "SC-GRPO: GRPO with token weights f = D/(D+c), D = KL(policy conditioned on its own verified solution || policy)",
+          SCGRPOConfig, uses_model=True)
+def sc_grpo(rollouts: Rollouts, probe: Probe, config: SCGRPOConfig) -> Credit:
+    step_seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=probe.generator))  # the same on every shard
+    weighted_rows, weighted_refs, diversity = route(rollouts, f"{step_seed}:{config.seed}")
     mask = rollouts.trainable_mask()
     a_grpo = grpo_advantages(rollouts.rewards, rollouts.group)
     advantages = broadcast(a_grpo, rollouts)
     weights = mask.float().clone()
-    div_rows = [i for members, _ in diversity for i in members]
-    div_refs = [r for members, r in diversity for _ in members]
+    div_rows = [i for others, _ in diversity for i in others]
+    div_refs = [r for others, r in diversity for _ in others]
     all_rows, all_refs = weighted_rows + div_rows, weighted_refs + div_refs
     info = {"weighted_rows": float(len(weighted_rows)), "diversity_rows": float(len(div_rows))}
     if not all_rows:
         probe.gather(torch.zeros(0))  # a collective: shards with routed rows are gathering their D
         return Credit(advantages=advantages, weights=weights, info=info)
-    D = self_conditioned_kl(rollouts, probe, all_rows, all_refs, config.chunk_rows)
+    truncated: list[int] = []
+    D = self_conditioned_kl(rollouts, probe, all_rows, all_refs, config.chunk_rows, truncated)
+    info["teacher_truncated_rows"] = float(len(truncated))
     f = weight_from_divergence(D, rollouts.completion_mask[all_rows], config.quantile, config.c_min, probe.gather)
     n_w = len(weighted_rows)
     if n_w:
-        weights[weighted_rows] = f[:n_w] * mask[weighted_rows]
-        info["f_mean"] = float(f[:n_w][mask[weighted_rows]].mean())
-    cursor = n_w
-    lengths = rollouts.completion_mask.sum(1)
-    for members, ref in diversity:
-        block = f[cursor:cursor + len(members)]
-        cursor += len(members)
-        s = torch.stack([block[j, :int(min(lengths[i], lengths[ref]))].mean() if min(lengths[i], lengths[ref]) > 0
-                         else torch.tensor(0.0) for j, i in enumerate(members)])
-        z = (s - s.mean()) / s.std() if float(s.std()) > 1e-8 else torch.zeros_like(s)
-        for j, i in enumerate(members):
-            advantages[i] = config.alpha * z[j] * mask[i]
+        w = f[:n_w] * mask[weighted_rows]
+        info["f_mean"] = float(w[mask[weighted_rows]].mean())
+        weights[weighted_rows] = per_sequence_mean_one(w, mask[weighted_rows]) if config.normalise else w
+    _diversity_advantages(advantages, f[n_w:], diversity, rollouts.completion_mask.sum(1), mask, config.alpha)
     return Credit(advantages=advantages * mask, weights=weights, info=info)
+
+
+def per_sequence_mean_one(w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """w[B, T] rescaled so each row's mean over its mask is 1 (a row of zeros becomes all ones: no
+    token stands out); 0 outside the mask."""
+    n = mask.sum(1, keepdim=True).clamp(min=1)
+    mean = (w * mask).sum(1, keepdim=True) / n
+    return torch.where(mean > 1e-12, w / mean.clamp(min=1e-12), torch.ones_like(w)) * mask
+
+
+def _diversity_advantages(advantages: torch.Tensor, f: torch.Tensor, diversity: list[tuple[list[int], int]],
+                          lengths: torch.Tensor, mask: torch.Tensor, alpha: float) -> None:
+    """n_c = 0 groups, in place: alpha * z(s) for the members other than the reference (z over them
+    only; 0 when their scores differ by less than 1e-6), 0 for the reference. f[rows, T]: raw weights of
+    those members, in `diversity` order."""
+    cursor = 0
+    for others, ref in diversity:
+        block = f[cursor:cursor + len(others)]
+        cursor += len(others)
+        s = torch.stack([block[j, :int(min(lengths[i], lengths[ref]))].mean() if min(lengths[i], lengths[ref]) > 0
+                         else torch.tensor(0.0) for j, i in enumerate(others)])
+        s = s.double()  # scores equal up to float32 noise must give z = 0, not a noise-sized z of +-0.8
+        spread = float(s.max() - s.min()) if len(others) > 1 else 0.0
+        z = ((s - s.mean()) / s.std()).float() if spread > 1e-6 else torch.zeros(len(others))
+        for j, i in enumerate(others):
+            advantages[i] = alpha * z[j] * mask[i]
+        advantages[ref] = 0.0

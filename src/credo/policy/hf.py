@@ -66,19 +66,20 @@ class HFPolicy:
         pad = self.tokenizer.pad_token_id
         return int(pad if pad is not None else self.tokenizer.eos_token_id)
 
-    def format_prompt(self, text: str) -> str:
+    def format_prompt(self, text: str, system: bool = True) -> str:
         """Chat template with the task's system prompt; text before a SYSTEM_SPLIT marker (SC-GRPO's
-        reference solution) joins the system prompt."""
+        reference solution) joins the system prompt. system=False: a bare user turn, no task system
+        prompt (SRPO's localisation request, as its public code sends it)."""
         from credo.tasks.chat import SYSTEM_SPLIT
         extra, _, user = text.rpartition(SYSTEM_SPLIT)
         if not self.chat:
             return (extra + "\n\n" if extra else "") + user
-        system = "\n\n".join(x for x in (self.system_prompt, extra) if x)
+        system = "\n\n".join(x for x in ((self.system_prompt if system else None), extra) if x)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def encode_prompts(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = [self.tokenizer(self.format_prompt(t), add_special_tokens=not self.chat)["input_ids"] for t in texts]
+    def encode_prompts(self, texts: Sequence[str], system: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = [self.tokenizer(self.format_prompt(t, system), add_special_tokens=not self.chat)["input_ids"] for t in texts]
         return left_pad(rows, self.pad_id, self.device)
 
     def encode_continuation(self, text: str, eos: bool = False) -> list[int]:

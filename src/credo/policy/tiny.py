@@ -34,8 +34,9 @@ class TinyPolicy:
         return cls(model, tokenizer, device)
 
     # --- text <-> tensors -------------------------------------------------------------------------
-    def encode_prompts(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prompts -> (ids[B, P] left-padded with BOS first, mask[B, P])."""
+    def encode_prompts(self, texts: Sequence[str], system: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompts -> (ids[B, P] left-padded with BOS first, mask[B, P]). `system` is unused: the tiny
+        model has no system prompt."""
         return left_pad([self.tokenizer.encode(t, bos=True) for t in texts], self.tokenizer.pad_id, self.device)
 
     def encode_completions(self, texts: Sequence[str], eos: bool = True) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,11 +15,26 @@ def reference_prompt(question: str, reference_solution: str) -> str:
 
 
 def localisation_prompt(question: str, steps: Sequence[str]) -> str:
-    """SRPO's self-localisation request: told only that the answer is wrong, name the first wrong step."""
-    numbered = "\n".join(f"Step {i + 1}: {s.strip()}" for i, s in enumerate(steps))
-    return (f"Problem: {question}\n\nA solution, split into numbered steps:\n{numbered}\n\n"
-            "The final answer of this solution is wrong. Which step contains the first error? "
-            "Reply with the step number only.")
+    """SRPO's self-localisation request as its public code words it (the "L2, early-biasing" prompt of
+    Ankur-Samanta/SRPO, MIT licence): told only that the answer is wrong, find the step where the
+    error originated (not where it shows), and end with \\boxed{N}, the step number."""
+    n = len(steps)
+    chain = "".join(f"\nStep {i}: {s.strip()}" for i, s in enumerate(steps, 1))
+    return ("You are tasked with localizing the first erroneous thought in your previous solution to this "
+            f"problem.\n\nProblem: {question}\n\nYour incorrect reasoning chain:\n{chain}\n\n"
+            "The final answer this chain produces is incorrect \u2014 therefore at least one step contains an "
+            "error. The error you are looking for is the originating step where a key decision or action "
+            "derailed the reasoning, not just the step where the failure ultimately becomes visible. A misread "
+            "of the problem, an unjustified assumption, or a logical flaw can look fine for several follow-on "
+            "steps before it surfaces in the wrong answer. A step is erroneous if you cannot justify its "
+            "claims from the problem statement and earlier verified steps alone. Find the originating step, "
+            "not just the symptom.\n\nDo NOT re-solve the problem. Your ONLY task is to identify the step "
+            "number of that originating error.\n\nRequirements:\n"
+            f"- Commit to exactly ONE step number (1 to {n}).\n"
+            "- Stop at the first step you cannot justify.\n"
+            "- MANDATORY final line: your response MUST end with \\boxed{N} on its own line, where N is the "
+            "step index (1-indexed) of the first erroneous step in the chain above \u2014 NOT the answer to "
+            "the problem. Do NOT add any text after the \\boxed{N}.\n")
 
 
 class FreeFormTask:
