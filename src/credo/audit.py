@@ -181,7 +181,7 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
     checkpoint = config.checkpoint
     if not checkpoint:
         from credo.sft import ensure_sft
-        checkpoint = ensure_sft(progress=progress)
+        checkpoint = ensure_sft(progress=progress, task=config.task)
     task = make_task(config.task, config.task_options)
     data = build_reference(config, checkpoint, progress)
     rollouts, segment_ids = data.rollouts, data.segment_ids

@@ -31,9 +31,10 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     from credo.config import load_config
+    from credo.config import to_dict
     from credo.runs import claim_output
-    from credo.sft import SFTConfig, copy_checkpoint, ensure_sft
-    config = load_config(SFTConfig, args.config, args.set, prefix="sft.")
+    from credo.sft import SFTConfig, copy_checkpoint, ensure_sft, sft_config_for
+    config = load_config(SFTConfig, args.config, args.set, prefix="sft.", base=to_dict(sft_config_for(args.task)))
     claim_output(args.out, "sft", force=args.force)  # before training: refuse a foreign --out up front
     path = ensure_sft(config, force=args.retrain, progress=not args.quiet)
     copy_checkpoint(path, args.out)
@@ -42,7 +43,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from credo.evaluate import evaluate
     from credo.policy import load_policy
     from credo.tasks.arith import ArithTask
-    task = ArithTask(config.task)
+    task = ArithTask(config.task, args.task)
     result = evaluate(load_policy(args.out), task, task.heldout_problems(args.eval_n), progress=not args.quiet)
     print(f"SFT start in {args.out} (cache {path}); validation accuracy {summary.get('val_accuracy', float('nan')):.3f}")
     print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
@@ -155,7 +156,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     checkpoint = args.checkpoint
     if checkpoint in (None, "", "sft"):
         from credo.sft import ensure_sft
-        checkpoint = ensure_sft(progress=not args.quiet)
+        checkpoint = ensure_sft(progress=not args.quiet, task=args.task)
     elif os.path.isdir(os.path.join(checkpoint, "final")):
         checkpoint = os.path.join(checkpoint, "final")  # a run directory: evaluate its final policy
     task = make_task(args.task, parse_overrides(args.set or []))
@@ -178,6 +179,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     values.update({"checkpoint": args.checkpoint or "", "n": args.n, "k_ref": args.k_ref, "seed": args.seed,
                    "group_size": args.group_size, "methods": [m for m in args.methods.split(",") if m],
                    "localisers": [m for m in args.localisers.split(",") if m]})
+    if args.task:
+        values["task"] = args.task
     config = from_dict(AuditConfig, values, prefix="audit.")
     _check_audit_methods(config.methods)
     claim_output(args.out, "audit", force=args.force)
@@ -271,9 +274,10 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="run directory to create (config, metrics.jsonl, checkpoints, final/)")
     p.add_argument("--config", help="YAML file of TrainConfig fields")
     p.add_argument("--steps", type=int, help="number of optimisation steps")
-    p.add_argument("--start", help="policy checkpoint to start from (default: the cached SFT start)")
+    p.add_argument("--start", help="policy checkpoint to start from (default: the task's SFT start)")
     p.add_argument("--model", help="a Hugging Face model directory or 'smollm2-135m' (same as --start)")
-    p.add_argument("--task", help="task: arith (default), gym:<reasoning-gym dataset>, jsonl:<path>")
+    p.add_argument("--task", help="task: arith (default), arith-long, gym:<reasoning-gym dataset>, jsonl:<path>; "
+                   "the default --start is this task's SFT start")
     p.add_argument("--seed", type=int, help="random seed of the run")
     p.add_argument("--localiser", help="reset localiser for rrpo/srpo: random, value, prompt, oracle or self (prompt where the task has a localisation request, else value)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint (its "
@@ -324,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sft", help="build (or fetch from cache) the SFT start of the tiny policy and copy it to --out")
     p.add_argument("--out", required=True, help="directory to write the SFT checkpoint to")
+    p.add_argument("--task", default="arith", choices=["arith", "arith-long"],
+                   help="arithmetic task whose SFT preset to start from (default arith)")
     p.add_argument("--config", help="YAML file of SFTConfig fields")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (repeatable)")
     p.add_argument("--retrain", action="store_true", help="retrain even when a cached or packaged start exists")
@@ -336,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("audit", help="score estimators' segment credit against Monte Carlo reference values")
     p.add_argument("--checkpoint", help="policy directory (default: the SFT start)")
+    p.add_argument("--task", help="task: arith (default), arith-long, gym:<dataset>, jsonl:<path>; the default "
+                   "--checkpoint is this task's SFT start")
     p.add_argument("--n", type=int, default=256, help="held-out traces to audit (default 256)")
     p.add_argument("--group-size", type=int, default=8, help="traces sampled per prompt (default 8)")
     p.add_argument("--k-ref", type=int, default=32, help="MC continuations per segment boundary for the reference (default 32)")
@@ -354,7 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="held-out accuracy of a checkpoint; the last line is accuracy=<float>")
     p.add_argument("--checkpoint", default="sft", help="policy directory or run directory (default: the SFT start)")
-    p.add_argument("--task", default="arith", help="task name (default arith)")
+    p.add_argument("--task", default="arith", help="task name (default arith; arith-long, gym:<dataset>, jsonl:<path>); "
+                   "the default --checkpoint is this task's SFT start")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task option override (repeatable)")
     p.add_argument("--n", type=int, default=500, help="held-out problems (default 500)")
     p.add_argument("--k", type=int, default=0, help="also report avg@k and pass@k from k samples at temperature 1")

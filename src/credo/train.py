@@ -83,7 +83,7 @@ class Trainer:
         if self.config.start:
             return self.config.start
         from credo.sft import ensure_sft
-        return ensure_sft(progress=self.progress)
+        return ensure_sft(progress=self.progress, task=self.config.task)
 
     # --- one step, phase by phase -----------------------------------------------------------------
     def draw_problems(self, n: int) -> list:

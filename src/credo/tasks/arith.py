@@ -12,6 +12,11 @@ line before (so an early slip is the *first* error, and later lines that carry i
 are not errors). Two markers exist only for teacher forcing and are never sampled: `?` starts an
 early answer (the forced-answer probe of RREDCoT) and `|` separates a reference solution placed
 before the prompt (SC-GRPO's teacher context).
+
+Two registered presets (`PRESETS`): `arith` (3-5 two-digit terms) and `arith-long` (8-12 one-digit
+terms: long chains whose first errors spread over the whole chain, the testbed where credit
+assignment has room; see docs/results/arith-long-calibration/). Each preset's held-out split is
+the hash split of its own problem distribution.
 """
 
 from __future__ import annotations
@@ -58,16 +63,23 @@ class ArithConfig:
         check(1 <= self.heldout_permille <= 500, f"task.heldout_permille must be in 1..500, got {self.heldout_permille}")
 
 
+# Task name -> its difficulty preset (user options override single fields of it).
+PRESETS: dict[str, ArithConfig] = {
+    "arith": ArithConfig(),
+    "arith-long": ArithConfig(min_terms=8, max_terms=12, digits=1),
+}
+
+
 class ArithTask:
     """Chain arithmetic; see the module docstring for the format and the step-truth rule."""
 
-    name = "arith"
     has_step_labels = True
     alphabet = ALPHABET
     banned_in_sampling = PROBE_MARKER + REFERENCE_SEPARATOR
 
-    def __init__(self, config: ArithConfig | None = None) -> None:
-        self.config = config or ArithConfig()
+    def __init__(self, config: ArithConfig | None = None, name: str = "arith") -> None:
+        self.config = config or PRESETS[name]
+        self.name = name
         self._heldout_cache: list[Problem] = []
 
     # --- problems and splits --------------------------------------------------------------------

@@ -1,0 +1,39 @@
+"""`arith-long`: a registered task preset with its own SFT preset, held-out split and default start."""
+
+import pytest
+
+from credo.config import ConfigError, config_hash
+from credo.sft import packaged_start, sft_config_for
+from credo.tasks import make_task
+
+
+def test_arith_long_is_registered_with_long_one_digit_chains():
+    task = make_task("arith-long")
+    assert task.name == "arith-long"
+    problems = task.heldout_problems(200)
+    n_terms = [len(p.data["terms"]) for p in problems]
+    assert min(n_terms) == 8 and max(n_terms) == 12
+    assert all(0 <= t <= 9 for p in problems for t in p.data["terms"])
+    assert all(task.is_heldout(p) for p in problems)
+    # the reference solution is correct under the same step-truth rule
+    assert all(task.step_truth(p, task.solution(p)).first_error is None for p in problems[:20])
+
+
+def test_arith_long_options_override_single_fields_and_are_checked():
+    task = make_task("arith-long", {"max_terms": 9})
+    assert (task.config.min_terms, task.config.max_terms, task.config.digits) == (8, 9, 1)
+    with pytest.raises(ConfigError, match="task.min_terms/max_terms"):
+        make_task("arith-long", {"max_terms": 13})
+
+
+def test_each_task_has_its_own_heldout_set():
+    short, long = make_task("arith").heldout_problems(50), make_task("arith-long").heldout_problems(50)
+    assert not {p.key for p in short} & {p.key for p in long}
+
+
+def test_sft_preset_follows_the_task():
+    assert sft_config_for("arith") == sft_config_for("gym:leg_counting")  # other tasks start from arith's policy
+    long = sft_config_for("arith-long")
+    assert long.task == make_task("arith-long").config
+    assert config_hash(long) != config_hash(sft_config_for("arith"))
+    assert packaged_start(sft_config_for("arith")) is not None
