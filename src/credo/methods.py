@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from credo import credit
+from credo.config import merge
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,10 @@ def resolve(method: str) -> Recipe:
     """The recipe for `method` (a plain estimator is a recipe with no defaults)."""
     if method in RECIPES:
         return RECIPES[method]
+    if ":" in method:  # 'name:key=value:...': an estimator with options, e.g. 'shuffled:of=rredcot'
+        name, options = credit.parse_spec(method)
+        base = resolve(name)
+        return Recipe(base.estimator, base.description, merge(base.defaults, {"credit": options}))
     try:
         spec = credit.get(method)
     except KeyError:

@@ -7,7 +7,7 @@ to the model (None is fine for estimators that need rewards only).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 import torch
@@ -30,7 +30,15 @@ class EstimatorSpec:
     needs_segments: bool
 
     def make_config(self, values: dict[str, Any] | None = None, prefix: str = "credit.") -> Any:
-        return from_dict(self.config_cls, dict(values or {}), prefix=prefix)
+        values = dict(values or {})
+        # A wrapper estimator (e.g. `shuffled`) names a field that collects the options it does not know
+        # itself, which it hands on to the estimator it wraps.
+        extra_field = getattr(self.config_cls, "EXTRA_OPTIONS_FIELD", None)
+        if extra_field:
+            known = {f.name for f in fields(self.config_cls)}
+            extra = {k: values.pop(k) for k in list(values) if k not in known}
+            values[extra_field] = {**dict(values.get(extra_field) or {}), **extra}
+        return from_dict(self.config_cls, values, prefix=prefix)
 
     def __call__(self, rollouts: Any, probe: Any = None, config: Any = None) -> Any:
         """Run the estimator; whatever it spent through `probe` is added to the Credit's cost."""
@@ -86,3 +94,16 @@ def get(name: str) -> EstimatorSpec:
 
 def names() -> list[str]:
     return list(_REGISTRY)
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """'shuffled:of=rredcot:seed=1' -> ('shuffled', {'of': 'rredcot', 'seed': '1'}) (values stay strings;
+    the estimator's config class converts and checks them)."""
+    name, *items = spec.split(":")
+    options = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"method {spec!r}: option {item!r} must look like key=value")
+        key, value = item.split("=", 1)
+        options[key] = value
+    return name, options

@@ -1,0 +1,83 @@
+"""The `shuffled:of=<method>` control: the wrapped method's segment credit, permuted within each trace."""
+
+import pytest
+import torch
+
+from credo import credit, methods
+from credo.config import ConfigError
+from credo.segment import segment_means
+from credo.tasks.arith import ArithTask
+from credo.tasks.base import Problem
+from credo.train import load_train_config
+from tests.test_mc_audit import probe_for, rollouts_of
+
+PROBLEM = Problem("3+4+5+6+7", "3+4+5+6+7\n", "25", {"terms": [3, 4, 5, 6, 7], "ops": ["+", "+", "+", "+"]})
+TEXTS = ["3+4=7\n7+5=12\n12+6=18\n18+7=25\n#### 25", "3+4=8\n8+5=13\n13+6=19\n19+7=26\n#### 26",
+         "3+4=7\n7+5=12\n12+6=17\n17+7=24\n#### 24", "#### 25", "3+4=7\n7+5=11\n#### 11",
+         "3+4=7\n7+5=12\n12+6=18\n18+7=25\n#### 25"]  # two correct: SC-GRPO gives token weights
+
+
+def run(name_options, policy, texts=TEXTS):
+    task = ArithTask()
+    rollouts = rollouts_of(policy, task, texts, PROBLEM)
+    probe = probe_for(policy, task)
+    name, options = credit.parse_spec(name_options)
+    spec = credit.get(name)
+    return rollouts, probe.segment(rollouts, "lines"), spec(rollouts, probe, spec.make_config(options))
+
+
+@pytest.mark.parametrize("inner", ["rredcot:mode=replace", "rredcot", "ibpo", "sc_grpo"])
+def test_same_multiset_of_segment_credit_per_trace_and_zero_on_padding(policy, inner):
+    rollouts, segment_ids, original = run(inner, policy)
+    name, options = credit.parse_spec(inner)
+    _, _, control = run(f"shuffled:of={name}" + "".join(f":{k}={v}" for k, v in options.items()), policy)
+    for field in ("advantages", "weights"):
+        a, b = getattr(original, field), getattr(control, field)
+        if a is None:
+            assert b is None
+            continue
+        for before, after in zip(segment_means(a, segment_ids), segment_means(b, segment_ids)):
+            assert torch.allclose(before.sort().values, after.sort().values, atol=1e-6)
+    assert (control.advantages[~rollouts.completion_mask] == 0).all()
+    assert control.cost == original.cost  # the wrapped method's cost, counted once
+
+
+def test_weights_move_with_their_advantages(policy):
+    _, segment_ids, original = run("sc_grpo", policy)
+    _, _, control = run("shuffled:of=sc_grpo", policy)
+    assert original.weights is not None
+    for row in range(len(TEXTS)):
+        def pairs(c):  # (advantage, weight) of each segment, ordered by weight
+            table = torch.stack([segment_means(c.advantages, segment_ids)[row], segment_means(c.weights, segment_ids)[row]], 1)
+            return table[table[:, 1].argsort()]
+        assert torch.allclose(pairs(original), pairs(control), atol=1e-5)
+    assert not torch.allclose(original.weights, control.weights)
+
+
+def test_one_segment_trace_is_unchanged_and_credit_is_moved(policy):
+    _, segment_ids, original = run("rredcot:mode=replace", policy)
+    _, _, control = run("shuffled:of=rredcot:mode=replace", policy)
+    assert torch.equal(control.advantages[3], original.advantages[3])  # '#### 25': one segment
+    # a trace of 5 distinct segment values is permuted in at least one of the rows holding them
+    moved = [not torch.allclose(control.advantages[r], original.advantages[r]) for r in range(3)]
+    assert any(moved)
+
+
+def test_seeded_and_deterministic(policy):
+    first = run("shuffled:of=rredcot:mode=replace", policy)[2].advantages
+    again = run("shuffled:of=rredcot:mode=replace", policy)[2].advantages
+    other = [run(f"shuffled:of=rredcot:mode=replace:seed={s}", policy)[2].advantages for s in (1, 2, 3)]
+    assert torch.equal(first, again)
+    assert any(not torch.equal(first, o) for o in other)
+
+
+def test_spec_parsing_in_train_and_errors_name_the_field():
+    recipe = methods.resolve("shuffled:of=rredcot:lam=0.5")
+    assert recipe.estimator == "shuffled" and recipe.defaults == {"credit": {"of": "rredcot", "lam": "0.5"}}
+    config = load_train_config(None, ["method=shuffled:of=rredcot:lam=0.5"])
+    made = credit.get("shuffled").make_config(config.credit)
+    assert made.of == "rredcot" and made.options == {"lam": "0.5"}
+    with pytest.raises(ConfigError, match="credit.lam"):
+        credit.get("shuffled").make_config({"of": "rredcot", "lam": "-1"})
+    with pytest.raises(ConfigError, match="credit.of"):
+        credit.get("shuffled").make_config({"of": "nope"})
