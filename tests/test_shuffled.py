@@ -9,7 +9,7 @@ from credo.segment import segment_means
 from credo.tasks.arith import ArithTask
 from credo.tasks.base import Problem
 from credo.train import load_train_config
-from tests.test_mc_audit import probe_for, rollouts_of
+from test_mc_audit import probe_for, rollouts_of
 
 PROBLEM = Problem("3+4+5+6+7", "3+4+5+6+7\n", "25", {"terms": [3, 4, 5, 6, 7], "ops": ["+", "+", "+", "+"]})
 TEXTS = ["3+4=7\n7+5=12\n12+6=18\n18+7=25\n#### 25", "3+4=8\n8+5=13\n13+6=19\n19+7=26\n#### 26",

@@ -176,7 +176,7 @@ def segment_credit_of(result: Any, segment_ids: torch.Tensor) -> list[torch.Tens
 
 
 def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[str, Any]:
-    """Run the audit and write audit.json, audit.md and audit.png into out_dir."""
+    """Run the audit and write audit.json, audit.md, audit.png and audit.html (with a `credo show` grid) into out_dir."""
     methods = checked_methods(config.methods)  # before the (slow) reference: a typo fails at once
     checkpoint = config.checkpoint
     if not checkpoint:
@@ -204,7 +204,8 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
     def record(label: str, credit: list[torch.Tensor], cost: dict[str, float]) -> None:
         rows[label] = score_row(credit, reference, labels, cost, data.trace_tokens)
 
-    failures = score_methods(config, methods, rollouts, segment_ids, policy, task, progress, record)
+    credits: dict[str, Any] = {}  # label -> Credit, for the show grid of audit.html
+    failures = score_methods(config, methods, rollouts, segment_ids, policy, task, progress, record, credits)
     rows["mc_reference"] = score_row(reference, reference, labels, data.reference_cost, data.trace_tokens)
     split_half = split_half_spearman(data.reference)
     reliability = 2 * split_half / (1 + split_half) if split_half > -1 else float("nan")
@@ -232,13 +233,16 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
         atomic_write_json(os.path.join(out_dir, "localisers.json"), report["localisers"])
     atomic_write_text(os.path.join(out_dir, "audit.md"), table)
     plot_audit(report, os.path.join(out_dir, "audit.png"))
+    from credo.show import write_audit_page
+    write_audit_page(out_dir, table, task, policy, rollouts, segment_ids, data.reference, credits, data.trace_tokens)
     return report
 
 
 def score_methods(config: AuditConfig, methods: list[tuple[str, str, Any]], rollouts: Rollouts,
-                  segment_ids: torch.Tensor, policy: Any, task: Any, progress: bool, record: Any) -> dict[str, str]:
-    """Run each estimator through a fresh counted Probe; record(label, segment credit, cost). A failed
-    method is reported (returned), never hidden, and the audit goes on."""
+                  segment_ids: torch.Tensor, policy: Any, task: Any, progress: bool, record: Any,
+                  credits: dict[str, Any] | None = None) -> dict[str, str]:
+    """Run each estimator through a fresh counted Probe; record(label, segment credit, cost); each Credit
+    is kept in `credits` when given. A failed method is reported (returned), never hidden, and the audit goes on."""
     failures: dict[str, str] = {}
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
     n = rollouts.batch_size
@@ -254,6 +258,8 @@ def score_methods(config: AuditConfig, methods: list[tuple[str, str, Any]], roll
             start = time.time()
             result = credit_registry.get(name)(rollouts, probe, est_config)
             seconds = time.time() - start
+            if credits is not None:
+                credits[label] = result
             record(label, segment_credit_of(result, segment_ids),
                    {"tokens_scored_per_trace": result.cost.tokens_scored / n,
                     "tokens_generated_per_trace": result.cost.tokens_generated / n, "seconds_per_trace": seconds / n})

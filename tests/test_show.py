@@ -1,0 +1,111 @@
+"""`credo show`: the credit page's structure, colours and self-containedness; audit.html; the terminal view."""
+
+import os
+import re
+from html.parser import HTMLParser
+
+import torch
+
+from credo.audit import AuditConfig, run_audit
+from credo.cli import main
+from credo.policy.base import SamplingConfig
+from credo.show import build_page, render_terminal, run_methods
+from credo.show_html import colour, render
+from credo.tasks.arith import ArithTask
+from test_shuffled import PROBLEM, TEXTS
+from test_mc_audit import probe_for, rollouts_of
+
+
+class Elements(HTMLParser):
+    """Every start tag as (tag, attrs dict), in document order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+
+def parse(text: str) -> list[tuple[str, dict]]:
+    parser = Elements()
+    parser.feed(text)
+    return parser.tags
+
+
+def page_of(policy, methods=("grpo", "rredcot:mode=replace"), with_reference=True):
+    task = ArithTask()
+    rollouts = rollouts_of(policy, task, TEXTS, PROBLEM)
+    segment_ids = probe_for(policy, task).segment(rollouts, "lines")
+    runs = run_methods(methods, rollouts, policy, task, SamplingConfig(max_new_tokens=12), 0, progress=False)
+    rows = [0, 1, 2, 4]
+    reference = [torch.linspace(0.5, 0.0, int(segment_ids[r].max()) + 2) for r in rows] if with_reference else None
+    return build_page("credo show", "test", task, policy, rollouts, segment_ids, rows, runs, reference, 3.0)
+
+
+def test_page_structure_marks_and_first_error(policy):
+    page = page_of(policy)
+    text = render(page)
+    tags = parse(text)
+    cells = {(a["data-trace"], a["data-method"]) for t, a in tags if t == "div" and "data-method" in a}
+    assert cells == {(str(i), m) for i in (1, 2, 3, 4) for m in ("grpo", "rredcot:mode=replace", "mc_reference")}
+    summary = [a["data-summary"] for t, a in tags if "data-summary" in a]
+    assert summary == ["grpo", "rredcot:mode=replace", "mc_reference"]
+    # the labelled first error (trace 2: step 1, trace 3: step 3, trace 4: step 2) is outlined in every column
+    firsts, cell = set(), None
+    for tag, a in tags:
+        if tag == "div" and "data-method" in a:
+            cell = (a["data-trace"], a["data-method"])
+        elif tag == "div" and "first" in a.get("class", "").split():
+            assert a["data-ok"] == "0"
+            firsts.add((cell[0], cell[1], a["data-step"]))
+    assert firsts == {(t, m, s) for t, s in (("2", "1"), ("3", "3"), ("4", "2")) for m in ("grpo", "rredcot:mode=replace")}
+    # trace 1 is right throughout: five steps marked ok
+    assert page.traces[0].correct and [s.ok for s in page.traces[0].segments] == [True] * 5
+    # self-contained: no scripts, no links, no remote resources
+    assert "<script" not in text and "<link" not in text and not re.search(r"(src|href)=['\"]?https?:", text)
+
+
+def test_wrong_trace_is_coloured_negative_under_grpo(policy):
+    page = page_of(policy, methods=("grpo",), with_reference=False)
+    tags = parse(render(page))
+    spans, in_cell = [], None
+    for tag, a in tags:
+        if tag == "div" and "data-method" in a:
+            in_cell = (a["data-trace"], a["data-method"])
+        elif tag == "span" and "data-credit" in a and in_cell == ("2", "grpo"):
+            spans.append(a)
+    assert spans and all(float(a["data-credit"]) < 0 for a in spans)  # wrong trace in a mixed group
+    for a in spans:
+        r, g, b = map(int, re.search(r"rgb\((\d+),(\d+),(\d+)\)", a["style"]).groups())
+        assert r > b and r > g  # red: negative
+    assert colour(0.0, 1.0) == (255, 255, 255) and colour(5.0, 1.0) == colour(1.0, 1.0)
+
+
+def test_cli_show_and_terminal(saved_policy, tmp_path, capsys):
+    out = str(tmp_path / "show")
+    args = ["show", "--checkpoint", saved_policy, "--methods", "grpo,shuffled:of=rredcot", "--n", "2", "--k-ref", "2",
+            "--set", "group_size=2", "--set", "max_new_tokens=12", "--out", out, "--terminal", "--quiet"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "shuffled:of=rredcot" in printed and "trace 2" in printed and "wrote" in printed
+    text = open(os.path.join(out, "index.html")).read()
+    assert text.count("data-method='shuffled:of=rredcot'") == 2 and "data-method='mc_reference'" in text
+    assert main(["show", "--checkpoint", saved_policy, "--n", "0", "--out", out]) == 2
+    assert "show.n" in capsys.readouterr().err
+
+
+def test_audit_writes_html_with_a_show_grid(saved_policy, tmp_path):
+    cfg = AuditConfig(checkpoint=saved_policy, n=8, group_size=4, k_ref=2, methods=("rloo",), max_new_tokens=16)
+    run_audit(cfg, str(tmp_path / "audit"), progress=False)
+    text = open(tmp_path / "audit" / "audit.html").read()
+    assert "<table" in text and "data:image/png;base64," in text
+    assert text.count("data-method='rloo'") == 2 and "data-method='mc_reference'" in text
+
+
+def test_terminal_view_prints_every_method(policy):
+    from rich.console import Console
+    console = Console(record=True, width=120)
+    render_terminal(page_of(policy), console)
+    out = console.export_text()
+    assert out.splitlines().count(" rredcot:mode=replace") == 4 and "first error step 1" in out
