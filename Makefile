@@ -22,6 +22,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium) || echo "no chromium: the browser test will be skipped"
 	$(BIN)/python -m pytest -q -m slow
 
 bench: $(STAMP)
