@@ -1,5 +1,7 @@
 """The `shuffled:of=<method>` control: the wrapped method's segment credit, permuted within each trace."""
 
+import json
+
 import pytest
 import torch
 
@@ -81,3 +83,13 @@ def test_spec_parsing_in_train_and_errors_name_the_field():
         credit.get("shuffled").make_config({"of": "rredcot", "lam": "-1"})
     with pytest.raises(ConfigError, match="credit.of"):
         credit.get("shuffled").make_config({"of": "nope"})
+
+
+def test_trains_as_a_method(saved_policy, tmp_path):
+    from credo.train import Trainer
+    from test_train import FAST
+    config = load_train_config(None, ["method=shuffled:of=rredcot", f"start={saved_policy}", "steps=1", *FAST])
+    Trainer(config, str(tmp_path / "run"), progress=False).train()
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    step = [r for r in rows if r.get("step") == 1 and "tokens_scored" in r]
+    assert step and step[-1]["tokens_scored"] > 0  # the wrapped RREDCoT probe ran and its cost was counted
