@@ -93,6 +93,11 @@ def test_cli_show_and_terminal(saved_policy, tmp_path, capsys):
     assert text.count("data-method='shuffled:of=rredcot'") == 2 and "data-method='mc_reference'" in text
     assert main(["show", "--checkpoint", saved_policy, "--n", "0", "--out", out]) == 2
     assert "show.n" in capsys.readouterr().err
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "index.html").write_text("my page")
+    assert main(["show", "--checkpoint", saved_policy, "--out", str(foreign)]) == 2
+    assert (foreign / "index.html").read_text() == "my page"
 
 
 def test_audit_writes_html_with_a_show_grid(saved_policy, tmp_path):

@@ -267,6 +267,9 @@ def run_show(config: ShowConfig, out_dir: str, terminal: bool = False, progress:
     """`credo show`: collect, write DIR/index.html (and page.json), optionally print to the terminal."""
     from dataclasses import asdict
     from credo.runs import atomic_write_json
+    from credo.config import ConfigError
+    if os.path.exists(os.path.join(out_dir, "index.html")) and not os.path.exists(os.path.join(out_dir, "page.json")):
+        raise ConfigError(f"{os.path.join(out_dir, 'index.html')} exists and was not written by credo show; choose another --out")
     started = time.time()
     page = collect(config, progress)
     path = write_page(page, out_dir)
