@@ -97,6 +97,39 @@ def plot(histograms: dict[str, dict[str, float]], path: str) -> None:
     plt.close(fig)
 
 
+def markdown(result: dict, command: str) -> str:
+    """calibration.md: the measured figures against the goals, and the histogram of first errors."""
+    r = result
+    lines = [f"# Calibration of `{r['task']}` on its SFT start", "", f"`{command}`", "",
+             f"start `{r['checkpoint']}`: SFT {r['sft_minutes']:.1f} min ({r['sft_step']} steps, validation greedy "
+             f"{r['sft_val_accuracy']}); reference: {r['n']} sampled traces (T=1, groups of 8), K_ref={r['k_ref']}, "
+             f"{r['mean_segments_per_trace']:.1f} segments per trace, {r['reference_generated_tokens_per_trace']:.0f} "
+             f"tokens generated per trace.", "",
+             "| figure | measured | goal | met |", "|---|---|---|---|",
+             f"| held-out greedy accuracy (n={r['eval_n']}) | {r['heldout_greedy_accuracy']:.3f} | 0.25-0.45 | "
+             f"{r['goals']['greedy accuracy in [0.25, 0.45]']} |",
+             f"| sampled accuracy (T=1) | {r['sampled_accuracy']:.3f} | | |",
+             f"| largest first-error position share (sampled, {r['sampled_wrong']} wrong) | "
+             f"{max(r['sampled_first_error_shares'].values(), default=float('nan')):.3f} | <= 0.25 | "
+             f"{r['goals']['no first-error position > 25% (sampled)']} |",
+             f"| largest first-error position share (greedy, {r['greedy_wrong']} wrong) | "
+             f"{max(r['greedy_first_error_shares'].values(), default=float('nan')):.3f} | | |",
+             f"| reference split-half Spearman, all segments | {r['split_half_spearman']:.3f} | >= 0.85 | "
+             f"{r['goals']['split-half Spearman >= 0.85']} |",
+             f"| localisable share (drop >= {LOCALISABLE_DROP} at the error; {r['labelled_wrong_traces']} labelled) | "
+             f"{r['localisable_share']:.3f} | >= 0.60 | {r['goals']['localisable share >= 0.60']} |",
+             f"| mean MC value drop at the labelled error | {r['mean_drop_at_error']:.3f} | | |",
+             f"| reference first-error top-1 (K={r['k_ref']}; halves K={r['k_ref'] // 2}: "
+             f"{r['half_a_first_error_top1']:.3f} / {r['half_b_first_error_top1']:.3f}) | "
+             f"{r['reference_first_error_top1']:.3f} | | |", "",
+             "First-error step (1-based) -> share of wrong traces with a labelled first error:", "",
+             "| step | " + " | ".join(r["sampled_first_error_shares"]) + " |",
+             "|---|" + "---|" * len(r["sampled_first_error_shares"]),
+             "| sampled | " + " | ".join(f"{v:.3f}" for v in r["sampled_first_error_shares"].values()) + " |",
+             "", "![first errors](first_errors.png)", ""]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="arith-long")
@@ -147,6 +180,9 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "calibration.json"), "w") as f:
         json.dump(result, f, indent=2)
+    command = "python bench/calibrate_arith_long.py " + " ".join(sys.argv[1:])
+    with open(os.path.join(args.out, "calibration.md"), "w") as f:
+        f.write(markdown(result, command.strip()))
     plot({"sampled (T=1)": result["sampled_first_error_shares"], "greedy": result["greedy_first_error_shares"]},
          os.path.join(args.out, "first_errors.png"))
     print(json.dumps(result, indent=2))
