@@ -233,21 +233,6 @@ def _foreign_output(path: str, kind: str) -> bool:
     return not os.path.isdir(path) or (bool(os.listdir(path)) and run_kind(path) != kind)
 
 
-def cmd_show(args: argparse.Namespace) -> int:
-    from credo.config import from_dict, parse_overrides
-    from credo.runs import claim_output
-    from credo.show import ShowConfig, run_show
-    values = parse_overrides(args.set or [])
-    values.update({"checkpoint": args.checkpoint or "", "task": args.task, "n": args.n, "k_ref": args.k_ref,
-                   "seed": args.seed, "methods": [m for m in args.methods.split(",") if m]})
-    config = from_dict(ShowConfig, values, prefix="show.")
-    claim_output(args.out, "show", force=args.force)
-    path = run_show(config, args.out, terminal=args.terminal,
-                    progress=not args.quiet)
-    print(f"wrote {path}")
-    return 0
-
-
 def cmd_compare(args: argparse.Namespace) -> int:
     from credo.compare import PRESETS, compare
     from credo.compare_eta import confirm
@@ -334,25 +319,6 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(fn=cmd_compare)
 
 
-def _add_show_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("show", help="see the credit: per-token credit of each method on sampled traces, as HTML")
-    p.add_argument("--checkpoint", help="policy directory (default: the task's SFT start)")
-    p.add_argument("--task", default="arith", help="task (default arith; arith-long, gym:<dataset>, jsonl:<path>)")
-    p.add_argument("--methods", default="grpo,rredcot", help="comma-separated estimators, each 'name' or "
-                   "'name:key=value:...' as in `credo audit` (default grpo,rredcot)")
-    p.add_argument("--n", type=int, default=8, help="traces shown, one per held-out prompt (default 8)")
-    p.add_argument("--k-ref", type=int, default=0, help="MC continuations per boundary for reference values "
-                   "beside each step (default 0: none)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampled traces")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="other ShowConfig fields, e.g. group_size=8 (repeatable)")
-    p.add_argument("--out", required=True, help="directory for index.html (self-contained) and page.json")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not a show directory")
-    p.add_argument("--terminal", action="store_true", help="also print the coloured tokens to the terminal (rich)")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.set_defaults(fn=cmd_show)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="credo", description="Credit assignment for RL with verifiable rewards.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -393,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_audit)
 
     _add_compare_parser(sub)
-    _add_show_parser(sub)
+    from credo.show import add_show_parser
+    add_show_parser(sub)
 
     p = sub.add_parser("eval", help="held-out accuracy of a checkpoint; the last line is accuracy=<float>")
     p.add_argument("--checkpoint", default="sft", help="policy directory or run directory (default: the SFT start)")

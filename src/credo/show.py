@@ -277,3 +277,37 @@ def run_show(config: ShowConfig, out_dir: str, terminal: bool = False, progress:
     if terminal:
         render_terminal(page)
     return path
+
+
+def cmd_show(args: Any) -> int:
+    """`credo show ...` (errors are reported by the CLI as one line, exit 2)."""
+    from credo.config import from_dict, parse_overrides
+    from credo.runs import claim_output
+    values = parse_overrides(args.set or [])
+    values.update({"checkpoint": args.checkpoint or "", "task": args.task, "n": args.n, "k_ref": args.k_ref,
+                   "seed": args.seed, "methods": [m for m in args.methods.split(",") if m]})
+    config = from_dict(ShowConfig, values, prefix="show.")
+    claim_output(args.out, "show", force=args.force)
+    path = run_show(config, args.out, terminal=args.terminal, progress=not args.quiet)
+    print(f"wrote {path}")
+    return 0
+
+
+def add_show_parser(sub: Any) -> None:
+    """The `credo show` subcommand (argparse), kept beside the code it runs."""
+    p = sub.add_parser("show", help="see the credit: per-token credit of each method on sampled traces, as HTML")
+    p.add_argument("--checkpoint", help="policy directory (default: the task's SFT start)")
+    p.add_argument("--task", default="arith", help="task (default arith; arith-long, gym:<dataset>, jsonl:<path>)")
+    p.add_argument("--methods", default="grpo,rredcot", help="comma-separated estimators, each 'name' or "
+                   "'name:key=value:...' as in `credo audit` (default grpo,rredcot)")
+    p.add_argument("--n", type=int, default=8, help="traces shown, one per held-out prompt (default 8)")
+    p.add_argument("--k-ref", type=int, default=0, help="MC continuations per boundary for reference values "
+                   "beside each step (default 0: none)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled traces")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="other ShowConfig fields, e.g. group_size=8 (repeatable)")
+    p.add_argument("--out", required=True, help="directory for index.html (self-contained) and page.json")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not a show directory")
+    p.add_argument("--terminal", action="store_true", help="also print the coloured tokens to the terminal (rich)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(fn=cmd_show)
