@@ -27,7 +27,8 @@ from collections import Counter
 
 import torch
 
-from credo.audit import AuditConfig, build_reference, first_error_top1, split_half_spearman
+from credo.audit import AuditConfig, build_reference
+from credo.audit_report import first_error_top1, split_half_spearman
 from credo.evaluate import complete
 from credo.policy import bind_task, load_policy
 from credo.policy.base import SamplingConfig

@@ -60,9 +60,9 @@ def test_one_segment_trace_is_unchanged_and_credit_is_moved(policy):
     _, segment_ids, original = run("rredcot:mode=replace", policy)
     _, _, control = run("shuffled:of=rredcot:mode=replace", policy)
     assert torch.equal(control.advantages[3], original.advantages[3])  # '#### 25': one segment
-    # a trace of 5 distinct segment values is permuted in at least one of the rows holding them
-    moved = [not torch.allclose(control.advantages[r], original.advantages[r]) for r in range(3)]
-    assert any(moved)
+    # credit is actually moved: some trace whose segments differ gets a different token layout
+    varied = [r for r, m in enumerate(segment_means(original.advantages, segment_ids)) if float(m.max() - m.min()) > 1e-3]
+    assert varied and any(not torch.allclose(control.advantages[r], original.advantages[r]) for r in varied)
 
 
 def test_seeded_and_deterministic(policy):

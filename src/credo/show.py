@@ -110,7 +110,7 @@ def build_page(title: str, subtitle: str, task: Any, policy: Any, rollouts: Any,
                rows: Sequence[int], runs: Sequence[MethodRun], reference: Sequence[torch.Tensor] | None = None,
                reference_cost: float | None = None) -> Page:
     """A Page of `rows` of `rollouts`; reference[j] = MC values V(s_0..s_K) of rows[j] (or None)."""
-    from credo.audit import first_error_top1
+    from credo.audit_report import first_error_top1
     from credo.segment import segment_bounds, segment_means
     bounds = segment_bounds(segment_ids)
     traces, firsts = [], []
