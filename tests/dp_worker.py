@@ -11,5 +11,5 @@ if __name__ == "__main__":
     out, start = sys.argv[1], sys.argv[2]
     config = load_train_config(None, [f"start={start}", "method=grpo", "data_parallel=true", "steps=2",
                                       "prompts_per_step=4", "group_size=4", "max_new_tokens=20", "overlong_buffer=12",
-                                      "loss.aggregation=token-mean", "eval_n=4", "final_eval_n=4", "lr=1e-3"])
+                                      "loss.aggregation=token-mean", "minibatches=1", "eval_n=4", "final_eval_n=4", "lr=1e-3"])
     Trainer(config, out, progress=False).train()

@@ -65,7 +65,6 @@ class Trainer:
         self.problem_generator = torch.Generator().manual_seed(config.seed + 1)
         self.minibatch_rng = random.Random(config.seed + 2)
         self.reset_rng = random.Random(config.seed + 4)
-        self.probe = Probe(self.policy, self.task, config.sampling, torch.Generator().manual_seed(config.seed + 3))
         self.step = 0
         self.tokens_generated = 0
         self.tokens_scored = 0
@@ -78,6 +77,13 @@ class Trainer:
             if config.prompts_per_step % self.dp.world:
                 raise ConfigError(f"train.prompts_per_step={config.prompts_per_step} must be divisible by the "
                                   f"{self.dp.world} data-parallel processes")
+        # batch-wide statistics (RREDCoT's z, SC-GRPO's quantile) over every rank's rows, as one process sees them
+        gather = None
+        if self.dp is not None and self.dp.world > 1:
+            from credo.integrations.shards import process_group_gather
+            gather = process_group_gather()
+        self.probe = Probe(self.policy, self.task, config.sampling, torch.Generator().manual_seed(config.seed + 3),
+                           gather=gather)
 
     def start_path(self) -> str:
         if self.config.start:
