@@ -14,6 +14,8 @@ from typing import Any
 
 from scipy import stats as scipy_stats
 
+from credo.credit.registry import parse_spec as parse_method_spec  # noqa: F401  (one parser for "name:key=value")
+
 LEVEL = 0.95
 MAX_SEEDS = 1000  # "seeds needed" above this is reported as "more than MAX_SEEDS"
 
@@ -124,18 +126,6 @@ def equal_updates(results: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- controls ------------------------------------------------------------------------------------------
-def parse_method_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """'shuffled:of=rredcot' -> ('shuffled', {'of': 'rredcot'}); a plain name has no options."""
-    name, *items = spec.split(":")
-    options = {}
-    for item in items:
-        if "=" not in item:
-            raise ValueError(f"method {spec!r}: option {item!r} must look like key=value")
-        key, value = item.split("=", 1)
-        options[key] = value
-    return name, options
-
-
 def control_target(spec: str) -> str | None:
     """The method a `shuffled:of=<m>` control is the control of; None for any other method."""
     name, options = parse_method_spec(spec)
