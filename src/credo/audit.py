@@ -44,6 +44,7 @@ from scipy import stats
 from credo import credit as credit_registry
 from credo.audit_cache import load_cached, save_cached
 from credo.config import ConfigError, check, to_dict
+from credo.credit.registry import parse_spec
 from credo.credit.mc import MCValues, mc_values
 from credo.policy import load_policy
 from credo.policy.base import SamplingConfig
@@ -90,14 +91,11 @@ class AuditConfig:
 
 
 def parse_method(spec: str) -> tuple[str, str, dict[str, str]]:
-    """'vineppo:k=9' -> (row label, estimator name, options)."""
-    name, *options = spec.split(":")
-    parsed = {}
-    for item in options:
-        if "=" not in item:
-            raise ConfigError(f"audit method {spec!r}: option {item!r} must look like key=value")
-        key, value = item.split("=", 1)
-        parsed[key] = value
+    """'vineppo:k=9' -> (row label, estimator name, options with the audit's defaults under them)."""
+    try:
+        name, parsed = parse_spec(spec)
+    except ValueError as err:
+        raise ConfigError(f"audit {err}") from None
     return spec, name, {**AUDIT_DEFAULTS.get(name, {}), **parsed}
 
 
