@@ -225,15 +225,20 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
     if config.localisers:
         report["localisers"] = audit_localisers(config, rollouts, segment_ids, data.reference, labels, policy, task, progress)
         table += "\n" + localiser_table(report["localisers"])
-    os.makedirs(out_dir, exist_ok=True)
-    atomic_write_json(os.path.join(out_dir, "audit.json"), report)
-    if config.localisers:
-        atomic_write_json(os.path.join(out_dir, "localisers.json"), report["localisers"])
-    atomic_write_text(os.path.join(out_dir, "audit.md"), table)
-    plot_audit(report, os.path.join(out_dir, "audit.png"))
+    write_audit(out_dir, report, table)
     from credo.show import write_audit_page
     write_audit_page(out_dir, table, task, policy, rollouts, segment_ids, data.reference, credits, data.trace_tokens)
     return report
+
+
+def write_audit(out_dir: str, report: dict[str, Any], table: str) -> None:
+    """audit.json (+ localisers.json), audit.md and audit.png, each written atomically."""
+    os.makedirs(out_dir, exist_ok=True)
+    atomic_write_json(os.path.join(out_dir, "audit.json"), report)
+    if "localisers" in report:
+        atomic_write_json(os.path.join(out_dir, "localisers.json"), report["localisers"])
+    atomic_write_text(os.path.join(out_dir, "audit.md"), table)
+    plot_audit(report, os.path.join(out_dir, "audit.png"))
 
 
 def score_methods(config: AuditConfig, methods: list[tuple[str, str, Any]], rollouts: Rollouts,
