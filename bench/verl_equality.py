@@ -10,16 +10,14 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 import pathlib
 import tempfile
-import torch, transformers
+import torch
 import test_verl as tv
 from verl.trainer.ppo import core_algos
 from credo.policy import bind_task
 from credo.policy.hf import HFPolicy
 from credo.tasks import make_task
 tokenizer = tv.build_tokenizer()
-config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, initializer_range=0.5)
-torch.manual_seed(0)
-model = transformers.LlamaForCausalLM(config).eval()
+model = tv.tiny_llama(tokenizer, init_range=tv.WIDE_INIT).eval()
 task = make_task("gym:chain_sum", tv.TASK_OPTIONS)
 policy = bind_task(HFPolicy(model, tokenizer, chat=True), task)
 r = tv.rollouts(policy, task)
@@ -31,7 +29,8 @@ tmp = pathlib.Path(tempfile.mkdtemp())
 for m in ["rredcot", "sc_grpo"]:
     o = order if m == "rredcot" else torch.arange(r.batch_size)
     e = tv.credo_trainer_credit(policy, task, r, m, tmp)[o]
-    b = tv.apply_credit(tv.to_dataproto(r, task, o), m, module=model, tokenizer=tokenizer, task=task)
+    # seed 3 = the trainer's probe seed at its first step (run seed + 3), which SC-GRPO's per-step reference draw uses
+    b = tv.apply_credit(tv.to_dataproto(r, task, o), m, module=model, tokenizer=tokenizer, task=task, seed=3)
     print(m, "vs credo trainer max|diff|", float((b.batch["advantages"]-e).abs().max()), "max|A|", float(e.abs().max()))
 for m in ["grpo", "rredcot", "sc_grpo"]:
     o = tv.shuffled(r.batch_size, seed=3)

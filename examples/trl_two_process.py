@@ -30,9 +30,8 @@ def fixed_completions(answer: str) -> list[str]:
 
 def build(per_device: int, credit: str, out: str):  # noqa: ANN201
     import datasets
-    import transformers
     from trl import GRPOConfig
-    from test_hf import build_tokenizer
+    from test_hf import build_tokenizer, tiny_llama
 
     from credo.integrations.trl import CreditGRPOTrainer
     from credo.tasks import make_task
@@ -41,12 +40,7 @@ def build(per_device: int, credit: str, out: str):  # noqa: ANN201
     task = make_task("gym:chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
     problems = task.heldout_problems(2)
     answers = {p.prompt: p.answer for p in problems}
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
-                                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                                      initializer_range=0.5)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
+    model = tiny_llama(tokenizer, max_positions=256, init_range=0.5)
 
     def rollout(prompts: list, trainer) -> dict:  # noqa: ANN001
         # this process's rows of the generation batch (each prompt num_generations times in a row): the

@@ -38,16 +38,21 @@ def build_tokenizer():
     return fast
 
 
+def tiny_llama(tokenizer, hidden_size: int = 32, max_positions: int = 512, init_range: float = 0.02):
+    """A 2-layer Llama built from a config (no hub), seeded: the same weights on every call."""
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size,
+                                      intermediate_size=2 * hidden_size, num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=2, max_position_embeddings=max_positions,
+                                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                                      initializer_range=init_range)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config)
+
+
 @pytest.fixture(scope="module")
 def hf_policy():
     tokenizer = build_tokenizer()
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                                      max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-                                      eos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    return HFPolicy(model, tokenizer, chat=True)
+    return HFPolicy(tiny_llama(tokenizer), tokenizer, chat=True)
 
 
 @pytest.fixture(scope="module")

@@ -7,17 +7,11 @@ import datasets  # noqa: E402  (trl and datasets are pinned dependencies: a miss
 
 from credo.integrations.trl import CreditGRPOTrainer  # noqa: E402
 from credo.tasks import make_task  # noqa: E402
-from test_hf import build_tokenizer  # noqa: E402
+from test_hf import build_tokenizer, tiny_llama  # noqa: E402
 
 
 def tiny_model(tokenizer):
-    import transformers
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                                      max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id,
-                                      eos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config)
+    return tiny_llama(tokenizer, max_positions=256)
 
 
 def reward_len(completions, **kwargs):

@@ -10,7 +10,6 @@ import threading
 import numpy as np
 import pytest
 import torch
-import transformers
 from verl import DataProto
 from verl.trainer.ppo import core_algos
 
@@ -22,9 +21,10 @@ from credo.policy.base import SamplingConfig
 from credo.rollouts import Rollouts, concat_rollouts
 from credo.tasks import make_task
 from credo.tasks.base import rewards_for
-from test_hf import build_tokenizer
+from test_hf import build_tokenizer, tiny_llama
 
 TASK_OPTIONS = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}
+WIDE_INIT = 0.5  # initializer_range of the test model (see setup)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -49,14 +49,9 @@ def test_model_estimators_refused_by_the_reward_only_signature():
 @pytest.fixture(scope="module")
 def setup():
     tokenizer = build_tokenizer()
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                                      max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-                                      eos_token_id=tokenizer.eos_token_id, initializer_range=0.5)
     # wide init: with the default 0.02 the model's logits barely depend on context, SC-GRPO's KL is ~1e-6
     # (float32 noise) and every comparison below would compare noise
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = tiny_llama(tokenizer, init_range=WIDE_INIT).eval()
     task = make_task("gym:chain_sum", TASK_OPTIONS)
     policy = bind_task(HFPolicy(model, tokenizer, chat=True), task)
     return policy, task, rollouts(policy, task)

@@ -24,15 +24,9 @@ import torch
 def model_and_tokenizer(args: argparse.Namespace):  # noqa: ANN201
     if args.dry_run:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
-        import transformers
-        from test_hf import build_tokenizer
+        from test_hf import build_tokenizer, tiny_llama
         tokenizer = build_tokenizer()
-        config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                                          max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-                                          eos_token_id=tokenizer.eos_token_id)
-        torch.manual_seed(0)
-        return transformers.LlamaForCausalLM(config), tokenizer
+        return tiny_llama(tokenizer), tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
     return (AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.bfloat16),
             AutoTokenizer.from_pretrained(args.model))
