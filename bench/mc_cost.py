@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from common import write  # noqa: E402
 
-from credo.credit.mc import mc_values  # noqa: E402
+from credo.credit.values import mc_values  # noqa: E402
 from credo.policy import load_policy  # noqa: E402
 from credo.policy.base import SamplingConfig  # noqa: E402
 from credo.probe import Probe  # noqa: E402

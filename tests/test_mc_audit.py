@@ -11,7 +11,7 @@ from credo.audit import (AuditConfig, fidelity, first_error_top1, floor_credit, 
 from credo.config import ConfigError
 from credo.credit.registry import register
 from credo.rollouts import Credit
-from credo.credit.mc import mc_values
+from credo.credit.values import mc_values
 from credo.policy.base import SamplingConfig
 from credo.probe import Probe
 from credo.rollouts import Rollouts
@@ -145,7 +145,7 @@ def test_unknown_method_or_option_fails_before_any_sampling(saved_policy, tmp_pa
 if "weights_only_for_test" not in credit.names():
     @register("weights_only_for_test", "test estimator: GRPO advantages, credit carried by token weights")
     def _weights_only(rollouts, probe, config):
-        from credo.credit.outcome import broadcast, grpo_advantages
+        from credo.credit.groups import broadcast, grpo_advantages
         advantages = broadcast(grpo_advantages(rollouts.rewards, rollouts.group), rollouts)
         positions = torch.arange(rollouts.completion_ids.shape[1], dtype=torch.float32)[None]
         return Credit(advantages=advantages, weights=(1 + positions / 10) * rollouts.completion_mask)

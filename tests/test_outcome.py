@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from credo import credit
-from credo.credit.outcome import grpo_advantages, rloo_advantages
+from credo.credit.groups import grpo_advantages, rloo_advantages
 from credo.rollouts import Rollouts
 
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from credo import credit
-from credo.credit.outcome import grpo_advantages
+from credo.credit.groups import grpo_advantages
 from credo.credit.rredcot import RREDCoTConfig, probe_values, redistribute
 from credo.policy.base import SamplingConfig
 from credo.probe import Probe

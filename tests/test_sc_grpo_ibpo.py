@@ -2,7 +2,7 @@ import torch
 
 from credo import credit
 from credo.credit.ibpo import edited_sets
-from credo.credit.outcome import grpo_advantages
+from credo.credit.groups import grpo_advantages
 from credo.credit.sc_grpo import self_conditioned_kl, weight_from_divergence
 from credo.policy.base import SamplingConfig
 from credo.probe import Probe

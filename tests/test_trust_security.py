@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from credo.audit_cache import load_cached, save_cached
-from credo.credit.mc import MCValues
+from credo.credit.values import MCValues
 from credo.state_io import CorruptStateError, write_manifest
 from credo.tasks import make_task
 from credo.train import Trainer

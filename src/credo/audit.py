@@ -45,7 +45,7 @@ from credo import credit as credit_registry
 from credo.audit_cache import load_cached, save_cached
 from credo.config import ConfigError, check, to_dict
 from credo.credit.registry import parse_spec
-from credo.credit.mc import MCValues, mc_values
+from credo.credit.values import MCValues, mc_values
 from credo.policy import load_policy
 from credo.policy.base import SamplingConfig
 from credo.probe import Probe

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
-from credo.credit.mc import MCValues
+from credo.credit.values import MCValues
 from credo.rollouts import Rollouts
 from credo.state_io import CorruptStateError, load_state, save_state
 from credo.tasks.base import Problem

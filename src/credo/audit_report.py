@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 from scipy import stats
 
-from credo.credit.mc import MCValues
+from credo.credit.values import MCValues
 
 METRICS = ("spearman", "pearson", "first_error_top1", "pairwise", "spearman_localisable",
            "first_error_top1_localisable", "pairwise_localisable", "tokens_scored_per_trace",

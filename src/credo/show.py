@@ -111,6 +111,7 @@ def build_page(title: str, subtitle: str, task: Any, policy: Any, rollouts: Any,
                reference_cost: float | None = None) -> Page:
     """A Page of `rows` of `rollouts`; reference[j] = MC values V(s_0..s_K) of rows[j] (or None)."""
     from credo.audit_report import first_error_top1
+    from credo.credit.values import step_differences
     from credo.segment import segment_bounds, segment_means
     bounds = segment_bounds(segment_ids)
     traces, firsts = [], []
@@ -137,7 +138,7 @@ def build_page(title: str, subtitle: str, task: Any, policy: Any, rollouts: Any,
         summary.append({"label": r.label, "first_error_top1": first_error_top1(means, firsts),
                         "cost_vs_step": r.cost_vs_step, "tokens_per_trace": r.tokens_per_trace})
     if reference is not None:
-        diffs = [v[1:] - v[:-1] for v in reference]
+        diffs = step_differences(reference)
         summary.append({"label": "mc_reference", "first_error_top1": first_error_top1(diffs, firsts),
                         "cost_vs_step": reference_cost, "tokens_per_trace": None})
     every = torch.cat([r.credit[row_ids][segment_ids[row_ids] >= 0].abs() for r in runs])
@@ -170,7 +171,7 @@ def run_methods(specs: Sequence[str], rollouts: Any, policy: Any, task: Any, sam
 
 def collect(config: ShowConfig, progress: bool = True) -> Page:
     """Sample, score every method, and (k_ref > 0) the MC reference of the shown traces."""
-    from credo.credit.mc import mc_values
+    from credo.credit.values import mc_values
     from credo.policy import bind_task, load_policy
     from credo.policy.base import SamplingConfig
     from credo.probe import Probe

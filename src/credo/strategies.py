@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from credo.credit import groups
 from credo.policy.base import Policy, SamplingConfig
 from credo.rollouts import Rollouts, concat_rollouts
 from credo.tasks.base import Problem, Task, rewards_for
@@ -44,10 +45,7 @@ def sample_groups(policy: Policy, task: Task, problems: Sequence[Problem], group
 
 def mixed_groups(rollouts: Rollouts) -> torch.Tensor:
     """[n_groups] bool over the sorted unique group ids: True where rewards differ inside the group."""
-    ids, inverse = torch.unique(rollouts.group, return_inverse=True)
-    hi = torch.full((len(ids),), -float("inf")).scatter_reduce(0, inverse, rollouts.rewards, "amax")
-    lo = torch.full((len(ids),), float("inf")).scatter_reduce(0, inverse, rollouts.rewards, "amin")
-    return hi > lo
+    return groups.mixed_groups(rollouts.group, rollouts.rewards)
 
 
 def collect_plain(policy: Policy, task: Task, draw: Callable[[int], list[Problem]], prompts: int, group_size: int,

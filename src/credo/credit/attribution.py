@@ -34,10 +34,10 @@ from typing import Any, Sequence
 import torch
 
 from credo.config import check
-from credo.credit.outcome import grpo_advantages
+from credo.credit.groups import grpo_advantages
 from credo.credit.registry import register
 from credo.credit.values import candidate_answers
-from credo.policy.base import left_pad, right_pad
+from credo.policy.base import left_pad, right_pad, strip_eos
 from credo.probe import Probe, prompt_tokens
 from credo.rollouts import Credit, Rollouts
 from credo.segment import broadcast_segments, segment_bounds, segmenter_config
@@ -81,7 +81,7 @@ def players(rollouts: Rollouts, probe: Probe, config: AttributionConfig) -> tupl
     tokens, spans = [], []
     for row, segs in enumerate(bounds):
         completion = rollouts.completion_ids[row][rollouts.completion_mask[row]].tolist()
-        ids = completion[:-1] if completion and completion[-1] == probe.policy.eos_id else completion
+        ids = strip_eos(completion, probe.policy.eos_id)
         tokens.append(ids)
         last_text = probe.policy.decode(torch.tensor(ids[segs[-1][0]:] if segs else [], dtype=torch.long))
         keep = segs[:-1] if segs and probe.task.extract_answer(last_text) is not None else segs

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 import torch
 
 from credo.config import check
-from credo.credit.outcome import grpo_advantages
+from credo.credit.groups import group_rows, grpo_advantages
 from credo.credit.registry import register
-from credo.policy.base import left_pad
+from credo.credit.values import continue_and_verify
+from credo.policy.base import strip_eos
 from credo.probe import Probe, prompt_tokens
 from credo.rollouts import Credit, Rollouts
-from credo.tasks.base import rewards_for
 
 
 @dataclass(frozen=True)
@@ -105,21 +105,13 @@ def repair_edits(rollouts: Rollouts, probe: Probe, pairs: list[tuple[int, int]],
     if not jobs:
         return {}
     policy = probe.policy
-    ids, mask = left_pad([prompt_tokens(rollouts.prompt_ids, rollouts.prompt_mask, w) + p for w, p in jobs],
-                         policy.pad_id, rollouts.prompt_ids.device)
-    out = probe.sample(ids, mask)
+    out = continue_and_verify(probe.sample, policy, probe.task, [rollouts.problems[w] for w, _ in jobs],
+                              [prompt_tokens(rollouts.prompt_ids, rollouts.prompt_mask, w) for w, _ in jobs],
+                              [prefix for _, prefix in jobs], rollouts.prompt_ids.device)
     found: dict[int, set[int]] = {}
-    texts, repaired = [], []
-    for (w, prefix), cont, m in zip(jobs, out.completion_ids, out.completion_mask):
-        full = prefix + cont[m].tolist()
-        if full and full[-1] == policy.eos_id:
-            full = full[:-1]
-        repaired.append(full)
-        texts.append(policy.decode(torch.tensor(full, dtype=torch.long)))
-    ok = rewards_for(probe.task, [rollouts.problems[w] for w, _ in jobs], texts)[1]
-    for (w, _), full, good in zip(jobs, repaired, ok.tolist()):
+    for (w, _), full, good in zip(jobs, out.tokens, out.correct.tolist()):
         if good and w not in found:
-            found[w] = edits(tokens[w], full)[0]
+            found[w] = edits(tokens[w], strip_eos(full, policy.eos_id))[0]
     return found
 
 
@@ -131,9 +123,7 @@ def ibpo(rollouts: Rollouts, probe: Probe | None, config: IBPOConfig) -> Credit:
     a = grpo_advantages(rollouts.rewards, rollouts.group)
     mask = rollouts.trainable_mask()
     tokens = [row[m].tolist() for row, m in zip(rollouts.completion_ids, rollouts.completion_mask)]
-    groups: dict[int, list[int]] = {}
-    for row, g in enumerate(rollouts.group.tolist()):
-        groups.setdefault(g, []).append(row)
+    groups = group_rows(rollouts.group)
     correct = rollouts.correct.tolist()
     edits = first_edit if config.regions == "first" else edited_sets
     pairs, edits_w, edits_c = [], {}, {}

@@ -1,4 +1,5 @@
-"""Monte Carlo state values (VinePPO / SPO-chain): the expensive ground truth, and estimators built on it.
+"""Estimators on Monte Carlo state values (VinePPO / SPO-chain); the MC value probe itself is
+credo.credit.values.mc_values (shared with the audit). Specification: docs/methods.md, "## VinePPO and SPO-chain".
 
 `V_mc(s_k)` is the mean reward of K continuations sampled from "prompt + completion up to the end
 of segment k"; `s_0` is the prompt alone and `V(s_K) := r`, the observed outcome. The step
@@ -13,69 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from credo.config import check
 from credo.credit.registry import register
-from credo.policy.base import left_pad
-from credo.probe import Probe, prompt_tokens
+from credo.credit.values import mc_values
+from credo.probe import Probe
 from credo.rollouts import Credit, Rollouts
-from credo.segment import broadcast_segments, segment_bounds, segmenter_config
-from credo.tasks.base import rewards_for
-
-
-@dataclass
-class MCValues:
-    """values[i]: V(s_0..s_{K_i}) of row i (the last entry is r_i); samples[i]: [K_i, k] rewards of the
-    sampled continuations from s_0..s_{K_i - 1} (NaN rows for terminal prefixes)."""
-
-    values: list[torch.Tensor]
-    samples: list[torch.Tensor]
-
-    def differences(self) -> list[torch.Tensor]:
-        """Per row, the segment advantages V(s_k) - V(s_{k-1}), k = 1..K_i."""
-        return [v[1:] - v[:-1] for v in self.values]
-
-
-def mc_values(probe: Probe, rollouts: Rollouts, segment_ids: torch.Tensor, k: int, batch_size: int = 1024,
-              progress: bool = False) -> MCValues:
-    """MC values at every segment boundary of every row, with `k` continuations per boundary."""
-    task = probe.task
-    policy = probe.policy
-    bounds = segment_bounds(segment_ids)
-    jobs: list[tuple[int, int, list[int], str]] = []  # (row, state index j, prefix ids, prefix text)
-    terminal: dict[tuple[int, int], float] = {}
-    for row, segs in enumerate(bounds):
-        prompt = prompt_tokens(rollouts.prompt_ids, rollouts.prompt_mask, row)
-        completion = rollouts.completion_ids[row].tolist()
-        for j in range(len(segs)):
-            cut = 0 if j == 0 else segs[j - 1][1]
-            text = policy.decode(torch.tensor(completion[:cut], dtype=torch.long))
-            if j > 0 and task.extract_answer(text) is not None:
-                terminal[(row, j)] = task.reward(rollouts.problems[row], text)
-                continue
-            jobs.append((row, j, prompt + completion[:cut], text))
-    repeated = [job for job in jobs for _ in range(k)]
-    rewards = torch.zeros(len(repeated))
-    for start in tqdm(range(0, len(repeated), batch_size), desc=f"MC continuations (k={k})", disable=not progress,
-                      unit="batch", dynamic_ncols=True):
-        chunk = repeated[start:start + batch_size]
-        ids, mask = left_pad([job[2] for job in chunk], policy.pad_id, rollouts.prompt_ids.device)
-        out = probe.sample(ids, mask)
-        texts = [job[3] + policy.decode(cont) for job, cont in zip(chunk, out.completion_ids)]
-        rewards[start:start + len(chunk)] = rewards_for(task, [rollouts.problems[job[0]] for job in chunk], texts)[0]
-    per_job = rewards.view(len(jobs), k) if jobs else torch.zeros(0, k)
-    samples = [torch.full((len(segs), k), float("nan")) for segs in bounds]
-    for index, (row, j, _, _) in enumerate(jobs):
-        samples[row][j] = per_job[index]
-    values = []
-    for row, segs in enumerate(bounds):
-        v = torch.zeros(len(segs) + 1)
-        for j in range(len(segs)):
-            v[j] = terminal[(row, j)] if (row, j) in terminal else samples[row][j].mean()
-        v[len(segs)] = rollouts.rewards[row]
-        values.append(v)
-    return MCValues(values, samples)
+from credo.segment import broadcast_segments, segmenter_config
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:

@@ -33,9 +33,9 @@ from typing import Any
 import torch
 
 from credo.config import check
-from credo.credit.outcome import group_mean_std, grpo_advantages, rloo_advantages
+from credo.credit.groups import group_mean_std, grpo_advantages, rloo_advantages, zscore
 from credo.credit.registry import register
-from credo.credit.values import VALUE_MODES, answer_values, suffix_values
+from credo.credit.values import VALUE_MODES, answer_values, step_differences, suffix_values
 from credo.probe import Probe
 from credo.rollouts import Credit, Rollouts
 from credo.segment import broadcast_segments, segmenter_config
@@ -99,7 +99,7 @@ def probe_values(rollouts: Rollouts, probe: Probe, segment_ids: torch.Tensor, co
 
 def redistribute(values: list[torch.Tensor]) -> list[torch.Tensor]:
     """R_{i,k} = V(s_k) - V(s_{k-1}); sums to r_i - V(s_0) by construction."""
-    return [v[1:] - v[:-1] for v in values]
+    return step_differences(values)
 
 
 def advantages_from_redistribution(rollouts: Rollouts, segment_ids: torch.Tensor, R: list[torch.Tensor],
@@ -131,9 +131,7 @@ def _standardise(R: list[torch.Tensor], gather: Any = None) -> list[torch.Tensor
     data-parallel shard's segments when `gather` is given)."""
     flat = torch.cat([r for r in R if r.numel()]) if any(r.numel() for r in R) else torch.zeros(0)
     flat = gather(flat) if gather is not None else flat
-    mu = flat.mean() if flat.numel() else torch.tensor(0.0)
-    sd = flat.std() if flat.numel() > 1 else torch.tensor(0.0)
-    return [((r - mu) / sd if float(sd) > 1e-8 else torch.zeros_like(r)) for r in R]
+    return [zscore(r, over=flat) for r in R]
 
 
 @register("rredcot", "RREDCoT: segment credit V(s_k) - V(s_{k-1}), V the policy's own IS value over its group's tails (+ reference), no generation",

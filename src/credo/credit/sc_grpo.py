@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from credo.config import check
-from credo.credit.outcome import broadcast, grpo_advantages
+from credo.credit.groups import broadcast, group_rows, grpo_advantages, zscore
 from credo.credit.registry import register
 from credo.probe import Probe
 from credo.rollouts import Credit, Rollouts
@@ -131,9 +131,7 @@ def route(rollouts: Rollouts, seed: str) -> tuple[list[int], list[int], list[tup
     """(weighted rows, their reference rows, n_c = 0 groups as (members but the reference, reference)).
     One generator per group id, seeded by `seed` and the id, so the choices do not depend on which
     other groups share the batch (data-parallel shards)."""
-    groups: dict[int, list[int]] = {}
-    for row, g in enumerate(rollouts.group.tolist()):
-        groups.setdefault(g, []).append(row)
+    groups = group_rows(rollouts.group)
     correct = rollouts.correct.tolist()
     weighted_rows, weighted_refs, diversity = [], [], []
     for g, members in groups.items():
@@ -199,7 +197,7 @@ def _diversity_advantages(advantages: torch.Tensor, f: torch.Tensor, diversity: 
                          else torch.tensor(0.0) for j, i in enumerate(others)])
         s = s.double()  # scores equal up to float32 noise must give z = 0, not a noise-sized z of +-0.8
         spread = float(s.max() - s.min()) if len(others) > 1 else 0.0
-        z = ((s - s.mean()) / s.std()).float() if spread > 1e-6 else torch.zeros(len(others))
+        z = zscore(s).float() if spread > 1e-6 else torch.zeros(len(others))
         for j, i in enumerate(others):
             advantages[i] = alpha * z[j] * mask[i]
         advantages[ref] = 0.0

@@ -1,7 +1,8 @@
-"""Value probes: the policy's own estimate of V(s_k) at every segment boundary, with no generation.
+"""Value probes: the policy's own estimate of V(s_k) at every segment boundary.
 
-Shared by RREDCoT (its redistribution), the SRPO `value` localiser and the audit; no estimator
-reaches into another's internals for them. Specification: docs/methods.md, "## RREDCoT".
+Shared by RREDCoT (its redistribution), VinePPO / SPO-chain (MC), the SRPO `value` localiser and the
+audit; no estimator or strategy reaches into another estimator's internals for them. Specification:
+docs/methods.md, "## RREDCoT" (suffix and forced-answer values) and "## VinePPO and SPO-chain" (MC values).
 
 State j of row i is s_j = prompt + the row's first j segments (j = 0..K_i - 1); every value list
 returned here is V(s_0..s_{K_i}) with the last entry V(s_{K_i}) := r_i, the observed outcome.
@@ -19,18 +20,25 @@ Candidates:
   answers   the forced-answer probe: the task's answer template T, then each distinct final answer
             of the group (plus the gold answer with `include_gold`); pi(a | s_j + T) in both modes:
             the template is conditioned on, never counted (it is a marker the policy never samples).
+MC values (`mc_values`, VinePPO) need no candidates: V(s_j) is the mean verified reward of k
+continuations sampled from s_j (the expensive ground truth the audit compares against).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
-from credo.probe import Probe
+from tqdm import tqdm
+
+from credo.credit.groups import group_rows
+from credo.policy.base import Policy, Samples, left_pad
+from credo.probe import Probe, prompt_tokens
 from credo.rollouts import Rollouts
 from credo.segment import segment_bounds
+from credo.tasks.base import Task, rewards_for
 
 VALUE_MODES = ("normalized", "absolute")
 ROWS_PER_CALL = 16  # rows scored per packed branch pass: bounds the tree-attention mask's memory
@@ -51,12 +59,10 @@ def state_cuts(segment_ids: torch.Tensor) -> list[list[int]]:
     return [[0] + [end for _, end in segs[:-1]] if segs else [] for segs in segment_bounds(segment_ids)]
 
 
-def group_rows(rollouts: Rollouts) -> dict[int, list[int]]:
-    """Group id -> its rows, in batch order."""
-    out: dict[int, list[int]] = {}
-    for row, g in enumerate(rollouts.group.tolist()):
-        out.setdefault(g, []).append(row)
-    return out
+def step_differences(values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Per row, V(s_0..s_K)[K + 1] -> the segment credit V(s_k) - V(s_{k-1}), k = 1..K [K]; it sums to
+    r - V(s_0) (telescoping)."""
+    return [v[1:] - v[:-1] for v in values]
 
 
 def score_values(rollouts: Rollouts, probe: Probe, cuts: list[list[int]], candidates: list[list[list[Candidate]]],
@@ -144,7 +150,7 @@ def suffix_candidates(rollouts: Rollouts, probe: Probe, segment_ids: torch.Tenso
     bounds = segment_bounds(segment_ids)
     lengths = rollouts.lengths.tolist()
     rewards = rollouts.rewards.tolist()
-    members = group_rows(rollouts)
+    members = group_rows(rollouts.group)
     out = []
     for row, cuts in enumerate(state_cuts(segment_ids)):
         references, reference_reward = ([None] * len(cuts), 0.0)
@@ -201,3 +207,82 @@ def answer_values(rollouts: Rollouts, probe: Probe, segment_ids: torch.Tensor, m
             per_answer.append(Candidate(c.tokens, float(ok), c.offset))
         candidates.append([per_answer] * len(row_cuts))
     return score_values(rollouts, probe, cuts, candidates, mode, reuse_prefix)
+
+
+@dataclass
+class Continuations:
+    """Sampled continuations of N prefixes: tokens[i] = prefix + continuation (EOS kept when emitted),
+    texts[i] its decoded text, rewards[N] / correct[N] the task's verdicts on the texts."""
+
+    tokens: list[list[int]]
+    texts: list[str]
+    rewards: torch.Tensor
+    correct: torch.Tensor
+
+
+def continue_and_verify(sample: Callable[[torch.Tensor, torch.Tensor], Samples], policy: Policy, task: Task,
+                        problems: Sequence[Any], prompts: Sequence[list[int]], prefixes: Sequence[list[int]],
+                        device: torch.device | str = "cpu") -> Continuations:
+    """One continuation per (prompt ids, completion-prefix ids) by `sample(ids[N, P], mask[N, P])` (a Probe's
+    counted `sample`, or the policy's own with a generator): left-pad, sample, decode prefix + continuation
+    as one text, verify it against `problems[i]`. The one "prefix -> sample -> verify" path of MC values,
+    IBPO repairs and reset rollouts."""
+    ids, mask = left_pad([list(p) + list(x) for p, x in zip(prompts, prefixes)], policy.pad_id, device)
+    out = sample(ids, mask)
+    tokens = [list(x) + c[m].tolist() for x, c, m in zip(prefixes, out.completion_ids, out.completion_mask)]
+    texts = [policy.decode(torch.tensor(t, dtype=torch.long)) for t in tokens]
+    rewards, correct = rewards_for(task, problems, texts)
+    return Continuations(tokens, texts, rewards, correct)
+
+
+@dataclass
+class MCValues:
+    """values[i]: V(s_0..s_{K_i}) of row i (the last entry is r_i); samples[i]: [K_i, k] rewards of the
+    sampled continuations from s_0..s_{K_i - 1} (NaN rows for terminal prefixes)."""
+
+    values: list[torch.Tensor]
+    samples: list[torch.Tensor]
+
+    def differences(self) -> list[torch.Tensor]:
+        """Per row, the segment advantages V(s_k) - V(s_{k-1}), k = 1..K_i."""
+        return step_differences(self.values)
+
+
+def mc_values(probe: Probe, rollouts: Rollouts, segment_ids: torch.Tensor, k: int, batch_size: int = 1024,
+              progress: bool = False) -> MCValues:
+    """Monte Carlo values (VinePPO): V(s_j) = mean reward of `k` continuations sampled from s_j, at every
+    segment boundary of every row; a prefix that already states a final answer is terminal (its value
+    is its own reward, unsampled). Continuations of all prefixes are sampled `batch_size` at a time."""
+    task, policy = probe.task, probe.policy
+    bounds = segment_bounds(segment_ids)
+    jobs: list[tuple[int, int, list[int]]] = []  # (row, state index j, prefix ids)
+    terminal: dict[tuple[int, int], float] = {}
+    for row, cuts in enumerate(state_cuts(segment_ids)):
+        completion = rollouts.completion_ids[row].tolist()
+        for j, cut in enumerate(cuts):
+            text = policy.decode(torch.tensor(completion[:cut], dtype=torch.long))
+            if j > 0 and task.extract_answer(text) is not None:
+                terminal[(row, j)] = task.reward(rollouts.problems[row], text)
+                continue
+            jobs.append((row, j, completion[:cut]))
+    repeated = [job for job in jobs for _ in range(k)]
+    rewards = torch.zeros(len(repeated))
+    for start in tqdm(range(0, len(repeated), batch_size), desc=f"MC continuations (k={k})", disable=not progress,
+                      unit="batch", dynamic_ncols=True):
+        chunk = repeated[start:start + batch_size]
+        rewards[start:start + len(chunk)] = continue_and_verify(
+            probe.sample, policy, task, [rollouts.problems[row] for row, _, _ in chunk],
+            [prompt_tokens(rollouts.prompt_ids, rollouts.prompt_mask, row) for row, _, _ in chunk],
+            [prefix for _, _, prefix in chunk], rollouts.prompt_ids.device).rewards
+    per_job = rewards.view(len(jobs), k) if jobs else torch.zeros(0, k)
+    samples = [torch.full((len(segs), k), float("nan")) for segs in bounds]
+    for index, (row, j, _) in enumerate(jobs):
+        samples[row][j] = per_job[index]
+    values = []
+    for row, segs in enumerate(bounds):
+        v = torch.zeros(len(segs) + 1)
+        for j in range(len(segs)):
+            v[j] = terminal[(row, j)] if (row, j) in terminal else samples[row][j].mean()
+        v[len(segs)] = rollouts.rewards[row]
+        values.append(v)
+    return MCValues(values, samples)

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from credo.credit.outcome import grpo_advantages, rloo_advantages
+from credo.credit.groups import grpo_advantages, rloo_advantages
 from credo.integrations.verl_credit import apply_credit, credit_on_shards, dataset_row  # noqa: F401  (re-exported)
 
 REWARD_ONLY = ("grpo", "dr_grpo", "rloo")

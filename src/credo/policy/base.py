@@ -73,6 +73,12 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | 
     return ids.to(device), mask.to(device)
 
 
+def strip_eos(ids: Sequence[int], eos_id: int) -> list[int]:
+    """A completion's ids without its trailing EOS (unchanged when it stopped without one)."""
+    ids = list(ids)
+    return ids[:-1] if ids and ids[-1] == eos_id else ids
+
+
 def right_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu",
               min_width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Lists of ids -> (ids[B, L] right-padded, mask[B, L] bool); L >= min_width."""
