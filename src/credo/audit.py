@@ -44,7 +44,6 @@ from scipy import stats
 from credo import credit as credit_registry
 from credo.audit_cache import load_cached, save_cached
 from credo.config import ConfigError, check, to_dict
-from credo.credit.registry import parse_spec
 from credo.credit.values import MCValues, mc_values
 from credo.policy import load_policy
 from credo.policy.base import SamplingConfig
@@ -54,12 +53,10 @@ from credo.runs import atomic_write_json, atomic_write_text, cache_root
 from credo.segment import segment_means
 from credo.audit_report import (FLOORS, METRICS, Labels, fidelity, first_error_top1, floor_credit,  # noqa: F401
                                 localisable_errors, localiser_table, markdown_table, most_frequent_position,
-                                pairwise_rank, plot_audit, score_row, split_half_spearman, random_expectation)
+                                pairwise_rank, parse_method, plot_audit, score_row, split_half_spearman,
+                                random_expectation)
 from credo.strategies import sample_groups
 from credo.tasks import make_task
-
-AUDIT_DEFAULTS: dict[str, dict[str, Any]] = {"vineppo": {"k": 4, "whiten": False}}  # the cheap MC row, raw differences
-
 
 @dataclass(frozen=True)
 class AuditConfig:
@@ -88,15 +85,6 @@ class AuditConfig:
         from credo.resets import LOCALISERS
         for name in self.localisers:
             check(name in LOCALISERS, f"audit.localisers: unknown localiser {name!r}; available: {LOCALISERS}")
-
-
-def parse_method(spec: str) -> tuple[str, str, dict[str, str]]:
-    """'vineppo:k=9' -> (row label, estimator name, options with the audit's defaults under them)."""
-    try:
-        name, parsed = parse_spec(spec)
-    except ValueError as err:
-        raise ConfigError(f"audit {err}") from None
-    return spec, name, {**AUDIT_DEFAULTS.get(name, {}), **parsed}
 
 
 def checked_methods(specs: Sequence[str]) -> list[tuple[str, str, Any]]:

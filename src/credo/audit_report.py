@@ -12,6 +12,8 @@ from typing import Any, Sequence
 import torch
 from scipy import stats
 
+from credo.config import ConfigError
+from credo.credit.registry import parse_spec
 from credo.credit.values import MCValues
 
 METRICS = ("spearman", "pearson", "first_error_top1", "pairwise", "spearman_localisable",
@@ -20,6 +22,17 @@ METRICS = ("spearman", "pearson", "first_error_top1", "pairwise", "spearman_loca
 FLOORS = ("random", "grpo", "first_step", "position_prior")
 LOCALISABLE_DROP = 0.15  # reference value drop at the labelled error that makes a trace localisable
 TIE = 1e-6  # segment means of a constant credit differ by float32 rounding: treat them as ties
+AUDIT_DEFAULTS: dict[str, dict[str, Any]] = {"vineppo": {"k": 4, "whiten": False}}  # the cheap MC row, raw differences
+
+
+def parse_method(spec: str) -> tuple[str, str, dict[str, str]]:
+    """'vineppo:k=9' -> (row label, estimator name, options with the audit's defaults under them); the
+    audit's rows and `credo show`'s columns are named and configured alike."""
+    try:
+        name, parsed = parse_spec(spec)
+    except ValueError as err:
+        raise ConfigError(f"audit {err}") from None
+    return spec, name, {**AUDIT_DEFAULTS.get(name, {}), **parsed}
 
 
 def _correlation(fn: Any, a: torch.Tensor, b: torch.Tensor) -> float:

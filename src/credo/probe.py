@@ -1,7 +1,7 @@
 """The Probe: the only door through which an estimator may use the model, and its cost meter.
 
 It scores given token sequences, returns next-token distributions, and samples continuations
-from prefixes (with rewards from the task). Everything runs without gradient, and every token
+from prefixes. Everything runs without gradient, and every token
 forwarded or generated is counted, so each Credit can report what it cost.
 """
 
@@ -13,7 +13,7 @@ import torch
 
 from credo.policy.base import Policy, SamplingConfig, Samples
 from credo.rollouts import Cost
-from credo.tasks.base import Problem, Task, rewards_for
+from credo.tasks.base import Task
 
 if TYPE_CHECKING:
     from credo.rollouts import Rollouts
@@ -87,23 +87,6 @@ class Probe:
         strings = [self.policy.token_strings(row[m].tolist())
                    for row, m in zip(rollouts.completion_ids, rollouts.completion_mask)]
         return segment(SegmentInputs(strings, rollouts.completion_mask, rollouts.old_logprobs, entropies), cfg)
-
-    def sample_rewards(self, problems: Sequence[Problem], prefixes: Sequence[str], batch_size: int = 512,
-                       sampling: SamplingConfig | None = None) -> torch.Tensor:
-        """One continuation per (problem, prefix text) -> rewards[N] of prefix + continuation.
-
-        `prefixes` are completion prefixes (the prompt is prepended here); batched across prefixes.
-        """
-        if self.task is None:
-            raise ValueError("Probe.sample_rewards needs a task to verify continuations")
-        rewards = []
-        for start in range(0, len(prefixes), batch_size):
-            chunk_p, chunk_x = problems[start:start + batch_size], prefixes[start:start + batch_size]
-            ids, mask = self.policy.encode_prompts([p.prompt + x for p, x in zip(chunk_p, chunk_x)])
-            out = self.sample(ids, mask, sampling)
-            texts = [x + self.policy.decode(row) for x, row in zip(chunk_x, out.completion_ids)]
-            rewards.append(rewards_for(self.task, chunk_p, texts)[0])
-        return torch.cat(rewards) if rewards else torch.zeros(0)
 
 
 def prompt_tokens(rollouts_prompt_ids: torch.Tensor, rollouts_prompt_mask: torch.Tensor, row: int) -> list[int]:

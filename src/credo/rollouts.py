@@ -13,6 +13,16 @@ from typing import Any
 import torch
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt as a task states it: the user turn, and text that belongs in the system turn (e.g. SC-GRPO's
+    verified reference solution). The policy renders it: a chat backend puts `system` (after its bound
+    task system prompt) in the system message; a plain backend writes `system`, a blank line, then `user`."""
+
+    user: str
+    system: str | None = None
+
+
 @dataclass
 class Cost:
     """Model work spent by an estimator or strategy, in tokens.
@@ -43,7 +53,8 @@ class Rollouts:
         group[B]                long, index of the prompt a row belongs to (verl's `index`/`uid`)
         rewards[B]              float, outcome reward in [0, 1] (after any shaping)
         old_logprobs[B, T]      float, log pi_old of each completion token (0 on padding)
-        segment_ids[B, T]       long or None, segment index per token, -1 on padding
+        segment_ids[B, T]       long or None, segment index per token, -1 on padding (filled once by
+                                the segmentation stage, credo.segment.with_segments)
         loss_mask[B, T]         bool or None, tokens that may receive gradient (e.g. False on a reset prefix)
         ref_logprobs[B, T]      float or None, log pi_ref for the KL penalty
     Python-side data:
@@ -94,9 +105,6 @@ class Rollouts:
     def lengths(self) -> torch.Tensor:
         """[B] number of real completion tokens per row."""
         return self.completion_mask.sum(dim=1)
-
-    def num_groups(self) -> int:
-        return int(torch.unique(self.group).numel())
 
     def trainable_mask(self) -> torch.Tensor:
         """[B, T] bool: completion tokens that may receive gradient."""
@@ -172,9 +180,11 @@ class Credit:
     advantages[B, T]    float, zero outside the completion mask
     weights[B, T]       float or None, multiplicative per-token loss weights (None means 1)
     loss_mask[B, T]     bool or None, restricts which tokens get gradient (None means completion mask)
-    segment_credit      list of 1-D float tensors or None, one per row: the credit of each segment,
-                        used by `credo audit` (estimators without segments leave it None and the audit
-                        averages their token advantages over each segment)
+    segment_credit      list of 1-D float tensors or None, one per row: the estimator's own credit of
+                        each of its segments, before broadcasting to tokens and any whitening (for
+                        inspection; estimators without segments leave it None). `credo audit` does not
+                        read it: it scores every estimator alike, by the mean of advantage x weight
+                        over each segment
     cost                tokens the estimator scored/generated beyond sampling the rollouts
     info                scalar diagnostics for logging
     """

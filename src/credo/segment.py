@@ -12,12 +12,17 @@ BPE tokenizer whose tokens straddle a newline) and returns the tokens at which a
                previous one, segments longer than `max_len` are split, at most `max_segments` are
                kept (the weakest cuts dropped first), and the final answer is its own last segment.
 A cut that would leave a segment holding only the trailing EOS is dropped in every segmenter.
+
+Segmentation is one stage of the data path: `with_segments` fills `Rollouts.segment_ids` once per batch,
+by the task's own segmenter (`task.default_segmenter`: `lines` on arithmetic, `keyword_entropy` on
+free-form CoT), and every segment-level estimator and the audit read those segments
+(`segments_for`); an estimator's explicit `segmenter` option still cuts its own.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -67,6 +72,41 @@ def segmenter_config(value: Any) -> SegmenterConfig:
     return from_dict(SegmenterConfig, dict(value), prefix="segmenter.")
 
 
+DEFAULT_SEGMENTER = "lines"
+
+
+def default_segmenter(task: Any) -> str:
+    """The segmenter a task's completions are cut by: its `default_segmenter`, else `lines`."""
+    return getattr(task, "default_segmenter", None) or DEFAULT_SEGMENTER
+
+
+def check_segmenter_option(value: Any) -> None:
+    """An estimator's `segmenter` option: '' (the batch's own segments, see `segments_for`) or a
+    segmenter name or mapping, checked now (naming the field)."""
+    if value != "":
+        segmenter_config(value)
+
+
+def segments_for(rollouts: Any, probe: Any, segmenter: Any = "") -> torch.Tensor:
+    """segment_ids[B, T] an estimator reads: cut afresh by an explicit `segmenter` (the estimator's own
+    option); otherwise the batch's own `rollouts.segment_ids`, and for a batch not segmented yet the
+    task's default segmenter. `probe` (a credo.probe.Probe) cuts: it holds the tokenizer, the task and
+    counts the entropy pass `keyword_entropy` needs."""
+    if segmenter == "" and rollouts.segment_ids is not None:
+        return rollouts.segment_ids
+    if probe is None:
+        raise ValueError("segmenting a batch needs a Probe (or rollouts.segment_ids already filled)")
+    return probe.segment(rollouts, segmenter if segmenter != "" else default_segmenter(probe.task))
+
+
+def with_segments(rollouts: Any, probe: Any) -> Any:
+    """The segmentation stage: `rollouts` with `segment_ids` filled by the task's default segmenter
+    (returned unchanged when they are filled already)."""
+    if rollouts.segment_ids is not None:
+        return rollouts
+    return rollouts.with_fields(segment_ids=segments_for(rollouts, probe))
+
+
 @dataclass
 class SegmentInputs:
     """What a segmenter may read for one batch: token strings per row (real tokens only, EOS as ''),
@@ -76,7 +116,6 @@ class SegmentInputs:
     completion_mask: torch.Tensor
     old_logprobs: torch.Tensor | None = None
     entropies: torch.Tensor | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def ids_from_starts(starts: list[list[int]], completion_mask: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@ out as a page (`show_html.render`) or a terminal view (`render_terminal`).
 
 A page is plain data (`Page`): for each shown trace its prompt, its segments (one step line each on
 `arith`) with their tokens, the step label of each line, the labelled first error, every method's
-per-token credit (advantage x weight, METHODS.md "How credit quality is judged") and, with
+per-token credit (advantage x weight, docs/methods.md "## How fidelity is judged") and, with
 `k_ref > 0`, the MC reference value after each segment. One trace per prompt is shown (a wrong one
 with a labelled first error when the group has one); the methods see the whole group, as in training.
 """
@@ -151,7 +151,7 @@ def run_methods(specs: Sequence[str], rollouts: Any, policy: Any, task: Any, sam
                 progress: bool) -> list[MethodRun]:
     """Each estimator spec on the whole batch, through a fresh counted Probe."""
     from credo import credit as credit_registry
-    from credo.audit import parse_method
+    from credo.audit_report import parse_method
     from credo.probe import Probe
     n = rollouts.batch_size
     trace_tokens = float((rollouts.prompt_mask.sum() + rollouts.completion_mask.sum()) / n)

@@ -19,7 +19,7 @@ from typing import Any
 NEGATIVE = (202, 0, 32)
 POSITIVE = (5, 113, 176)
 MAX_MIX = 0.85  # full colour stays light enough for black text
-DROP = 0.15  # a reference value drop this large marks a localisable step (METHODS.md)
+DROP = 0.15  # a reference value drop this large marks a localisable step (docs/methods.md, "## How fidelity is judged")
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:16px;color:#222;background:#fff}

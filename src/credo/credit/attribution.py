@@ -40,15 +40,15 @@ from credo.credit.values import candidate_answers
 from credo.policy.base import left_pad, right_pad, strip_eos
 from credo.probe import Probe, prompt_tokens
 from credo.rollouts import Credit, Rollouts
-from credo.segment import broadcast_segments, segment_bounds, segmenter_config
+from credo.segment import broadcast_segments, check_segmenter_option, segment_bounds, segments_for
 
 
 @dataclass(frozen=True)
 class AttributionConfig:
-    """segmenter: players (default lines). target: gold | own. batch_size: contexts per forward.
+    """segmenter: the players ('' = the batch's segments, by the task's own segmenter). target: gold | own. batch_size: contexts per forward.
     coarse_to_fine / refine_top (loo). permutations, seed (shapley). unit: token | segment (oar)."""
 
-    segmenter: Any = "lines"
+    segmenter: Any = ""
     target: str = "gold"
     batch_size: int = 512
     coarse_to_fine: int = 0
@@ -58,7 +58,7 @@ class AttributionConfig:
     unit: str = "token"
 
     def __post_init__(self) -> None:
-        segmenter_config(self.segmenter)
+        check_segmenter_option(self.segmenter)
         check(self.target in ("gold", "own"), f"credit.target must be 'gold' or 'own', got {self.target!r}")
         check(self.batch_size > 0, f"credit.batch_size must be > 0, got {self.batch_size}")
         check(self.coarse_to_fine >= 0 and self.refine_top >= 1, "credit.coarse_to_fine must be >= 0 and credit.refine_top >= 1")
@@ -76,7 +76,7 @@ class Players:
 
 
 def players(rollouts: Rollouts, probe: Probe, config: AttributionConfig) -> tuple[torch.Tensor, Players]:
-    segment_ids = probe.segment(rollouts, config.segmenter)
+    segment_ids = segments_for(rollouts, probe, config.segmenter)
     bounds = segment_bounds(segment_ids)
     tokens, spans = [], []
     for row, segs in enumerate(bounds):

@@ -20,7 +20,7 @@ from credo.credit.registry import register
 from credo.credit.values import mc_values
 from credo.probe import Probe
 from credo.rollouts import Credit, Rollouts
-from credo.segment import broadcast_segments, segmenter_config
+from credo.segment import broadcast_segments, check_segmenter_option, segments_for, segmenter_config
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -38,22 +38,22 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -
 
 @dataclass(frozen=True)
 class VinePPOConfig:
-    """k: continuations per segment boundary (VinePPO uses 9). segmenter: name or mapping (see
-    credo.segment). batch_size: continuations sampled per forward batch. whiten: standardise the
+    """k: continuations per segment boundary (VinePPO uses 9). segmenter: '' (default) = the batch's
+    segments (the task's own segmenter), or a name or mapping (see credo.segment). batch_size: continuations sampled per forward batch. whiten: standardise the
     token advantages over the batch's trainable tokens, as VinePPO's trainer does before its loss
     (`whiten_advantages: true`); without it the MC step differences are ~4x smaller than GRPO's
     advantages. The audit turns it off (a positive affine map leaves its rank figures unchanged,
     and segment_credit stays the raw V(s_k) - V(s_{k-1}) either way)."""
 
     k: int = 9
-    segmenter: Any = "lines"
+    segmenter: Any = ""
     batch_size: int = 1024
     whiten: bool = True
 
     def __post_init__(self) -> None:
         check(self.k > 0, f"credit.k must be > 0, got {self.k}")
         check(self.batch_size > 0, f"credit.batch_size must be > 0, got {self.batch_size}")
-        segmenter_config(self.segmenter)
+        check_segmenter_option(self.segmenter)
 
 
 @register("vineppo", "VinePPO-style MC: k continuations per segment boundary, A_k = V(s_k) - V(s_{k-1})",
@@ -62,7 +62,7 @@ def vineppo(rollouts: Rollouts, probe: Probe, config: VinePPOConfig) -> Credit:
     """Cost: k * (number of non-terminal boundaries) continuations per trace, each generated in full.
     VinePPO's code whitens per (distributed) mini-batch inside its loss; credo whitens once over the
     whole batch the credit is computed for."""
-    segment_ids = probe.segment(rollouts, config.segmenter)
+    segment_ids = segments_for(rollouts, probe, config.segmenter)
     mc = mc_values(probe, rollouts, segment_ids, config.k, config.batch_size)
     diffs = mc.differences()
     mask = rollouts.trainable_mask()
@@ -90,7 +90,7 @@ class SPOChainConfig:
 
 
 @register("spo_chain", "SPO-chain: MC values at low-probability cutpoints; gradient only on tokens with p_old < 0.9",
-          SPOChainConfig, uses_model=True, needs_segments=True)
+          SPOChainConfig, uses_model=True)
 def spo_chain(rollouts: Rollouts, probe: Probe, config: SPOChainConfig) -> Credit:
     """Cost: k continuations per cutpoint segment boundary. The probability mask keeps the gradient
     on the tokens where the policy actually made a choice."""

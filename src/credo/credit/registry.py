@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 
 from credo.config import UserError, from_dict
+from credo.segment import with_segments
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,10 @@ class NoConfig:
 
 @dataclass(frozen=True)
 class EstimatorSpec:
+    """A registered estimator. uses_model: it needs a Probe. needs_segments: it reads the batch's segments
+    (`rollouts.segment_ids`): unless its config names a `segmenter` of its own, the call fills them first,
+    once, by the task's default segmenter (the segmentation stage, credo.segment.with_segments)."""
+
     name: str
     fn: Callable[..., Any]
     config_cls: type
@@ -45,9 +50,12 @@ class EstimatorSpec:
         if self.uses_model and probe is None:
             raise ValueError(f"estimator {self.name!r} uses the model: pass a Probe")
         check_rewards(rollouts)
+        config = config if config is not None else self.make_config()
         if probe is not None:
             probe.take_cost()
-        result = self.fn(rollouts, probe, config if config is not None else self.make_config())
+            if self.needs_segments and getattr(config, "segmenter", "") == "":
+                rollouts = with_segments(rollouts, probe)  # its cost (an entropy pass) is the estimator's
+        result = self.fn(rollouts, probe, config)
         if probe is not None:
             result.cost = result.cost + probe.take_cost()
         return result

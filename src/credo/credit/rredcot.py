@@ -38,7 +38,7 @@ from credo.credit.registry import register
 from credo.credit.values import VALUE_MODES, answer_values, step_differences, suffix_values
 from credo.probe import Probe
 from credo.rollouts import Credit, Rollouts
-from credo.segment import broadcast_segments, segmenter_config
+from credo.segment import broadcast_segments, check_segmenter_option, segments_for
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,9 @@ class RREDCoTConfig:
     include_gold: add the gold answer to the answer candidates. v0: probe | group_mean (V(s_0)).
     mode: additive | replace | weight. lam: strength of the redistribution. w_max: weight cap
     (weight mode). center: centre z per trace in additive mode. skip_uniform_groups: groups whose
-    rewards are all equal keep GRPO's advantage (0) and stay out of z. segmenter: name or mapping
-    ('lines' on arith; 'keyword_entropy' on free-form CoT). reuse_prefix: score all candidates of a
+    rewards are all equal keep GRPO's advantage (0) and stay out of z. segmenter: '' (default) = the
+    batch's segments, cut by the task's own segmenter ('lines' on arith, 'keyword_entropy' on free-form
+    CoT); or a segmenter name or mapping of this estimator's own (credo.segment). reuse_prefix: score all candidates of a
     trace off one KV cache (False re-reads every prefix; same values, more cost)."""
 
     candidates: str = "suffixes"
@@ -64,7 +65,7 @@ class RREDCoTConfig:
     w_max: float = 3.0
     center: bool = True
     skip_uniform_groups: bool = False
-    segmenter: Any = "lines"
+    segmenter: Any = ""
     reuse_prefix: bool = True
 
     def __post_init__(self) -> None:
@@ -74,7 +75,7 @@ class RREDCoTConfig:
         check(self.mode in ("additive", "replace", "weight"), f"credit.mode must be additive|replace|weight, got {self.mode!r}")
         check(0 <= self.lam <= 100, f"credit.lam must be in [0, 100], got {self.lam}")
         check(1 <= self.w_max <= 100, f"credit.w_max must be in [1, 100], got {self.w_max}")
-        segmenter_config(self.segmenter)
+        check_segmenter_option(self.segmenter)
 
     @property
     def value_mode(self) -> str:
@@ -137,7 +138,7 @@ def _standardise(R: list[torch.Tensor], gather: Any = None) -> list[torch.Tensor
 @register("rredcot", "RREDCoT: segment credit V(s_k) - V(s_{k-1}), V the policy's own IS value over its group's tails (+ reference), no generation",
           RREDCoTConfig, uses_model=True, needs_segments=True)
 def rredcot(rollouts: Rollouts, probe: Probe, config: RREDCoTConfig) -> Credit:
-    segment_ids = probe.segment(rollouts, config.segmenter)
+    segment_ids = segments_for(rollouts, probe, config.segmenter)
     values = probe_values(rollouts, probe, segment_ids, config)
     R = redistribute(values)
     advantages, weights = advantages_from_redistribution(rollouts, segment_ids, R, config, probe.gather)

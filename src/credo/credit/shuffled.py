@@ -1,4 +1,4 @@
-"""`shuffled:of=<method>`: the control of a credit method (METHODS.md, Controls).
+"""`shuffled:of=<method>`: the control of a credit method (docs/methods.md, "## Controls").
 
 The wrapped method runs as usual; then, in each trace, its segments' credit is permuted among the
 segments (a seeded uniform permutation per trace), and its token weights move with the same
@@ -24,14 +24,14 @@ import torch
 from credo.config import check
 from credo.credit.registry import get, register
 from credo.rollouts import Credit, Rollouts
-from credo.segment import segment_bounds, segmenter_config
+from credo.segment import check_segmenter_option, segment_bounds, segments_for
 
 
 @dataclass(frozen=True)
 class ShuffledConfig:
     """of: the wrapped estimator. seed: of the permutations (combined with a digest of the batch, so
     every batch gets its own permutations and the same batch always the same). segmenter: '' = the
-    wrapped method's own (`lines` when it has none). options: the wrapped method's options; any key
+    wrapped method's own (the batch's segments when it has none). options: the wrapped method's options; any key
     not named here lands in it (`shuffled:of=rredcot:candidates=answers`)."""
 
     EXTRA_OPTIONS_FIELD = "options"
@@ -48,8 +48,7 @@ class ShuffledConfig:
         except KeyError as err:
             raise ValueError(f"credit.of: {err.args[0]}") from None
         inner.make_config(self.options)  # the wrapped method's options are checked now, naming the field
-        if self.segmenter != "":
-            segmenter_config(self.segmenter)
+        check_segmenter_option(self.segmenter)
 
 
 def _resample(source: torch.Tensor, length: int) -> torch.Tensor:
@@ -92,23 +91,14 @@ def shuffled(rollouts: Rollouts, probe: Any, config: ShuffledConfig) -> Credit:
     inner = get(config.of)
     inner_config = inner.make_config(config.options)
     credit = inner(rollouts, probe, inner_config)  # its cost is counted inside
-    segmenter = config.segmenter or getattr(inner_config, "segmenter", "lines") or "lines"
-    bounds = segment_bounds(_segment_ids(rollouts, probe, segmenter))
+    segmenter = config.segmenter or getattr(inner_config, "segmenter", "")
+    bounds = segment_bounds(segments_for(rollouts, probe, segmenter))
     orders = permutations(bounds, rollouts, config.seed)
     mask = rollouts.trainable_mask().to(credit.advantages.dtype)
     advantages = permute_segments(credit.advantages, bounds, orders, keep_sign=False) * mask
     weights = None if credit.weights is None else permute_segments(credit.weights, bounds, orders, keep_sign=True)
     return Credit(advantages=advantages, weights=weights, loss_mask=credit.loss_mask, cost=credit.cost,
                   info={**credit.info, "shuffled_fixed_points": _fixed_point_share(orders)})
-
-
-def _segment_ids(rollouts: Rollouts, probe: Any, segmenter: Any) -> torch.Tensor:
-    """segment_ids[B, T]: cut by the probe (it holds the tokenizer); without one, the rollouts' own."""
-    if probe is not None:
-        return probe.segment(rollouts, segmenter)
-    if rollouts.segment_ids is not None:
-        return rollouts.segment_ids
-    raise ValueError("shuffled needs a Probe (or rollouts.segment_ids) to find each trace's segments")
 
 
 def _fixed_point_share(orders: list[torch.Tensor]) -> float:

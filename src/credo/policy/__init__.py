@@ -33,7 +33,9 @@ def load_policy(path: str, device: str = "cpu", lora_r: int = 0, lora_alpha: int
 
 
 def bind_task(policy: "Policy", task: object) -> "Policy":
-    """Give a chat backend the task's system prompt (the answer format its verifier expects)."""
-    if hasattr(policy, "system_prompt") and getattr(task, "system_prompt", None) and not getattr(policy, "system_prompt", None):
-        policy.system_prompt = task.system_prompt
+    """Give the policy the task's system prompt (the answer format its verifier expects), unless it has one
+    already (a saved chat checkpoint keeps its own). Only a chat backend renders it."""
+    task_system = getattr(task, "system_prompt", None)  # a task without one (arith) states none
+    if task_system and not policy.system_prompt:
+        policy.system_prompt = task_system
     return policy

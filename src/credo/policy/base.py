@@ -13,6 +13,8 @@ from typing import Callable, Protocol, Sequence
 import torch
 import torch.nn.functional as F
 
+from credo.rollouts import Prompt
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -40,8 +42,9 @@ class Policy(Protocol):
     model: torch.nn.Module
     pad_id: int
     eos_id: int
+    system_prompt: str | None  # a chat backend's system turn before every prompt (the bound task's); others: None
 
-    def encode_prompts(self, texts: Sequence[str], system: bool = True) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def encode_prompts(self, texts: Sequence[str | Prompt], system: bool = True) -> tuple[torch.Tensor, torch.Tensor]: ...
     def encode_completions(self, texts: Sequence[str], eos: bool = True) -> tuple[torch.Tensor, torch.Tensor]: ...
     def encode_continuation(self, text: str, eos: bool = False) -> list[int]: ...
     def decode(self, ids: torch.Tensor) -> str: ...
@@ -71,6 +74,17 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | 
             ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
             mask[i, width - len(r):] = True
     return ids.to(device), mask.to(device)
+
+
+def as_prompt(text: str | Prompt) -> Prompt:
+    """A task's prompt as a Prompt (a plain string is the user turn)."""
+    return text if isinstance(text, Prompt) else Prompt(user=text)
+
+
+def render_plain(text: str | Prompt) -> str:
+    """A prompt as one text for a backend without a chat template: its system part, a blank line, the user part."""
+    prompt = as_prompt(text)
+    return (prompt.system + "\n\n" if prompt.system else "") + prompt.user
 
 
 def strip_eos(ids: Sequence[int], eos_id: int) -> list[int]:
@@ -139,6 +153,27 @@ def generate(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], prompt_
     completion_mask = ~done_before
     completion_ids = completion_ids.masked_fill(~completion_mask, pad_id)
     return Samples(completion_ids, completion_mask, torch.stack(logps, 1) * completion_mask)
+
+
+class CompletionScoring:
+    """`completion_logits` and `score` of a backend, from its one full forward `forward_logits`."""
+
+    def forward_logits(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """ids[B, L] (left-padded prompt + right-padded completion), mask[B, L] -> logits[B, L, V]."""
+        raise NotImplementedError
+
+    def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                          completion_mask: torch.Tensor) -> torch.Tensor:
+        """logits[B, T, V] predicting each completion token (grad follows torch.is_grad_enabled)."""
+        P, T = prompt_ids.shape[1], completion_ids.shape[1]
+        logits = self.forward_logits(torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1))
+        return logits[:, P - 1:P + T - 1]
+
+    def score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+              completion_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logprobs[B, T], entropy[B, T] | None) of the given completions, zero on padding."""
+        logits = self.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        return gather_logprobs(logits, completion_ids, completion_mask, entropy)
 
 
 def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor,

@@ -17,12 +17,13 @@ from typing import Sequence
 
 import torch
 
-from credo.policy.base import (SamplingConfig, Samples, gather_logprobs, generate, left_pad, right_pad,
-                               score_branches_by_rescoring)
+from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, generate, left_pad, render_plain,
+                               right_pad, score_branches_by_rescoring)
+from credo.rollouts import Prompt
 from credo.runs import atomic_directory
 
 
-class HFPolicy:
+class HFPolicy(CompletionScoring):
     """A transformers causal LM + tokenizer with the interface of credo.policy.base.Policy."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: object, device: str | torch.device = "cpu",
@@ -66,19 +67,19 @@ class HFPolicy:
         pad = self.tokenizer.pad_token_id
         return int(pad if pad is not None else self.tokenizer.eos_token_id)
 
-    def format_prompt(self, text: str, system: bool = True) -> str:
-        """Chat template with the task's system prompt; text before a SYSTEM_SPLIT marker (SC-GRPO's
-        reference solution) joins the system prompt. system=False: a bare user turn, no task system
-        prompt (SRPO's localisation request, as its public code sends it)."""
-        from credo.tasks.chat import SYSTEM_SPLIT
-        extra, _, user = text.rpartition(SYSTEM_SPLIT)
+    def format_prompt(self, text: str | Prompt, system: bool = True) -> str:
+        """Chat template: the bound task system prompt, then the prompt's own system part (SC-GRPO's
+        reference solution), as the system message; the user part as the user turn. system=False: no
+        task system prompt (SRPO's localisation request is a bare user turn, as its public code sends it).
+        Without a chat template: credo.policy.base.render_plain."""
         if not self.chat:
-            return (extra + "\n\n" if extra else "") + user
-        system = "\n\n".join(x for x in ((self.system_prompt if system else None), extra) if x)
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+            return render_plain(text)
+        prompt = as_prompt(text)
+        system_text = "\n\n".join(x for x in ((self.system_prompt if system else None), prompt.system) if x)
+        messages = ([{"role": "system", "content": system_text}] if system_text else []) + [{"role": "user", "content": prompt.user}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def encode_prompts(self, texts: Sequence[str], system: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_prompts(self, texts: Sequence[str | Prompt], system: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         rows = [self.tokenizer(self.format_prompt(t, system), add_special_tokens=not self.chat)["input_ids"] for t in texts]
         return left_pad(rows, self.pad_id, self.device)
 
@@ -125,18 +126,8 @@ class HFPolicy:
         self.model.train(was_training)
         return result
 
-    def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                          completion_mask: torch.Tensor) -> torch.Tensor:
-        P, T = prompt_ids.shape[1], completion_ids.shape[1]
-        seq = torch.cat([prompt_ids, completion_ids], 1)
-        mask = torch.cat([prompt_mask, completion_mask], 1)
-        logits = self.model(input_ids=seq, attention_mask=mask.long(), position_ids=self._positions(mask)).logits
-        return logits[:, P - 1:P + T - 1]
-
-    def score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-              completion_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        logits = self.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
-        return gather_logprobs(logits, completion_ids, completion_mask, entropy)
+    def forward_logits(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=mask.long(), position_ids=self._positions(mask)).logits
 
     @torch.no_grad()
     def score_branches(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,

@@ -9,15 +9,18 @@ from typing import Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
-from credo.policy.base import (SamplingConfig, Samples, gather_logprobs, generate, left_pad, right_pad,
+from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, generate, left_pad, render_plain, right_pad,
                                score_branches_by_rescoring)
 from credo.policy.gpt import GPT, GPTConfig
 from credo.policy.tokenizer import CharTokenizer
+from credo.rollouts import Prompt
 from credo.runs import atomic_directory
 
 
-class TinyPolicy:
+class TinyPolicy(CompletionScoring):
     """A GPT of our own with a character tokenizer. Sampling uses a preallocated KV cache."""
+
+    system_prompt: str | None = None  # no system turn: a bound task system prompt is not rendered
 
     def __init__(self, model: GPT, tokenizer: CharTokenizer, device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
@@ -34,10 +37,10 @@ class TinyPolicy:
         return cls(model, tokenizer, device)
 
     # --- text <-> tensors -------------------------------------------------------------------------
-    def encode_prompts(self, texts: Sequence[str], system: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prompts -> (ids[B, P] left-padded with BOS first, mask[B, P]). `system` is unused: the tiny
-        model has no system prompt."""
-        return left_pad([self.tokenizer.encode(t, bos=True) for t in texts], self.tokenizer.pad_id, self.device)
+    def encode_prompts(self, texts: Sequence[str | Prompt], system: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompts -> (ids[B, P] left-padded with BOS first, mask[B, P]), each rendered as plain text.
+        `system` and `system_prompt` are unused: the tiny model has no system turn."""
+        return left_pad([self.tokenizer.encode(render_plain(t), bos=True) for t in texts], self.tokenizer.pad_id, self.device)
 
     def encode_completions(self, texts: Sequence[str], eos: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         return right_pad([self.tokenizer.encode(t, eos=eos) for t in texts], self.tokenizer.pad_id, self.device)
@@ -80,21 +83,8 @@ class TinyPolicy:
         self.model.train(was_training)
         return out
 
-    def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                          completion_mask: torch.Tensor) -> torch.Tensor:
-        """logits[B, T, V] predicting each completion token (grad follows torch.is_grad_enabled)."""
-        P = prompt_ids.shape[1]
-        T = completion_ids.shape[1]
-        seq = torch.cat([prompt_ids, completion_ids], 1)
-        mask = torch.cat([prompt_mask, completion_mask], 1)
-        logits = self.model(seq, mask)
-        return logits[:, P - 1:P + T - 1]
-
-    def score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-              completion_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logprobs[B, T], entropy[B, T] | None) of the given completions, zero on padding."""
-        logits = self.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
-        return gather_logprobs(logits, completion_ids, completion_mask, entropy)
+    def forward_logits(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, mask)
 
     @torch.no_grad()
     def score_branches(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,

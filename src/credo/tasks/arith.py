@@ -74,6 +74,8 @@ class ArithTask:
     """Chain arithmetic; see the module docstring for the format and the step-truth rule."""
 
     has_step_labels = True
+    default_segmenter = "lines"  # one arithmetic step per line: segments line up with the step labels
+    system_prompt = None  # the tiny model has no system turn
     alphabet = ALPHABET
     banned_in_sampling = PROBE_MARKER + REFERENCE_SEPARATOR
 

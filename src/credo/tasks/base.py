@@ -14,6 +14,8 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from credo.rollouts import Prompt
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -38,6 +40,8 @@ class StepTruth:
 class Task(Protocol):
     name: str
     has_step_labels: bool
+    default_segmenter: str  # the segmenter its completions are cut by (credo.segment): lines, keyword_entropy, ...
+    system_prompt: str | None  # the answer format a chat policy is told in its system turn (credo.policy.bind_task)
 
     def train_problems(self, n: int, generator: torch.Generator) -> list[Problem]: ...
     def heldout_problems(self, n: int) -> list[Problem]: ...
@@ -48,7 +52,8 @@ class Task(Protocol):
     def reward(self, problem: Problem, completion: str) -> float: ...
     def step_truth(self, problem: Problem, completion: str) -> StepTruth | None: ...
     def answer_probe(self, answer: str) -> tuple[str, str]: ...
-    def reference_prompt(self, problem: Problem, reference_solution: str) -> str: ...
+    def reference_prompt(self, problem: Problem, reference_solution: str) -> str | Prompt: ...
+    # a str is a user turn; a Prompt also carries system-turn text (the policy renders either)
 
 
 def rewards_for(task: Task, problems: Sequence[Problem], completions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
-# A chat backend splits a prompt at this marker: what precedes it joins the system prompt.
-SYSTEM_SPLIT = "\x00"
+from credo.rollouts import Prompt
 
 
-def reference_prompt(question: str, reference_solution: str) -> str:
-    """SC-GRPO teacher context for chat models: the verified solution goes into the system prompt."""
-    return ("A verified correct solution to the user's problem follows; use it as a reference.\n\n"
-            + reference_solution + SYSTEM_SPLIT + question)
+def reference_prompt(question: str, reference_solution: str) -> Prompt:
+    """SC-GRPO teacher context for chat models: the verified solution goes into the system turn."""
+    return Prompt(user=question, system="A verified correct solution to the user's problem follows; use it as a "
+                                        "reference.\n\n" + reference_solution)
 
 
 def localisation_prompt(question: str, steps: Sequence[str]) -> str:
@@ -47,7 +46,7 @@ class FreeFormTask:
     def step_truth(self, problem, completion):  # noqa: ANN001
         return None
 
-    def reference_prompt(self, problem, reference_solution: str) -> str:  # noqa: ANN001
+    def reference_prompt(self, problem, reference_solution: str) -> Prompt:  # noqa: ANN001
         return reference_prompt(problem.prompt, reference_solution)
 
     def localisation_prompt(self, problem, steps: Sequence[str]) -> str:  # noqa: ANN001

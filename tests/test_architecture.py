@@ -1,0 +1,154 @@
+"""The package's shape, checked from its source with `ast` (docs/architecture.md):
+
+- `credit/` never imports the trainer (`train`), the rollout strategies (`strategies`, `resets`) or a
+  sibling estimator module; its shared helpers (registry, values, groups) are fine;
+- `policy/` (a backend) never imports `tasks` (a task's prompt protocol) or `credit`;
+- the import graph has no cycle (function-level imports included);
+- no file in src/ is longer than 400 lines and no function longer than 60.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+SRC = os.path.join(os.path.dirname(__file__), "..", "src")
+PACKAGE = os.path.join(SRC, "credo")
+CREDIT_HELPERS = {"credo.credit", "credo.credit.registry", "credo.credit.values", "credo.credit.groups"}
+MAX_FILE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def module_files() -> dict[str, str]:
+    """Module name -> path of every .py file of the package."""
+    out = {}
+    for root, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                parts = os.path.relpath(path, SRC)[:-3].split(os.sep)
+                if parts[-1] == "__init__":
+                    parts = parts[:-1]
+                out[".".join(parts)] = path
+    return out
+
+
+def imports_of(module: str, path: str, known: set[str]) -> set[str]:
+    """The credo modules `module` imports anywhere in its file (`from a import b` counts as a.b when a.b
+    is a module, else as a); TYPE_CHECKING-only imports included (they still state a dependency)."""
+    tree = ast.parse(open(path).read(), path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        found.update(n for n in names if n.split(".")[0] == "credo" and n in known)
+    found.discard(module)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = module_files()
+    return {m: imports_of(m, p, set(files)) for m, p in files.items()}
+
+
+def rule_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that breaks a layering rule, as 'importer -> imported (rule)'."""
+    out = []
+    for module, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            if module.startswith("credo.credit.") and module not in CREDIT_HELPERS:
+                if dep.startswith("credo.credit.") and dep not in CREDIT_HELPERS:
+                    out.append(f"{module} -> {dep} (sibling estimator)")
+            if module.startswith("credo.credit"):
+                if dep in ("credo.train", "credo.strategies", "credo.resets") or dep.startswith("credo.integrations"):
+                    out.append(f"{module} -> {dep} (credit/ above the estimators)")
+            if module.startswith("credo.policy") and (dep.startswith("credo.tasks") or dep.startswith("credo.credit")):
+                out.append(f"{module} -> {dep} (a backend knows no task or estimator)")
+    return out
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (a list of modules, first == last), or None. A package's __init__ importing its own
+    submodules (re-exports) is no cycle with them: the submodules' imports of the package's siblings
+    name the submodules, never the package."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                return stack[stack.index(dep):] + [dep]
+            if dep not in state:
+                cycle = visit(dep)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_rules_see_a_break_and_a_cycle() -> None:
+    """The checks themselves: a planted break and a planted cycle are found."""
+    graph = {"credo.credit.mc": {"credo.credit.rredcot", "credo.train"}, "credo.policy.hf": {"credo.tasks.chat"},
+             "credo.credit.rredcot": {"credo.credit.values"}, "credo.a": {"credo.b"}, "credo.b": {"credo.a"}}
+    assert rule_breaks(graph) == ["credo.credit.mc -> credo.credit.rredcot (sibling estimator)",
+                                  "credo.credit.mc -> credo.train (credit/ above the estimators)",
+                                  "credo.policy.hf -> credo.tasks.chat (a backend knows no task or estimator)"]
+    assert find_cycle(graph) == ["credo.a", "credo.b", "credo.a"]
+    assert find_cycle({"credo.a": {"credo.b"}, "credo.b": set()}) is None
+
+
+def test_imports_are_resolved_to_modules() -> None:
+    graph = import_graph()
+    assert "credo.credit.registry" in graph["credo.credit.rredcot"]
+    assert "credo.policy.base" in graph["credo.probe"]
+
+
+def test_import_rules_hold() -> None:
+    assert rule_breaks(import_graph()) == []
+
+
+def test_no_import_cycle() -> None:
+    assert find_cycle(import_graph()) is None
+
+
+def test_no_file_over_400_lines() -> None:
+    long = {os.path.relpath(p, SRC): n for p in module_files().values()
+            if (n := sum(1 for _ in open(p))) > MAX_FILE_LINES}
+    assert long == {}
+
+
+def long_functions() -> dict[str, int]:
+    out = {}
+    for path in module_files().values():
+        tree = ast.parse(open(path).read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    out[f"{os.path.relpath(path, SRC)}:{node.lineno} {node.name}"] = length
+    return out
+
+
+def test_no_function_over_60_lines() -> None:
+    assert long_functions() == {}
