@@ -103,13 +103,13 @@ def markdown(result: dict, command: str) -> str:
     r = result
     lines = [f"# Calibration of `{r['task']}` on its SFT start", "", f"`{command}`", "",
              f"start `{r['checkpoint']}`: SFT {r['sft_minutes']:.1f} min ({r['sft_step']} steps, validation greedy "
-             f"{r['sft_val_accuracy']}); reference: {r['n']} sampled traces (T=1, groups of 8), K_ref={r['k_ref']}, "
+             f"{r['sft_val_accuracy']}); reference: {r['n']} sampled traces (T={r['temperature']}, groups of 8), K_ref={r['k_ref']}, "
              f"{r['mean_segments_per_trace']:.1f} segments per trace, {r['reference_generated_tokens_per_trace']:.0f} "
              f"tokens generated per trace.", "",
              "| figure | measured | goal | met |", "|---|---|---|---|",
              f"| held-out greedy accuracy (n={r['eval_n']}) | {r['heldout_greedy_accuracy']:.3f} | 0.25-0.45 | "
              f"{r['goals']['greedy accuracy in [0.25, 0.45]']} |",
-             f"| sampled accuracy (T=1) | {r['sampled_accuracy']:.3f} | | |",
+             f"| sampled accuracy (T={r['temperature']}) | {r['sampled_accuracy']:.3f} | | |",
              f"| largest first-error position share (sampled, {r['sampled_wrong']} wrong) | "
              f"{max(r['sampled_first_error_shares'].values(), default=float('nan')):.3f} | <= 0.25 | "
              f"{r['goals']['no first-error position > 25% (sampled)']} |",
@@ -138,6 +138,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=256, help="sampled traces for the reference (audit --n)")
     parser.add_argument("--k-ref", type=int, default=32)
     parser.add_argument("--eval-n", type=int, default=500, help="held-out problems for greedy accuracy")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="sampling temperature of the audited traces and of the reference continuations")
     parser.add_argument("--out", default="docs/results/arith-long-calibration")
     args = parser.parse_args()
     started = time.time()
@@ -145,7 +147,8 @@ def main() -> None:
     task = make_task(args.task)
     policy = bind_task(load_policy(checkpoint), task)
     policy.model.eval()
-    config = AuditConfig(checkpoint=checkpoint, task=args.task, n=args.n, k_ref=args.k_ref)
+    config = AuditConfig(checkpoint=checkpoint, task=args.task, n=args.n, k_ref=args.k_ref,
+                         temperature=args.temperature)
     problems = task.heldout_problems(args.eval_n)
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=config.max_new_tokens)
     texts, _ = complete(policy, problems, greedy, torch.Generator().manual_seed(0))
@@ -161,7 +164,7 @@ def main() -> None:
     sft = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
     sharp = reference_sharpness(data, first_errors)
     result = {
-        "task": args.task, "task_config": vars(task.config), "checkpoint": checkpoint, "n": args.n, "k_ref": args.k_ref,
+        "task": args.task, "temperature": args.temperature, "task_config": vars(task.config), "checkpoint": checkpoint, "n": args.n, "k_ref": args.k_ref,
         "sft_minutes": sft.get("seconds", float("nan")) / 60, "sft_step": sft.get("step"),
         "sft_val_accuracy": sft.get("val_accuracy"),
         "heldout_greedy_accuracy": greedy_accuracy, "eval_n": len(problems),
@@ -184,7 +187,7 @@ def main() -> None:
     command = "python bench/calibrate_arith_long.py " + " ".join(sys.argv[1:])
     with open(os.path.join(args.out, "calibration.md"), "w") as f:
         f.write(markdown(result, command.strip()))
-    plot({"sampled (T=1)": result["sampled_first_error_shares"], "greedy": result["greedy_first_error_shares"]},
+    plot({f"sampled (T={args.temperature})": result["sampled_first_error_shares"], "greedy": result["greedy_first_error_shares"]},
          os.path.join(args.out, "first_errors.png"))
     print(json.dumps(result, indent=2))
 
