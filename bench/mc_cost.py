@@ -40,10 +40,9 @@ def main() -> None:
         for k in (4, 8, 16, 32):
             probe = Probe(policy, task, sampling, torch.Generator().manual_seed(1))
             seg = probe.segment(r, "lines")
-            probe.take_cost()
             start = time.perf_counter()
-            mc_values(probe, r, seg, k)
-            spent = probe.take_cost()
+            with probe.metered() as spent:
+                mc_values(probe, r, seg, k)
             seconds = time.perf_counter() - start
             rows.append({"terms": terms, "trace_tokens": length, "k": k,
                          "generated_per_trace": spent.tokens_generated / r.batch_size,

@@ -26,7 +26,7 @@ from common import write  # noqa: E402
 from credo.policy import bind_task, load_policy  # noqa: E402
 from credo.policy.base import SamplingConfig  # noqa: E402
 from credo.probe import Probe  # noqa: E402
-from credo.resets import localisation_replies, parse_step  # noqa: E402
+from credo.strategies.localisers import localisation_replies, parse_step  # noqa: E402
 from credo.segment import segment_bounds  # noqa: E402
 from credo.strategies import sample_groups  # noqa: E402
 from credo.tasks import make_task  # noqa: E402
@@ -57,9 +57,9 @@ def main() -> None:
     out = []
     for budget in [int(b) for b in args.budgets.split(",")]:
         start = time.perf_counter()
-        probe.take_cost()
-        replies = localisation_replies(r, rows, probe, seg, 0.3, budget)
-        generated = probe.take_cost().tokens_generated
+        with probe.metered() as spent:
+            replies = localisation_replies(r, rows, probe, seg, 0.3, budget)
+        generated = spent.tokens_generated
         parsed = [parse_step(reply, n) for reply, n in zip(replies, n_steps)]
         rules = [rule for _, rule in parsed]
         cut = sum(1 for reply in replies if len(policy.encode_continuation(reply)) >= budget)

@@ -59,10 +59,10 @@ def main() -> None:
             for reuse in (True, False):
                 probe = Probe(policy, task, SamplingConfig(), torch.Generator().manual_seed(0))
                 seg_ids = probe.segment(r, seg)
-                probe.take_cost()
                 start = time.perf_counter()
-                probe_values(r, probe, seg_ids, RREDCoTConfig(candidates="answers", segmenter=seg, reuse_prefix=reuse))
-                result[reuse] = (probe.take_cost().tokens_scored / args.traces, time.perf_counter() - start)
+                with probe.metered() as spent:
+                    probe_values(r, probe, seg_ids, RREDCoTConfig(candidates="answers", segmenter=seg, reuse_prefix=reuse))
+                result[reuse] = (spent.tokens_scored / args.traces, time.perf_counter() - start)
             rows.append({"trace_tokens": length, "segments": segments,
                          "scored_per_trace_reuse": result[True][0], "scored_per_trace_no_reuse": result[False][0],
                          "tokens_ratio": result[False][0] / result[True][0],

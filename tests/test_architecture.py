@@ -71,7 +71,7 @@ def rule_breaks(graph: dict[str, set[str]]) -> list[str]:
                 if dep.startswith("credo.credit.") and dep not in CREDIT_HELPERS:
                     out.append(f"{module} -> {dep} (sibling estimator)")
             if module.startswith("credo.credit"):
-                if dep in ("credo.train", "credo.strategies", "credo.resets") or dep.startswith("credo.integrations"):
+                if dep == "credo.train" or dep.startswith(("credo.strategies", "credo.integrations")):
                     out.append(f"{module} -> {dep} (credit/ above the estimators)")
             if module.startswith("credo.policy") and (dep.startswith("credo.tasks") or dep.startswith("credo.credit")):
                 out.append(f"{module} -> {dep} (a backend knows no task or estimator)")

@@ -11,7 +11,7 @@ from credo import credit  # noqa: E402
 from credo.policy.base import SamplingConfig  # noqa: E402
 from credo.policy.hf import HFPolicy  # noqa: E402
 from credo.probe import Probe  # noqa: E402
-from credo.resets import localise  # noqa: E402
+from credo.strategies.localisers import localise  # noqa: E402
 from credo.rollouts import Rollouts  # noqa: E402
 from credo.tasks import make_task  # noqa: E402
 from credo.tasks.base import rewards_for  # noqa: E402

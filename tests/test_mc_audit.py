@@ -56,10 +56,9 @@ def test_mc_cost_counts_every_continuation(policy):
     r = rollouts_of(policy, task, texts)
     probe = probe_for(policy, task)
     seg = probe.segment(r, "lines")
-    probe.take_cost()
     k = 4
-    mc_values(probe, r, seg, k=k)
-    spent = probe.take_cost()
+    with probe.metered() as spent:
+        mc_values(probe, r, seg, k=k)
     boundaries = 2 + 2 + 1  # s_0 and s_1 for two-line traces, s_0 for the one-segment trace
     prefix_tokens = sum(int(r.prompt_mask[i].sum()) + cut for i, cuts in enumerate([[0, 9], [0, 9], [0]]) for cut in cuts)
     assert spent.tokens_scored == k * prefix_tokens

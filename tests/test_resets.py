@@ -8,7 +8,10 @@ from credo import credit
 from credo.loss import LossConfig, policy_loss
 from credo.policy.base import SamplingConfig, Samples
 from credo.probe import Probe
-from credo.resets import ResetConfig, collect_resets, localise, parse_step, parse_step_index
+from credo import strategies
+from credo.strategies import SamplingContext
+from credo.strategies.localisers import localise, parse_step, parse_step_index
+from credo.strategies.resets import ResetConfig
 from credo.tasks.arith import ArithTask
 from credo.tasks.base import Problem
 from credo.train import Trainer, load_train_config
@@ -41,6 +44,12 @@ class Solver:
 def draw(task, seed=0):
     g = torch.Generator().manual_seed(seed)
     return lambda n: task.train_problems(n, g)
+
+
+def collect_resets(policy, task, draw, n_prompts, config, sampling, generator, probe, rng):
+    """The registered `resets` strategy, as the trainer calls it."""
+    ctx = SamplingContext(policy, task, draw, sampling, generator, probe, rng)
+    return strategies.make("resets", config).collect(ctx, n_prompts)
 
 
 def test_reset_groups_parent_excluded_prefix_masked(policy):

@@ -7,7 +7,10 @@ import torch
 from credo.policy import bind_task
 from credo.policy.base import SamplingConfig
 from credo.probe import Probe
-from credo.resets import ResetConfig, collect_resets, localise
+from credo import strategies
+from credo.strategies import SamplingContext
+from credo.strategies.localisers import localise
+from credo.strategies.resets import ResetConfig
 from test_hf import gym_task, hf_policy  # noqa: F401  (fixtures)
 
 
@@ -54,14 +57,15 @@ def test_prompt_localiser_sends_a_bare_user_turn_and_parses_the_reply(hf_policy,
     seg = probe.segment(r, "lines")
     rows = list(range(r.batch_size))
     assert [int(seg[i].max()) + 1 for i in rows] == [3, 3]
-    picks = localise("prompt", r, rows, probe, seg, random.Random(0), prompt_temperature=0.3, prompt_max_new_tokens=77)
+    with probe.metered() as spent:
+        picks = localise("prompt", r, rows, probe, seg, random.Random(0), prompt_temperature=0.3, prompt_max_new_tokens=77)
     assert picks == [1] * len(rows)  # \boxed{2}, 0-based
     assert localise("self", r, rows, probe, seg, random.Random(0), 0.3, prompt_max_new_tokens=77) == picks  # the srpo recipe asks too
     asked = policy.formatted[-len(rows):]
     assert all("<|system|>" not in t and t.startswith("<|user|>") for t in asked)  # ...but not sent here
     assert all("Find the originating step, not just the symptom" in t and "\\boxed{N}" in t for t in asked)
     assert policy.samplings[-1] == SamplingConfig(0.3, 0.9, 77)
-    assert probe.cost.tokens_generated > 0
+    assert spent.tokens_generated > 0
 
 
 def test_srpo_with_the_prompt_localiser_collects_resets_on_a_tiny_chat_model(hf_policy, gym_task):  # noqa: F811
@@ -70,10 +74,11 @@ def test_srpo_with_the_prompt_localiser_collects_resets_on_a_tiny_chat_model(hf_
     probe = Probe(policy, gym_task, sampling, torch.Generator().manual_seed(0))
     g = torch.Generator().manual_seed(0)
     config = ResetConfig(localiser="prompt", segmenter="keyword_entropy", prompt_max_new_tokens=12, max_fresh_attempts=6)
-    out = collect_resets(policy, gym_task, lambda n: gym_task.train_problems(n, g), 2, config, sampling,
-                         torch.Generator().manual_seed(1), probe, random.Random(0))
+    ctx = SamplingContext(policy, gym_task, lambda n: gym_task.train_problems(n, g), sampling, torch.Generator().manual_seed(1),
+                          probe, random.Random(0))
+    out = strategies.make("resets", config).collect(ctx, 2)
     assert out.details["parents"]  # a random model fails: every prompt finds a parent
     assert any(s.max_new_tokens == 12 and s.temperature == 0.3 for s in policy.samplings)
-    assert probe.cost.tokens_generated > 0  # the localisation replies are counted
+    assert out.cost.tokens_generated > 0  # the localisation replies are counted, as the strategy's cost
     groups = {2 * q for q in range(2)} | {2 * q + 1 for q in out.details["parents"]}
     assert set(out.rollouts.group.tolist()) == groups

@@ -10,7 +10,7 @@ from credo.credit.values import answer_values, reference_tails, suffix_values
 from credo.policy import load_policy
 from credo.policy.base import SamplingConfig
 from credo.probe import Probe
-from credo.resets import first_value_drop, localise, localise_by_value
+from credo.strategies.localisers import first_value_drop, localise, localise_by_value
 from credo.rollouts import Rollouts
 from credo.segment import segment_bounds
 from credo.tasks.arith import ArithTask
@@ -110,11 +110,11 @@ def test_groups_do_not_leak_and_absolute_scores_only_useful_tails(policy):
     seg = probe.segment(r, "lines")
     values = suffix_values(r, probe, seg, "normalized", include_reference=False)
     assert values[0][1] == 0  # the correct row is in another group: its tail is not a candidate
-    probe.take_cost()
-    suffix_values(r, probe, seg, "absolute", include_reference=False)
+    with probe.metered() as spent:
+        suffix_values(r, probe, seg, "absolute", include_reference=False)
     # absolute: only the correct row's own tails (s_0, s_1, s_2 of row 2) are scored after its trace
     tails = sum(len(policy.encode_completions([GROUP[0][len(p):]])[0][0]) for p in ("", "12+13=25\n", "12+13=25\n25+14=39\n"))
-    assert probe.take_cost().tokens_scored == int(r.prompt_mask[2].sum() + r.completion_mask[2].sum()) + tails
+    assert spent.tokens_scored == int(r.prompt_mask[2].sum() + r.completion_mask[2].sum()) + tails
 
 
 def test_answer_absolute_conditions_on_the_never_sampled_marker(policy):

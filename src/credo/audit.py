@@ -82,9 +82,9 @@ class AuditConfig:
     def __post_init__(self) -> None:
         check(self.n >= self.group_size >= 2, f"audit.n must be >= audit.group_size >= 2, got {self.n}/{self.group_size}")
         check(self.k_ref >= 2, f"audit.k_ref must be >= 2, got {self.k_ref}")
-        from credo.resets import LOCALISERS
+        from credo.strategies import LOCALISERS
         for name in self.localisers:
-            check(name in LOCALISERS, f"audit.localisers: unknown localiser {name!r}; available: {LOCALISERS}")
+            check(name in LOCALISERS.names(), f"audit.localisers: unknown localiser {name!r}; available: {tuple(LOCALISERS.names())}")
 
 
 def checked_methods(specs: Sequence[str]) -> list[tuple[str, str, Any]]:
@@ -138,13 +138,13 @@ def build_reference(config: AuditConfig, checkpoint: str, progress: bool = True)
         old, _ = policy.score(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, rollouts.completion_mask)
     rollouts = rollouts.with_fields(old_logprobs=old)
     probe = Probe(policy, task, sampling, torch.Generator().manual_seed(config.seed + 1))
-    segment_ids = probe.segment(rollouts, config.segmenter)
-    rollouts = rollouts.with_fields(segment_ids=segment_ids)
-    start = time.time()
-    if progress:
-        print(f"audit: reference MC values, k_ref={config.k_ref}, {rollouts.batch_size} traces ...", flush=True)
-    reference = mc_values(probe, rollouts, segment_ids, config.k_ref, config.batch_size, progress=progress)
-    spent = probe.take_cost()
+    with probe.metered() as spent:  # the segmenter's scoring (keyword_entropy) and the MC values
+        segment_ids = probe.segment(rollouts, config.segmenter)
+        rollouts = rollouts.with_fields(segment_ids=segment_ids)
+        start = time.time()
+        if progress:
+            print(f"audit: reference MC values, k_ref={config.k_ref}, {rollouts.batch_size} traces ...", flush=True)
+        reference = mc_values(probe, rollouts, segment_ids, config.k_ref, config.batch_size, progress=progress)
     n = rollouts.batch_size
     reference_cost = {"tokens_scored_per_trace": spent.tokens_scored / n,
                       "tokens_generated_per_trace": spent.tokens_generated / n,
@@ -267,7 +267,7 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
     reference value V(s_k) of its reset state (prefix = steps < k); after_error_success = mean
     V(s_{e+1}); clean_prefix_gain = their difference (the paper's "a clean prefix corrects more often")."""
     import random as _random
-    from credo.resets import localise
+    from credo.strategies.localisers import localise
     first = labels.first
     rows = [i for i, f in enumerate(first) if f is not None and f < len(reference.values[i]) - 1]
     out: dict[str, Any] = {"traces": len(rows), "oracle_step1_share": sum(first[i] == 0 for i in rows) / max(len(rows), 1),
@@ -278,11 +278,11 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
             print(f"audit: localiser {name} ...", flush=True)
         probe = Probe(policy, task, sampling, torch.Generator().manual_seed(config.seed + 3))
         try:
-            picks = localise(name, rollouts, rows, probe, segment_ids, _random.Random(config.seed))
+            with probe.metered() as spent:
+                picks = localise(name, rollouts, rows, probe, segment_ids, _random.Random(config.seed))
         except Exception as err:  # noqa: BLE001 (reported, the audit goes on)
             out["failures"][name] = f"{type(err).__name__}: {err}"
             continue
-        spent = probe.take_cost()
         n = max(len(rows), 1)
         loc = [(k, i) for k, i in zip(picks, rows) if labels.localisable[i] is not None]
         success = sum(float(reference.values[i][k]) for k, i in zip(picks, rows))

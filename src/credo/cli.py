@@ -22,7 +22,8 @@ def _threads() -> None:
 
 def cmd_methods(args: argparse.Namespace) -> int:
     from credo import methods
-    rows = methods.describe()
+    from credo.strategies import LOCALISERS, STRATEGIES
+    rows = methods.describe() + STRATEGIES.describe() + LOCALISERS.describe()
     width = max(len(r[0]) for r in rows)
     for name, kind, description in rows:
         print(f"{name:<{width}}  {kind:<9}  {description}")
@@ -323,7 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="credo", description="Credit assignment for RL with verifiable rewards.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("methods", help="list the registered estimators and recipes, one per line, name first")
+    p = sub.add_parser("methods", help="list the registered estimators, recipes, rollout strategies (train.strategy) and "
+                       "reset localisers (train.reset.localiser), one per line: name, kind, description")
     p.set_defaults(fn=cmd_methods)
 
     p = sub.add_parser("sft", help="build (or fetch from cache) the SFT start of the tiny policy and copy it to --out")

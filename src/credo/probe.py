@@ -7,7 +7,8 @@ forwarded or generated is counted, so each Credit can report what it cost.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import torch
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class Probe:
-    """Counted, gradient-free access to `policy` for estimators. `cost` accumulates until `take_cost()`."""
+    """Counted, gradient-free access to `policy` for estimators and strategies; `metered()` reads the count."""
 
     def __init__(self, policy: Policy, task: Task | None, sampling: SamplingConfig, generator: torch.Generator,
                  gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
@@ -29,7 +30,7 @@ class Probe:
         self.task = task
         self.sampling = sampling
         self.generator = generator
-        self.cost = Cost()
+        self._spent = Cost()
         self._gather = gather
 
     def gather(self, values: torch.Tensor) -> torch.Tensor:
@@ -39,23 +40,31 @@ class Probe:
         every shard must call it the same number of times."""
         return values if self._gather is None else self._gather(values)
 
-    def take_cost(self) -> Cost:
-        """The cost accumulated since the last call, and reset the meter."""
-        spent, self.cost = self.cost, Cost()
-        return spent
+    @contextmanager
+    def metered(self) -> Iterator[Cost]:
+        """`with probe.metered() as spent:` counts every token the block scores or generates through this
+        probe into `spent` (complete when the block ends). Meters nest: what an inner block spends counts
+        in the enclosing one too, so an estimator called inside a metered block is counted once in each."""
+        outer, self._spent = self._spent, Cost()
+        try:
+            yield self._spent
+        finally:
+            spent, self._spent = self._spent, outer
+            outer.tokens_scored += spent.tokens_scored
+            outer.tokens_generated += spent.tokens_generated
 
     @torch.no_grad()
     def score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
               completion_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs[B, T] (and entropies) of given completions; counts all real tokens forwarded."""
-        self.cost.tokens_scored += int(prompt_mask.sum() + completion_mask.sum())
+        self._spent.tokens_scored += int(prompt_mask.sum() + completion_mask.sum())
         return self.policy.score(prompt_ids, prompt_mask, completion_ids, completion_mask, entropy)
 
     @torch.no_grad()
     def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                           completion_mask: torch.Tensor) -> torch.Tensor:
         """Full next-token logits[B, T, V] at each completion position (for KL-based estimators)."""
-        self.cost.tokens_scored += int(prompt_mask.sum() + completion_mask.sum())
+        self._spent.tokens_scored += int(prompt_mask.sum() + completion_mask.sum())
         return self.policy.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
 
     @torch.no_grad()
@@ -65,15 +74,15 @@ class Probe:
         prompt + completion[row, :cut]; counts the tokens actually forwarded (see the backend)."""
         out, forwarded = self.policy.score_branches(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids,
                                                     rollouts.completion_mask, branches, reuse_prefix)
-        self.cost.tokens_scored += forwarded
+        self._spent.tokens_scored += forwarded
         return out
 
     @torch.no_grad()
     def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingConfig | None = None) -> Samples:
         """Continuations of (left-padded) prefixes; counts prefix tokens as scored and new tokens as generated."""
         out = self.policy.sample(prompt_ids, prompt_mask, sampling or self.sampling, self.generator)
-        self.cost.tokens_scored += int(prompt_mask.sum())
-        self.cost.tokens_generated += int(out.completion_mask.sum())
+        self._spent.tokens_scored += int(prompt_mask.sum())
+        self._spent.tokens_generated += int(out.completion_mask.sum())
         return out
 
     def segment(self, rollouts: "Rollouts", config: "SegmenterConfig | str | dict") -> torch.Tensor:

@@ -197,9 +197,8 @@ def collect(config: ShowConfig, progress: bool = True) -> Page:
     reference, reference_cost = None, None
     if config.k_ref:
         shown = rollouts.select(rows)
-        probe.take_cost()
-        reference = mc_values(probe, shown, segment_ids[rows], config.k_ref, progress=progress).values
-        spent = probe.take_cost()
+        with probe.metered() as spent:
+            reference = mc_values(probe, shown, segment_ids[rows], config.k_ref, progress=progress).values
         trace_tokens = float((shown.prompt_mask.sum() + shown.completion_mask.sum()) / len(rows))
         reference_cost = (spent.tokens_scored + spent.tokens_generated) / len(rows) / trace_tokens
     subtitle = (f"checkpoint {checkpoint} · task {config.task} · {len(rows)} traces (one per prompt, methods see "

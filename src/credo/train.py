@@ -1,13 +1,15 @@
 """The RL trainer: sample groups, reward, credit, clipped-surrogate updates; resumable run directories.
 
-One step, in order (CleanRL-style, all visible here):
-  1. the strategy draws prompts and samples G completions each (plain or DAPO dynamic sampling);
-  2. rewards from the task's verifier (+ DAPO's overlong penalty);
+One step (`Trainer.train_step`), in order:
+  1. the strategy draws prompts and samples G completions each, rewarded by the task's verifier
+     (plain, DAPO dynamic sampling or RRPO/SRPO resets: credo.strategies);
+  2. DAPO's overlong penalty shapes the rewards;
   3. old (and reference) log-probs from one no-grad scoring pass;
   4. credit from the named estimator, through a counted Probe;
   5. `epochs` passes of `minibatches` AdamW steps on the clipped surrogate.
+`Trainer.train` is the loop around it: evaluate when due, log, checkpoint.
 A run directory holds config.yaml, metrics.jsonl, checkpoints/step-N (atomic) and final/.
-`--resume RUN_DIR` restarts from the last checkpoint with every RNG state restored, so a resumed
+`--resume RUN_DIR` restarts from the last checkpoint with every random stream restored, so a resumed
 run on CPU ends with the same metrics as one that was never interrupted.
 """
 
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import time
 from typing import Any, Callable
@@ -24,21 +25,31 @@ import torch
 from tqdm import tqdm
 
 from credo import credit as credit_registry
-from credo import methods
+from credo import methods, strategies
 from credo.config import ConfigError, UserError, dump_yaml
+from credo.distributed import DataParallel, Sharded
 from credo.evaluate import evaluate
 from credo.loss import policy_loss
 from credo.policy import bind_task, load_policy
 from credo.policy.base import Policy
 from credo.probe import Probe
-from credo.resets import collect_resets
-from credo.rollouts import Rollouts
+from credo.rollouts import Credit, Rollouts
 from credo.runs import KIND_MARKER, MetricsLog, atomic_directory, atomic_write_text
-from credo.state_io import (CorruptStateError, check_safetensors, load_state, optimizer_state, optimizer_state_dict, python_rng_from,
-                            python_rng_state, save_state, verify_manifest, write_manifest)
-from credo.strategies import collect_dynamic, collect_plain
+from credo.state_io import (CorruptStateError, check_safetensors, load_state, optimizer_state, optimizer_state_dict, save_state,
+                            verify_manifest, write_manifest)
+from credo.strategies import Collected, SamplingContext, Strategy
+from credo.streams import RandomStreams
 from credo.train_config import TrainConfig, config_from_run, load_train_config, overlong_penalty  # noqa: F401  (re-exported)
 from credo.tasks import make_task
+
+
+def strategy_options(config: TrainConfig) -> Any:
+    """The run's strategy config, from the TrainConfig fields that hold it."""
+    if config.strategy == "resets":
+        return config.reset
+    if config.strategy == "dynamic":
+        return {"max_rounds": config.dynamic_max_rounds}
+    return None
 
 
 class Trainer:
@@ -46,44 +57,30 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, run_dir: str, policy: Policy | None = None, progress: bool = True,
                  on_step: Callable[["Trainer", dict], None] | None = None) -> None:
-        self.config = config
-        self.run_dir = run_dir
-        self.progress = progress
-        self.on_step = on_step
+        self.config, self.run_dir, self.progress, self.on_step = config, run_dir, progress, on_step
         self.task = make_task(config.task, config.task_options, prefix="train.task_options.")
-        recipe = methods.resolve(config.method)
-        self.estimator = credit_registry.get(recipe.estimator)
+        self.estimator = credit_registry.get(methods.resolve(config.method).estimator)
         self.credit_config = self.estimator.make_config(config.credit)
         if policy is None:
             policy = load_policy(self.start_path(), lora_r=config.lora_r, lora_alpha=config.lora_alpha,
                                  lora_targets=config.lora_targets)
         self.policy = bind_task(policy, self.task)
         self.reference = self.policy.copy() if config.loss.kl_coef > 0 else None
-        self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad], lr=config.lr, betas=(config.beta1, config.beta2),
-                                           weight_decay=config.weight_decay)
-        self.sample_generator = torch.Generator().manual_seed(config.seed)
-        self.problem_generator = torch.Generator().manual_seed(config.seed + 1)
-        self.minibatch_rng = random.Random(config.seed + 2)
-        self.reset_rng = random.Random(config.seed + 4)
-        self.step = 0
-        self.tokens_generated = 0
-        self.tokens_scored = 0
-        self.seconds = 0.0
+        self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad], lr=config.lr,
+                                           betas=(config.beta1, config.beta2), weight_decay=config.weight_decay)
+        self.streams = RandomStreams.seeded(config.seed)
+        self.step, self.tokens_generated, self.tokens_scored, self.seconds = 0, 0, 0, 0.0
         self.log = MetricsLog(os.path.join(run_dir, "metrics.jsonl"))
-        self.dp = None
-        if config.data_parallel:
-            from credo.distributed import DataParallel
-            self.dp = DataParallel()
-            if config.prompts_per_step % self.dp.world:
-                raise ConfigError(f"train.prompts_per_step={config.prompts_per_step} must be divisible by the "
-                                  f"{self.dp.world} data-parallel processes")
+        self.dp = self.data_parallel()
         # batch-wide statistics (RREDCoT's z, SC-GRPO's quantile) over every rank's rows, as one process sees them
         gather = None
         if self.dp is not None and self.dp.world > 1:
             from credo.integrations.shards import process_group_gather
             gather = process_group_gather()
-        self.probe = Probe(self.policy, self.task, config.sampling, torch.Generator().manual_seed(config.seed + 3),
-                           gather=gather)
+        self.probe = Probe(self.policy, self.task, config.sampling, self.streams.probe, gather=gather)
+        self.strategy: Strategy = strategies.make(config.strategy, strategy_options(config))
+        if self.dp is not None:
+            self.strategy = Sharded(self.strategy, self.dp, config.seed)
 
     def start_path(self) -> str:
         if self.config.start:
@@ -91,38 +88,40 @@ class Trainer:
         from credo.sft import ensure_sft
         return ensure_sft(progress=self.progress, task=self.config.task)
 
-    # --- one step, phase by phase -----------------------------------------------------------------
+    def data_parallel(self) -> DataParallel | None:
+        """The process group of a data-parallel launch (None when the run is not data-parallel)."""
+        if not self.config.data_parallel:
+            return None
+        dp, prompts = DataParallel(), self.config.prompts_per_step
+        if prompts % dp.world:
+            raise ConfigError(f"train.prompts_per_step={prompts} must be divisible by the {dp.world} data-parallel processes")
+        return dp
+
+    @property
+    def is_main(self) -> bool:
+        return self.dp is None or self.dp.is_main
+
+    # --- one step, phase by phase (the module docstring's order) ---------------------------------------
+    def train_step(self) -> dict[str, Any]:
+        """One optimisation step; returns its metrics row."""
+        started = time.time()
+        collected = self.collect()                   # 1. prompts, G completions each, the verifier's rewards
+        rollouts = self.prepare(collected.rollouts)  # 2-3. shaped rewards, old and reference log-probs
+        credit = self.assign_credit(rollouts)        # 4. the estimator's credit (its Probe cost metered)
+        update_stats = self.update(rollouts, credit)  # 5. epochs x minibatches AdamW steps
+        self.step += 1
+        return self.record(collected, rollouts, credit, update_stats, time.time() - started)
+
+    def sampling_context(self) -> SamplingContext:
+        c = self.config
+        return SamplingContext(self.policy, self.task, self.draw_problems, c.sampling, self.streams.sample, self.probe,
+                               self.streams.reset, c.group_size, self.step)
+
     def draw_problems(self, n: int) -> list:
-        return self.task.train_problems(n, self.problem_generator)
+        return self.task.train_problems(n, self.streams.problem)
 
-    def collect(self):
-        c = self.config
-        if self.dp is not None:
-            return self.collect_sharded()
-        if c.strategy == "resets":
-            return collect_resets(self.policy, self.task, self.draw_problems, c.prompts_per_step, c.reset, c.sampling,
-                                  self.sample_generator, self.probe, self.reset_rng)
-        if c.strategy == "dynamic":
-            return collect_dynamic(self.policy, self.task, self.draw_problems, c.prompts_per_step, c.group_size,
-                                   c.sampling, self.sample_generator, c.dynamic_max_rounds)
-        return collect_plain(self.policy, self.task, self.draw_problems, c.prompts_per_step, c.group_size,
-                             c.sampling, self.sample_generator)
-
-    def collect_sharded(self):
-        """Data-parallel plain sampling: this rank's prompts, each group with its own seeded generator."""
-        from credo.distributed import group_generator
-        from credo.rollouts import concat_rollouts
-        from credo.strategies import Collected, mixed_groups, sample_groups
-        c = self.config
-        problems = self.draw_problems(c.prompts_per_step)
-        parts = []
-        for i in self.dp.shard(len(problems)):
-            part = sample_groups(self.policy, self.task, [problems[i]], c.group_size, c.sampling,
-                                 group_generator(c.seed, self.step, i), group_offset=i)
-            parts.append(part)
-        rollouts = concat_rollouts(parts, self.policy.pad_id)
-        generated = int(self.dp.sum(int(rollouts.completion_mask.sum())))
-        return Collected(rollouts, generated, {"mixed_groups": self.dp.mean(float(mixed_groups(rollouts).float().mean()))})
+    def collect(self) -> Collected:
+        return self.strategy.collect(self.sampling_context(), self.config.prompts_per_step)
 
     @torch.no_grad()
     def prepare(self, rollouts: Rollouts) -> Rollouts:
@@ -134,12 +133,10 @@ class Trainer:
         ref = self.reference.score(*args)[0] if self.reference is not None else None
         return rollouts.with_fields(rewards=rewards, old_logprobs=old, ref_logprobs=ref)
 
-    def assign_credit(self, rollouts: Rollouts):
-        self.probe.take_cost()
-        result = self.estimator(rollouts, self.probe, self.credit_config)
-        return result
+    def assign_credit(self, rollouts: Rollouts) -> Credit:
+        return self.estimator(rollouts, self.probe, self.credit_config)
 
-    def update(self, rollouts: Rollouts, credit) -> dict[str, float]:
+    def update(self, rollouts: Rollouts, credit: Credit) -> dict[str, float]:
         c = self.config
         mask = rollouts.trainable_mask()
         if credit.loss_mask is not None:
@@ -155,7 +152,7 @@ class Trainer:
         self.policy.model.train()
         for _ in range(c.epochs):
             order = list(range(B))
-            self.minibatch_rng.shuffle(order)
+            self.streams.minibatch.shuffle(order)
             for chunk in range(c.minibatches):
                 idx = torch.tensor(order[chunk::c.minibatches], dtype=torch.long)
                 if idx.numel() == 0:
@@ -191,22 +188,16 @@ class Trainer:
                     f"Last good checkpoint: {last or 'none (the run never checkpointed)'}. Lower train.lr or "
                     "check the rewards, then --resume or start again with --force")
 
-    def train_step(self) -> dict[str, Any]:
-        t0 = time.time()
-        self.probe.take_cost()
-        collected = self.collect()
-        strategy_cost = self.probe.take_cost()  # localisers that score or sample through the probe
-        rollouts = self.prepare(collected.rollouts)
-        credit = self.assign_credit(rollouts)
-        update_stats = self.update(rollouts, credit)
-        self.step += 1
-        credit_generated = credit.cost.tokens_generated + strategy_cost.tokens_generated
-        credit_scored = credit.cost.tokens_scored + strategy_cost.tokens_scored
+    def record(self, collected: Collected, rollouts: Rollouts, credit: Credit, update_stats: dict[str, float],
+               seconds: float) -> dict[str, Any]:
+        """Count the step's tokens into the run's totals and return its metrics row (global when data-parallel)."""
+        spent = credit.cost + collected.cost  # the estimator's and the strategy's (localisers') Probe work
+        credit_generated, credit_scored = spent.tokens_generated, spent.tokens_scored
         if self.dp is not None:  # collected.tokens_generated is already global
             credit_generated, credit_scored = int(self.dp.sum(credit_generated)), int(self.dp.sum(credit_scored))
         self.tokens_generated += collected.tokens_generated + credit_generated
         self.tokens_scored += credit_scored
-        self.seconds += time.time() - t0
+        self.seconds += seconds
         mask = rollouts.completion_mask
         row = {
             "step": self.step,
@@ -226,11 +217,68 @@ class Trainer:
                 row[key] = self.dp.mean(row[key])
         return row
 
-    @property
-    def is_main(self) -> bool:
-        return self.dp is None or self.dp.is_main
+    # --- the loop -------------------------------------------------------------------------------------
+    def train(self, stop_after: int | None = None) -> dict[str, Any]:
+        """Run until the step/token budget is spent (or `stop_after` steps in this call, for tests)."""
+        self.begin()  # config.yaml; resume from the last checkpoint, or evaluate the start (step 0)
+        bar = tqdm(total=self.config.steps, initial=self.step, desc=f"train {self.config.method}",
+                   disable=not self.progress, dynamic_ncols=True)
+        done_here = 0
+        while self.budget_left() and (stop_after is None or done_here < stop_after):
+            tokens_before = self.tokens_generated
+            row = self.train_step()
+            if self.eval_due(tokens_before) or not self.budget_left():
+                row["eval_accuracy"] = self.evaluate(self.config.eval_n)
+            self.log.append(row)
+            if self.on_step:
+                self.on_step(self, row)
+            if self.step % self.config.checkpoint_every == 0 and self.is_main:
+                self.save_checkpoint()
+            bar.update(1)
+            bar.set_postfix(reward=f"{row['reward_mean']:.2f}", **({"eval": f"{row['eval_accuracy']:.3f}"} if "eval_accuracy" in row else {}))
+            done_here += 1
+        bar.close()
+        if stop_after is not None and done_here >= stop_after:
+            return {"stopped_at": self.step}
+        return self.finish()
 
-    # --- evaluation, checkpoints, the loop ----------------------------------------------------------
+    def begin(self) -> None:
+        """Write config.yaml (a new run), then restore the newest checkpoint or log the step-0 evaluation."""
+        os.makedirs(self.run_dir, exist_ok=True)
+        config_path = os.path.join(self.run_dir, "config.yaml")
+        if self.is_main and not os.path.exists(config_path):
+            atomic_write_text(config_path, dump_yaml(self.config))
+            atomic_write_text(os.path.join(self.run_dir, KIND_MARKER), "train\n")
+        resumed = self.restore()
+        if not self.is_main:  # only the main process writes the run directory
+            self.log = _NullLog()
+        if not resumed:
+            self.log.truncate_after(-1)
+            self.log.append({"step": 0, "tokens_generated": 0, "seconds": 0.0, "eval_accuracy": self.evaluate(self.config.eval_n)})
+
+    def finish(self) -> dict[str, Any]:
+        """The final evaluation, weights and summary.json."""
+        final = {"step": self.step, "tokens_generated": self.tokens_generated, "seconds": round(self.seconds, 3)}
+        if self.config.final_eval_n > 0:
+            final["final_accuracy"] = self.evaluate(self.config.final_eval_n)
+            final["final_eval_n"] = self.eval_size  # the task may hold fewer than asked for
+        if self.is_main:
+            self.policy.save(os.path.join(self.run_dir, "final"))
+            atomic_write_text(os.path.join(self.run_dir, "summary.json"), json.dumps(final, indent=2) + "\n")
+        if self.dp is not None:
+            self.dp.barrier()
+        return final
+
+    def eval_due(self, tokens_before: int) -> bool:
+        every = self.config.eval_every_tokens
+        if every > 0:
+            return self.tokens_generated // every > tokens_before // every
+        return self.step % self.config.eval_every == 0
+
+    def budget_left(self) -> bool:
+        c = self.config
+        return self.step < c.steps and (c.max_generated_tokens <= 0 or self.tokens_generated < c.max_generated_tokens)
+
     def evaluate(self, n: int) -> float:
         """Greedy accuracy on up to n held-out problems; `self.eval_size` records how many there were."""
         self.policy.model.eval()
@@ -239,6 +287,7 @@ class Trainer:
         return evaluate(self.policy, self.task, problems, max_new_tokens=self.config.max_new_tokens,
                         progress=self.progress and n >= 256).accuracy
 
+    # --- checkpoints ----------------------------------------------------------------------------------
     def checkpoint_dir(self, step: int) -> str:
         return os.path.join(self.run_dir, "checkpoints", f"step-{step:06d}")
 
@@ -247,20 +296,14 @@ class Trainer:
         with atomic_directory(self.checkpoint_dir(self.step)) as tmp:
             self.policy.save_into(tmp)
             tensors, optimizer_meta = optimizer_state(self.optimizer.state_dict())
-            tensors.update({f"{name}_generator": gen.get_state() for name, gen in self.generators().items()})
-            save_state(tmp, "trainer_state", tensors, {
+            stream_tensors, stream_states = self.streams.state()
+            save_state(tmp, "trainer_state", {**tensors, **stream_tensors}, {
                 "step": self.step, "tokens_generated": self.tokens_generated, "tokens_scored": self.tokens_scored,
-                "seconds": self.seconds, "optimizer": optimizer_meta,
-                "minibatch_rng": python_rng_state(self.minibatch_rng.getstate()),
-                "reset_rng": python_rng_state(self.reset_rng.getstate()),
-            })
+                "seconds": self.seconds, "optimizer": optimizer_meta, **stream_states})
             write_manifest(tmp)
         existing = sorted(d for d in os.listdir(os.path.join(self.run_dir, "checkpoints")) if d.startswith("step-"))
         for old in existing[:-self.config.keep_checkpoints]:
             shutil.rmtree(os.path.join(self.run_dir, "checkpoints", old), ignore_errors=True)
-
-    def generators(self) -> dict[str, torch.Generator]:
-        return {"sample": self.sample_generator, "problem": self.problem_generator, "probe": self.probe.generator}
 
     def last_checkpoint(self) -> str | None:
         folder = os.path.join(self.run_dir, "checkpoints")
@@ -278,70 +321,13 @@ class Trainer:
         try:
             self.policy.load_weights_from(path)
             self.optimizer.load_state_dict(optimizer_state_dict(tensors, state["optimizer"]))
-            for name, generator in self.generators().items():
-                generator.set_state(tensors[f"{name}_generator"])
-            self.minibatch_rng.setstate(python_rng_from(state["minibatch_rng"]))
-            self.reset_rng.setstate(python_rng_from(state["reset_rng"]))
+            self.streams.load(tensors, state)
             self.step, self.tokens_generated = int(state["step"]), int(state["tokens_generated"])
             self.tokens_scored, self.seconds = int(state["tokens_scored"]), float(state["seconds"])
         except (KeyError, ValueError, TypeError, RuntimeError) as err:
             raise CorruptStateError(f"checkpoint {path} does not fit this run ({type(err).__name__}: {err})") from None
         self.log.truncate_after(self.step)
         return True
-
-    def eval_due(self, tokens_before: int) -> bool:
-        every = self.config.eval_every_tokens
-        if every > 0:
-            return self.tokens_generated // every > tokens_before // every
-        return self.step % self.config.eval_every == 0
-
-    def budget_left(self) -> bool:
-        c = self.config
-        return self.step < c.steps and (c.max_generated_tokens <= 0 or self.tokens_generated < c.max_generated_tokens)
-
-    def train(self, stop_after: int | None = None) -> dict[str, Any]:
-        """Run until the step/token budget is spent (or `stop_after` steps in this call, for tests)."""
-        os.makedirs(self.run_dir, exist_ok=True)
-        config_path = os.path.join(self.run_dir, "config.yaml")
-        if self.is_main and not os.path.exists(config_path):
-            atomic_write_text(config_path, dump_yaml(self.config))
-            atomic_write_text(os.path.join(self.run_dir, KIND_MARKER), "train\n")
-        resumed = self.restore()
-        if not self.is_main:  # only the main process writes the run directory
-            self.log = _NullLog()
-        if not resumed:
-            self.log.truncate_after(-1)
-            self.log.append({"step": 0, "tokens_generated": 0, "seconds": 0.0, "eval_accuracy": self.evaluate(self.config.eval_n)})
-        bar = tqdm(total=self.config.steps, initial=self.step, desc=f"train {self.config.method}",
-                   disable=not self.progress, dynamic_ncols=True)
-        done_here = 0
-        while self.budget_left():
-            before = self.tokens_generated
-            row = self.train_step()
-            if self.eval_due(before) or not self.budget_left():
-                row["eval_accuracy"] = self.evaluate(self.config.eval_n)
-            self.log.append(row)
-            if self.on_step:
-                self.on_step(self, row)
-            if self.step % self.config.checkpoint_every == 0 and self.is_main:
-                self.save_checkpoint()
-            bar.update(1)
-            bar.set_postfix(reward=f"{row['reward_mean']:.2f}", **({"eval": f"{row['eval_accuracy']:.3f}"} if "eval_accuracy" in row else {}))
-            done_here += 1
-            if stop_after is not None and done_here >= stop_after:
-                bar.close()
-                return {"stopped_at": self.step}
-        bar.close()
-        final = {"step": self.step, "tokens_generated": self.tokens_generated, "seconds": round(self.seconds, 3)}
-        if self.config.final_eval_n > 0:
-            final["final_accuracy"] = self.evaluate(self.config.final_eval_n)
-            final["final_eval_n"] = self.eval_size  # the task may hold fewer than asked for
-        if self.is_main:
-            self.policy.save(os.path.join(self.run_dir, "final"))
-            atomic_write_text(os.path.join(self.run_dir, "summary.json"), json.dumps(final, indent=2) + "\n")
-        if self.dp is not None:
-            self.dp.barrier()
-        return final
 
 
 class TrainingDiverged(UserError):

@@ -13,8 +13,8 @@ from credo import methods
 from credo.config import ConfigError, check, from_dict, load_config, merge, parse_overrides, to_dict
 from credo.loss import LossConfig
 from credo.policy.base import SamplingConfig
-from credo.resets import ResetConfig
 from credo.strategies import STRATEGIES
+from credo.strategies.resets import ResetConfig
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class TrainConfig:
         check(self.overlong_penalty >= 0, f"train.overlong_penalty must be >= 0, got {self.overlong_penalty}")
         check(self.reset.prompt_temperature > 0, f"train.reset.prompt_temperature must be > 0, got {self.reset.prompt_temperature}")
         check(self.epochs > 0 and self.minibatches > 0, "train.epochs and train.minibatches must be > 0")
-        check(self.strategy in STRATEGIES, f"train.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        check(self.strategy in STRATEGIES.names(), f"train.strategy must be one of {tuple(STRATEGIES.names())}, got {self.strategy!r}")
         check(0 <= self.overlong_buffer < self.max_new_tokens, f"train.overlong_buffer must be in [0, max_new_tokens), got {self.overlong_buffer}")
         check(self.eval_every > 0 and self.eval_n > 0 and self.final_eval_n >= 0, "train.eval_every/eval_n must be > 0")
         check(self.eval_every_tokens >= 0 and self.max_generated_tokens >= 0, "train.eval_every_tokens/max_generated_tokens must be >= 0")

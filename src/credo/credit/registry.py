@@ -46,18 +46,18 @@ class EstimatorSpec:
         return from_dict(self.config_cls, values, prefix=prefix)
 
     def __call__(self, rollouts: Any, probe: Any = None, config: Any = None) -> Any:
-        """Run the estimator; whatever it spent through `probe` is added to the Credit's cost."""
+        """Run the estimator; its Credit's cost is what it spent through `probe` (metered here)."""
         if self.uses_model and probe is None:
             raise ValueError(f"estimator {self.name!r} uses the model: pass a Probe")
         check_rewards(rollouts)
         config = config if config is not None else self.make_config()
-        if probe is not None:
-            probe.take_cost()
+        if probe is None:
+            return self.fn(rollouts, probe, config)
+        with probe.metered() as spent:  # everything the call spends: segmenting, a wrapped estimator's work
             if self.needs_segments and getattr(config, "segmenter", "") == "":
                 rollouts = with_segments(rollouts, probe)  # its cost (an entropy pass) is the estimator's
-        result = self.fn(rollouts, probe, config)
-        if probe is not None:
-            result.cost = result.cost + probe.take_cost()
+            result = self.fn(rollouts, probe, config)
+        result.cost = spent
         return result
 
 

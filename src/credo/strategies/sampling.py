@@ -1,31 +1,25 @@
-"""Rollout strategies decide *which* completions are sampled; estimators decide what credit they get.
+"""Group sampling and the two strategies built on it alone.
 
 - `plain`: G completions for each of the step's prompts.
 - `dynamic` (DAPO): drop groups whose rewards are all equal and sample fresh prompts until the
-  batch holds `prompts_per_step` informative groups (or `max_rounds` is spent; then the batch is
+  batch holds `n_prompts` informative groups (or `max_rounds` is spent; then the batch is
   topped up with uninformative groups so its size stays fixed).
 Every generated token is counted, including those of discarded groups.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
+from credo.config import check
 from credo.credit import groups
 from credo.policy.base import Policy, SamplingConfig
 from credo.rollouts import Rollouts, concat_rollouts
+from credo.strategies.base import Collected, SamplingContext, register
 from credo.tasks.base import Problem, Task, rewards_for
-
-
-@dataclass
-class Collected:
-    rollouts: Rollouts
-    tokens_generated: int
-    info: dict[str, float]
-    details: dict[str, Any] = field(default_factory=dict)  # e.g. reset parents, for diagnostics and tests
 
 
 def sample_groups(policy: Policy, task: Task, problems: Sequence[Problem], group_size: int,
@@ -48,21 +42,35 @@ def mixed_groups(rollouts: Rollouts) -> torch.Tensor:
     return groups.mixed_groups(rollouts.group, rollouts.rewards)
 
 
-def collect_plain(policy: Policy, task: Task, draw: Callable[[int], list[Problem]], prompts: int, group_size: int,
-                  sampling: SamplingConfig, generator: torch.Generator) -> Collected:
-    rollouts = sample_groups(policy, task, draw(prompts), group_size, sampling, generator)
-    return Collected(rollouts, int(rollouts.completion_mask.sum()),
-                     {"mixed_groups": float(mixed_groups(rollouts).float().mean())})
+def mixed_share(rollouts: Rollouts) -> float:
+    """The share of groups whose rewards differ (the `mixed_groups` metric)."""
+    return float(mixed_groups(rollouts).float().mean())
 
 
-def collect_dynamic(policy: Policy, task: Task, draw: Callable[[int], list[Problem]], prompts: int, group_size: int,
-                    sampling: SamplingConfig, generator: torch.Generator, max_rounds: int = 4) -> Collected:
+@register("plain", "G completions for each of the step's prompts")
+def collect_plain(ctx: SamplingContext, n_prompts: int, config: None = None) -> Collected:
+    rollouts = sample_groups(ctx.policy, ctx.task, ctx.draw(n_prompts), ctx.group_size, ctx.sampling, ctx.generator)
+    return Collected(rollouts, int(rollouts.completion_mask.sum()), {"mixed_groups": mixed_share(rollouts)})
+
+
+@dataclass(frozen=True)
+class DynamicConfig:
+    """max_rounds: sampling rounds per step before the batch is topped up with uninformative groups."""
+
+    max_rounds: int = 4
+
+    def __post_init__(self) -> None:
+        check(self.max_rounds >= 1, f"dynamic_max_rounds must be >= 1, got {self.max_rounds}")
+
+
+@register("dynamic", "DAPO dynamic sampling: drop groups whose rewards are all equal, refill with new prompts", DynamicConfig)
+def collect_dynamic(ctx: SamplingContext, n_prompts: int, config: DynamicConfig) -> Collected:
     kept: list[Rollouts] = []
     spare: list[Rollouts] = []
     generated, n_kept, offset, rounds, first_mixed = 0, 0, 0, 0, None
-    while n_kept < prompts and rounds < max_rounds:
-        batch = sample_groups(policy, task, draw(prompts - n_kept if rounds else prompts), group_size, sampling,
-                              generator, group_offset=offset)
+    while n_kept < n_prompts and rounds < config.max_rounds:
+        batch = sample_groups(ctx.policy, ctx.task, ctx.draw(n_prompts - n_kept if rounds else n_prompts),
+                              ctx.group_size, ctx.sampling, ctx.generator, group_offset=offset)
         generated += int(batch.completion_mask.sum())
         ids = torch.unique(batch.group)
         offset = int(ids.max()) + 1
@@ -70,16 +78,13 @@ def collect_dynamic(policy: Policy, task: Task, draw: Callable[[int], list[Probl
         first_mixed = float(mixed.float().mean()) if first_mixed is None else first_mixed
         for gid, is_mixed in zip(ids.tolist(), mixed.tolist()):
             rows = (batch.group == gid).nonzero().squeeze(1)
-            if is_mixed and n_kept < prompts:
+            if is_mixed and n_kept < n_prompts:
                 kept.append(batch.select(rows))
                 n_kept += 1
             else:
                 spare.append(batch.select(rows))
         rounds += 1
-    kept.extend(spare[:prompts - n_kept])  # top up so the batch size stays fixed
-    rollouts = concat_rollouts(kept, policy.pad_id)
+    kept.extend(spare[:n_prompts - n_kept])  # top up so the batch size stays fixed
+    rollouts = concat_rollouts(kept, ctx.policy.pad_id)
     return Collected(rollouts, generated, {"mixed_groups": first_mixed or 0.0, "sampling_rounds": float(rounds),
-                                           "kept_mixed": n_kept / prompts})
-
-
-STRATEGIES = ("plain", "dynamic", "resets")
+                                           "kept_mixed": n_kept / n_prompts})
