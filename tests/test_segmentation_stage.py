@@ -94,3 +94,10 @@ def test_arith_keeps_its_line_segments(policy):
     r = batch(policy, task)
     probe = probe_for(policy, task)
     assert torch.equal(segments_for(r, probe), probe.segment(r, "lines"))
+
+
+def test_the_audit_segments_by_the_task_unless_told():
+    from credo.audit import AuditConfig, with_task_segmenter
+    assert with_task_segmenter(AuditConfig(), ArithTask()).segmenter == "lines"  # the cache key as before
+    assert with_task_segmenter(AuditConfig(), FreeFormArith()).segmenter == "keyword_entropy"
+    assert with_task_segmenter(AuditConfig(segmenter="fixed"), FreeFormArith()).segmenter == "fixed"

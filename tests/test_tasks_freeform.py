@@ -64,3 +64,15 @@ def test_jsonl_solution_field_becomes_the_reference_solution(tmp_path):
     assert task.reference_solution(by_q["1+1?"]) == ["1+1=2\n", "so \\boxed{2}"]
     assert task.reward(by_q["1+1?"], "".join(task.reference_solution(by_q["1+1?"]))) == 1.0
     assert task.reference_solution(by_q["2+2?"]) is None
+
+
+def test_one_heldout_hash_split_for_every_task():
+    """arith and jsonl once split by two spellings of the same hash; both now call tasks.base.in_heldout_split."""
+    import hashlib
+
+    from credo.tasks.base import in_heldout_split
+    keys = [f"question {i}" for i in range(2000)]
+    for permille in (0, 100, 500, 1000):
+        assert [in_heldout_split(k, permille) for k in keys] == \
+            [int(hashlib.sha256(k.encode()).hexdigest()[:8], 16) % 1000 < permille for k in keys]
+    assert 150 < sum(in_heldout_split(k, 100) for k in keys) < 250

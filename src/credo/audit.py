@@ -3,9 +3,10 @@
 Protocol (docs/methods.md, "## How fidelity is judged"):
 1. sample `n` held-out traces from the checkpoint (n / group_size prompts x group_size samples, so
    group-based estimators see real groups);
-2. cut them into `lines` segments (one arithmetic step per segment) and compute reference MC values
-   with `k_ref` continuations per boundary (cached per checkpoint / seed / n / k_ref / segmenter);
-3. run every requested estimator through a fresh counted Probe, then score it per trace.
+2. cut them into segments once, by the task's segmenter (`lines` on arith: one arithmetic step per
+   segment) unless `segmenter` is set, and compute reference MC values with `k_ref` continuations per
+   boundary (cached per checkpoint / seed / n / k_ref / segmenter);
+3. run every requested estimator through a fresh counted Probe on those segments, then score it per trace.
 Metric definitions (docs/methods.md, "## How fidelity is judged"):
 - segment credit of any estimator = mean over the segment's tokens of advantage x weight (what the
   loss optimises; weight-only methods such as SC-GRPO would otherwise score as plain GRPO);
@@ -35,7 +36,7 @@ import hashlib
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import torch
@@ -50,7 +51,7 @@ from credo.policy.base import SamplingConfig
 from credo.probe import Probe
 from credo.rollouts import Rollouts
 from credo.runs import atomic_write_json, atomic_write_text, cache_root
-from credo.segment import segment_means
+from credo.segment import default_segmenter, segment_means
 from credo.audit_report import (FLOORS, METRICS, Labels, fidelity, first_error_top1, floor_credit,  # noqa: F401
                                 localisable_errors, localiser_table, markdown_table, most_frequent_position,
                                 pairwise_rank, parse_method, plot_audit, score_row, split_half_spearman,
@@ -62,8 +63,9 @@ from credo.tasks import make_task
 class AuditConfig:
     """checkpoint: policy directory ('' = the SFT start). n: traces (n / group_size prompts).
     k_ref: continuations per boundary for the reference. methods: estimator specs, each
-    'name' or 'name:key=value:key=value' (e.g. 'vineppo:k=9'). segmenter: audit segments (lines
-    = one arithmetic step each, so step labels line up). max_new_tokens/temperature: sampling."""
+    'name' or 'name:key=value:key=value' (e.g. 'vineppo:k=9'). segmenter: audit segments, every
+    estimator's too ('' = the task's own: lines on arith, one step each, so step labels line up;
+    keyword_entropy on free-form tasks). max_new_tokens/temperature: sampling."""
 
     checkpoint: str = ""
     task: str = "arith"
@@ -73,7 +75,7 @@ class AuditConfig:
     k_ref: int = 32
     methods: tuple[str, ...] = ("vineppo",)
     localisers: tuple[str, ...] = ()
-    segmenter: str = "lines"
+    segmenter: str = ""
     temperature: float = 1.0
     max_new_tokens: int = 96
     batch_size: int = 1024
@@ -118,13 +120,19 @@ class AuditData:
     trace_tokens: float  # mean prompt + completion tokens of sampling one trace
 
 
+def with_task_segmenter(config: AuditConfig, task: Any) -> AuditConfig:
+    """`config` with segmenter '' resolved to the task's own (so the cache key and audit.json name it)."""
+    return config if config.segmenter else replace(config, segmenter=default_segmenter(task))
+
+
 def build_reference(config: AuditConfig, checkpoint: str, progress: bool = True) -> AuditData:
     """Sample the traces and their MC reference, or load both from the cache."""
+    task = make_task(config.task, config.task_options)
+    config = with_task_segmenter(config, task)
     key = hashlib.sha256(repr((_weights_digest(checkpoint), config.task, sorted(config.task_options.items()),
                                config.seed, config.n, config.group_size, config.k_ref, config.segmenter,
                                config.temperature, config.max_new_tokens)).encode()).hexdigest()[:16]
     path = os.path.join(cache_root(), "audit", key)
-    task = make_task(config.task, config.task_options)
     saved = load_cached(path, task.heldout_problems(config.n // config.group_size))
     if saved is not None:
         return AuditData(**saved)
@@ -169,6 +177,7 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
         from credo.sft import ensure_sft
         checkpoint = ensure_sft(progress=progress, task=config.task)
     task = make_task(config.task, config.task_options)
+    config = with_task_segmenter(config, task)
     data = build_reference(config, checkpoint, progress)
     rollouts, segment_ids = data.rollouts, data.segment_ids
     reference = data.reference.differences()

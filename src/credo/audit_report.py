@@ -14,7 +14,7 @@ from scipy import stats
 
 from credo.config import ConfigError
 from credo.credit.registry import parse_spec
-from credo.credit.values import MCValues
+from credo.credit.values import MCValues, step_differences
 
 METRICS = ("spearman", "pearson", "first_error_top1", "pairwise", "spearman_localisable",
            "first_error_top1_localisable", "pairwise_localisable", "tokens_scored_per_trace",
@@ -119,7 +119,7 @@ def split_half_spearman(reference: MCValues) -> float:
         live = ~torch.isnan(s[:, 0])
         a[:-1][live] = s[live, :k].mean(1)
         b[:-1][live] = s[live, k:].mean(1)
-        halves.append((a[1:] - a[:-1], b[1:] - b[:-1]))
+        halves.append(tuple(step_differences([a, b])))
     return fidelity([h[0] for h in halves], [h[1] for h in halves])[0]
 
 

@@ -104,9 +104,9 @@ def redistribute(values: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def advantages_from_redistribution(rollouts: Rollouts, segment_ids: torch.Tensor, R: list[torch.Tensor],
-                                   config: RREDCoTConfig, gather: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """-> (advantages[B, T], weights[B, T] or None) by the configured mode. `gather` (Probe.gather) makes
-    z's mean/std those of the whole batch when it is split into data-parallel shards."""
+                                   config: RREDCoTConfig, gather: Any = None) -> torch.Tensor:
+    """-> advantages[B, T] by the configured mode (weight mode folds its token weights into them). `gather`
+    (Probe.gather) makes z's mean/std those of the whole batch when it is split into data-parallel shards."""
     a_grpo = grpo_advantages(rollouts.rewards, rollouts.group)
     live = [True] * len(R)
     if config.skip_uniform_groups:
@@ -116,15 +116,15 @@ def advantages_from_redistribution(rollouts: Rollouts, segment_ids: torch.Tensor
     mask = rollouts.trainable_mask().float()
     if config.mode == "additive":
         shaped = [a_grpo[i] + config.lam * ((zi - zi.mean()) if config.center and zi.numel() else zi) for i, zi in enumerate(z)]
-        return broadcast_segments(shaped, segment_ids) * mask, None
+        return broadcast_segments(shaped, segment_ids) * mask
     if config.mode == "replace":
         shaped = [zi if zi.numel() > 1 and live[i] else a_grpo[i].expand(zi.numel()) for i, zi in enumerate(z)]
-        return broadcast_segments(shaped, segment_ids) * mask, None
+        return broadcast_segments(shaped, segment_ids) * mask
     raw = [(1 + config.lam * torch.sign(a_grpo[i]) * zi).clamp(0, config.w_max) for i, zi in enumerate(z)]
     weights = broadcast_segments(raw, segment_ids) * mask
     per_seq = weights.sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
     weights = torch.where(per_seq > 0, weights / per_seq.clamp(min=1e-8), mask)
-    return a_grpo[:, None] * weights, None
+    return a_grpo[:, None] * weights
 
 
 def _standardise(R: list[torch.Tensor], gather: Any = None) -> list[torch.Tensor]:
@@ -141,8 +141,8 @@ def rredcot(rollouts: Rollouts, probe: Probe, config: RREDCoTConfig) -> Credit:
     segment_ids = segments_for(rollouts, probe, config.segmenter)
     values = probe_values(rollouts, probe, segment_ids, config)
     R = redistribute(values)
-    advantages, weights = advantages_from_redistribution(rollouts, segment_ids, R, config, probe.gather)
+    advantages = advantages_from_redistribution(rollouts, segment_ids, R, config, probe.gather)
     v0 = torch.stack([v[0] for v in values]) if values else torch.zeros(0)
-    return Credit(advantages=advantages, weights=weights, segment_credit=R,
+    return Credit(advantages=advantages, segment_credit=R,
                   info={"v0_mean": float(v0.mean()) if v0.numel() else math.nan,
                         "segments_per_trace": float(sum(len(r) for r in R) / max(len(R), 1))})

@@ -21,7 +21,6 @@ the hash split of its own problem distribution.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from dataclasses import dataclass
@@ -29,14 +28,13 @@ from dataclasses import dataclass
 import torch
 
 from credo.config import check
-from credo.tasks.base import Problem, StepTruth
+from credo.tasks.base import HELDOUT_SEED, Problem, StepTruth, in_heldout_split
 
 ALPHABET = "0123456789+-*=#\n ?|"
 PROBE_MARKER = "?"
 REFERENCE_SEPARATOR = "|"
 STEP_RE = re.compile(r"^(\d+)([+\-*])(\d+)=(-?\d+)$")
 ANSWER_RE = re.compile(r"^####\s*(-?\d+)$")
-HELDOUT_SEED = 20_261_130
 
 
 @dataclass(frozen=True)
@@ -108,8 +106,7 @@ class ArithTask:
         return Problem(key=expression, prompt=expression + "\n", answer=str(total), data={"terms": terms, "ops": ops})
 
     def is_heldout(self, problem: Problem) -> bool:
-        digest = hashlib.sha256(problem.key.encode()).digest()
-        return int.from_bytes(digest[:4], "big") % 1000 < self.config.heldout_permille
+        return in_heldout_split(problem.key, self.config.heldout_permille)
 
     def train_problems(self, n: int, generator: torch.Generator) -> list[Problem]:
         """n training problems drawn with `generator` (never from the held-out split)."""

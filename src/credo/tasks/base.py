@@ -9,12 +9,22 @@ concatenation is a correct completion (RREDCoT's and the value localiser's refer
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import torch
 
 from credo.rollouts import Prompt
+
+
+HELDOUT_SEED = 20_261_130  # the seed of every generated task's fixed held-out sequence (the same on every machine)
+
+
+def in_heldout_split(key: str, permille: int) -> bool:
+    """Whether a problem belongs to the held-out split: the first 4 bytes of sha256(key) mod 1000 fall below
+    `permille`, so the split depends on the problem alone (disjoint from training by construction)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % 1000 < permille
 
 
 @dataclass(frozen=True)

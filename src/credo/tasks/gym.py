@@ -12,10 +12,8 @@ from typing import Any
 import torch
 
 from credo.config import ConfigError
-from credo.tasks.base import Problem
+from credo.tasks.base import HELDOUT_SEED, Problem
 from credo.tasks.chat import FreeFormTask
-
-HELDOUT_SEED = 20_261_130
 
 
 class GymTask(FreeFormTask):

@@ -11,7 +11,6 @@ math-verify's signal-based time-outs only work on the main thread, so they are t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import threading
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 
 from credo.config import UserError, check
-from credo.tasks.base import Problem
+from credo.tasks.base import Problem, in_heldout_split
 from credo.tasks.chat import FreeFormTask
 
 SYSTEM_PROMPT = "Reason step by step, and put your final answer within \\boxed{}."
@@ -122,7 +121,7 @@ class JsonlTask(FreeFormTask):
         self.name = f"jsonl:{path}"
         self.system_prompt = SYSTEM_PROMPT
         rows = _unique(read_rows(path, skip_bad_rows, max_question_chars))
-        held = [p for p in rows if int(hashlib.sha256(p.key.encode()).hexdigest()[:8], 16) % 1000 < heldout_permille]
+        held = [p for p in rows if in_heldout_split(p.key, heldout_permille)]
         self.heldout = held or rows[:1]
         keys = {p.key for p in self.heldout}
         self.train = [p for p in rows if p.key not in keys]
