@@ -1,6 +1,6 @@
 """The package's shape, checked from its source with `ast` (docs/architecture.md):
 
-- `credit/` never imports the trainer (`train`), the rollout strategies (`strategies`, `resets`) or a
+- `credit/` never imports the trainer (`train`), the rollout strategies (`strategies` and its modules) or a
   sibling estimator module; its shared helpers (registry, values, groups) are fine;
 - `policy/` (a backend) never imports `tasks` (a task's prompt protocol) or `credit`;
 - the import graph has no cycle (function-level imports included);
