@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from credo.rollouts import Rollouts, concat_rollouts
+from credo.rollouts import Cost, Rollouts, concat_rollouts
 from credo.strategies import Collected, SamplingContext, Strategy
 from credo.strategies.sampling import mixed_share
 from credo.tasks.base import Problem
@@ -92,11 +92,8 @@ class Sharded:
         info = {"mixed_groups": self.dp.mean(mixed_share(rollouts))}  # over this rank's groups, then the ranks
         for key in [k for k in parts[0].info if k not in info]:  # the others: means over prompts, then ranks
             info[key] = self.dp.mean(sum(p.info[key] for p in parts) / len(parts))
-        cost = parts[0].cost
-        for part in parts[1:]:
-            cost = cost + part.cost
         generated = int(self.dp.sum(sum(p.tokens_generated for p in parts)))
-        return Collected(rollouts, generated, info, cost=cost)
+        return Collected(rollouts, generated, info, cost=sum((p.cost for p in parts), Cost()))
 
 
 def _only(problem: Problem) -> Callable[[int], list[Problem]]:
