@@ -110,8 +110,10 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_rules_see_a_break_and_a_cycle() -> None:
     """The checks themselves: a planted break and a planted cycle are found."""
     graph = {"credo.credit.mc": {"credo.credit.rredcot", "credo.train"}, "credo.policy.hf": {"credo.tasks.chat"},
+             "credo.credit.ibpo": {"credo.strategies.resets"},
              "credo.credit.rredcot": {"credo.credit.values"}, "credo.a": {"credo.b"}, "credo.b": {"credo.a"}}
-    assert rule_breaks(graph) == ["credo.credit.mc -> credo.credit.rredcot (sibling estimator)",
+    assert rule_breaks(graph) == ["credo.credit.ibpo -> credo.strategies.resets (credit/ above the estimators)",
+                                  "credo.credit.mc -> credo.credit.rredcot (sibling estimator)",
                                   "credo.credit.mc -> credo.train (credit/ above the estimators)",
                                   "credo.policy.hf -> credo.tasks.chat (a backend knows no task or estimator)"]
     assert find_cycle(graph) == ["credo.a", "credo.b", "credo.a"]

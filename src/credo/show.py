@@ -25,7 +25,8 @@ class ShowConfig:
     """checkpoint: policy directory ('' = the task's SFT start). methods: estimator specs ('name' or
     'name:key=value:...', as in `credo audit`). n: traces shown (one per held-out prompt, each
     prompt sampled group_size times). k_ref > 0: MC reference values with k_ref continuations per
-    boundary beside each segment. segmenter: display segments ('lines': one step per line)."""
+    boundary beside each segment. segmenter: the segments shown and read by every method ('' = the
+    task's own: lines on arith, one step per line; keyword_entropy on free-form tasks)."""
 
     checkpoint: str = ""
     task: str = "arith"
@@ -34,7 +35,7 @@ class ShowConfig:
     n: int = 8
     group_size: int = 8
     k_ref: int = 0
-    segmenter: str = "lines"
+    segmenter: str = ""
     temperature: float = 1.0
     max_new_tokens: int = 96
     seed: int = 0
@@ -175,6 +176,7 @@ def collect(config: ShowConfig, progress: bool = True) -> Page:
     from credo.policy import bind_task, load_policy
     from credo.policy.base import SamplingConfig
     from credo.probe import Probe
+    from credo.segment import default_segmenter
     from credo.strategies import sample_groups
     from credo.tasks import make_task
     checkpoint = config.checkpoint
@@ -190,7 +192,7 @@ def collect(config: ShowConfig, progress: bool = True) -> Page:
     with torch.no_grad():
         old, _ = policy.score(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, rollouts.completion_mask)
     probe = Probe(policy, task, sampling, torch.Generator().manual_seed(config.seed + 1))
-    segment_ids = probe.segment(rollouts.with_fields(old_logprobs=old), config.segmenter)
+    segment_ids = probe.segment(rollouts.with_fields(old_logprobs=old), config.segmenter or default_segmenter(task))
     rollouts = rollouts.with_fields(old_logprobs=old, segment_ids=segment_ids)
     runs = run_methods(config.methods, rollouts, policy, task, sampling, config.seed, progress)
     rows = pick_rows(rollouts, task, segment_ids, config.n)

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import torch
 
 from credo.config import check
+from credo.credit.values import continue_and_verify
 from credo.policy.base import left_pad, right_pad
 from credo.probe import prompt_tokens
 from credo.rollouts import Rollouts, concat_rollouts
@@ -31,7 +32,7 @@ from credo.segment import segment_bounds, segmenter_config
 from credo.strategies.base import Collected, SamplingContext, register
 from credo.strategies.localisers import LOCALISERS, localise
 from credo.strategies.sampling import mixed_share, sample_groups
-from credo.tasks.base import Problem, rewards_for
+from credo.tasks.base import Problem
 
 
 @dataclass(frozen=True)
@@ -79,18 +80,15 @@ def continue_from(ctx: SamplingContext, jobs: Sequence[tuple[Rollouts, int, int,
         prefixes += [prefix] * n
         problems += [base.problems[row]] * n
         groups += [group_id] * n
-    ids, mask = left_pad([p + x for p, x in zip(prompts, prefixes)], policy.pad_id, device)
-    out = policy.sample(ids, mask, ctx.sampling, ctx.generator)
-    completions = [x + c[m].tolist() for x, c, m in zip(prefixes, out.completion_ids, out.completion_mask)]
-    comp_ids, comp_mask = right_pad(completions, policy.pad_id, device)
-    texts = [policy.decode(torch.tensor(c, dtype=torch.long)) for c in completions]
-    rewards, correct = rewards_for(ctx.task, problems, texts)
+    out = continue_and_verify(lambda ids, mask: policy.sample(ids, mask, ctx.sampling, ctx.generator), policy,
+                              ctx.task, problems, prompts, prefixes, device)
+    comp_ids, comp_mask = right_pad(out.tokens, policy.pad_id, device)
     p_ids, p_mask = left_pad(prompts, policy.pad_id, device)
     loss_mask = comp_mask.clone()
     for i, prefix in enumerate(prefixes):
         loss_mask[i, :len(prefix)] = False
-    return Rollouts(p_ids, p_mask, comp_ids, comp_mask, torch.tensor(groups, dtype=torch.long), rewards,
-                    torch.zeros(comp_ids.shape), correct, problems, texts, loss_mask=loss_mask)
+    return Rollouts(p_ids, p_mask, comp_ids, comp_mask, torch.tensor(groups, dtype=torch.long), out.rewards,
+                    torch.zeros(comp_ids.shape), out.correct, problems, out.texts, loss_mask=loss_mask)
 
 
 @dataclass
