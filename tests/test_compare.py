@@ -357,3 +357,18 @@ def test_a_run_directory_from_another_budget_is_refused_not_mixed_in(saved_polic
     assert again["methods"]["grpo"]["seeds"]["0"]["curve"] == first["methods"]["grpo"]["seeds"]["0"]["curve"]
     with pytest.raises(ValueError, match=r"grpo-s0 .*max_generated_tokens: 1500 -> 3000"):
         compare("smoke", out, methods=("grpo",), start=saved_policy, progress=False, token_budget=3000)
+
+
+def test_report_only_rebuilds_a_committed_comparison_byte_for_byte(tmp_path, capsys):
+    """`credo compare --report-only` on a copy of docs/results/compare-full rewrites report.md and
+    results.json with exactly the committed bytes (a report change must be committed with its rebuild)."""
+    import shutil
+    from credo.cli import main
+    committed = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "compare-full")
+    out = str(tmp_path / "compare-full")
+    shutil.copytree(committed, out)
+    os.remove(os.path.join(out, "report.md"))  # must be written again, not left in place
+    assert main(["compare", "--report-only", "--out", out, "--quiet"]) == 0
+    for name in ("report.md", "results.json"):
+        with open(os.path.join(committed, name), "rb") as a, open(os.path.join(out, name), "rb") as b:
+            assert a.read() == b.read(), name
