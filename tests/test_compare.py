@@ -240,8 +240,10 @@ def test_every_method_shares_one_schedule_unless_its_recipe_sets_its_own(monkeyp
 def test_a_method_spec_becomes_credit_options_and_the_task_comes_from_the_preset(saved_policy):
     from dataclasses import replace
     from credo.compare import PRESETS, run_config, run_dir_name
+    from credo.credit.rredcot import RREDCoTConfig
     config = run_config("rredcot:lam=0.25", 0, replace(PRESETS["smoke"], task="arith-long"), saved_policy)
-    assert config.method == "rredcot" and config.credit == {"lam": 0.25} and config.task == "arith-long"
+    # the credit options are stored as the estimator's own (frozen, checked) config
+    assert config.method == "rredcot" and config.credit == RREDCoTConfig(lam=0.25) and config.task == "arith-long"
     assert run_dir_name("shuffled:of=rredcot", 2) == "shuffled_of=rredcot-s2"
 
 
