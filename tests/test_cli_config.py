@@ -135,3 +135,13 @@ def test_every_command_needs_out_unless_it_lists_its_config(capsys):
     for command in ("sft", "audit", "compare", "show"):
         assert main([command, "--quiet"]) == 2
         assert capsys.readouterr().err.strip() == f"credo {command}: error: --out DIR is required"
+
+
+def test_a_check_inside_a_fields_value_names_the_full_path():
+    # the segmenter check says 'segmenter.name'; its user sets it under credit. or reset.
+    with pytest.raises(ConfigError, match=r"^train\.credit\.segmenter\.name must be one of"):
+        load_train_config(None, ["method=rredcot", "credit.segmenter=nope"])
+    with pytest.raises(ConfigError, match=r"^train\.reset\.segmenter\.name must be one of"):
+        load_train_config(None, ["reset.segmenter=nope"])
+    with pytest.raises(ConfigError, match=r"^train\.loss\.eps_low must be in \[0, 1\)"):
+        load_train_config(None, ["loss.eps_low=3"])

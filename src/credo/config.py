@@ -105,6 +105,8 @@ def _full_path(message: str, fields: set[str], prefix: str) -> str:
     path from the top ('train.loss.eps_low'), which only the caller of from_dict knows."""
     head = message.split(" ", 1)[0].rstrip(":,")
     short, _, name = head.rpartition(".")
+    if prefix and short and short.split(".")[0] in fields and not all(part in fields for part in name.split("/")):
+        return prefix + message  # a check inside a field's own value: 'segmenter.name' -> 'credit.segmenter.name'
     if not prefix or not name or not all(part in fields for part in name.split("/")):
         return message
     if not short:
