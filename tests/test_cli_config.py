@@ -74,9 +74,17 @@ def test_train_help_config_shows_the_recipe_and_its_estimator_options(capsys):
 
 
 def test_field_docs_reads_the_string_under_each_field():
-    docs = field_docs(TrainConfig)
-    assert docs["lr"] == "AdamW learning rate."
-    assert set(docs) == {f.name for f in dataclasses.fields(TrainConfig)}
+    from credo.audit import AuditConfig
+    from credo.compare_presets import CompareConfig, Preset
+    from credo.evaluate import EvalConfig
+    from credo.sft import SFTConfig
+    from credo.show import ShowConfig
+    assert field_docs(TrainConfig)["lr"] == "AdamW learning rate."
+    default = TrainConfig()
+    documented = (TrainConfig, SFTConfig, EvalConfig, AuditConfig, CompareConfig, ShowConfig, Preset,
+                  type(default.loss), type(default.reset), type(default.sampling))
+    for cls in documented:  # every field of every command's config (and its sections) has its own doc
+        assert set(field_docs(cls)) == {f.name for f in dataclasses.fields(cls)}, cls.__name__
 
 
 def test_credit_is_the_estimators_frozen_config_resolved_at_load():

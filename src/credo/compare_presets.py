@@ -24,27 +24,34 @@ SCHEDULE = ("epochs", "minibatches", "lr")  # the optimiser schedule every metho
 
 @dataclass(frozen=True)
 class Preset:
-    """methods/seeds: what to run (a method is a name or 'name:key=value', e.g. 'shuffled:of=rredcot').
-    task: the task every run trains and is evaluated on (its default start unless --start is given).
-    token_budget: generated tokens per run. eval_every_tokens, eval_n: the shared accuracy curve;
-    final_eval_n: the final held-out evaluation. train: TrainConfig overrides for every run; schedule:
-    epochs/minibatches/lr shared by every method (empty: TrainConfig's defaults). audit_*: the credit
-    audit of the start (audit_n = 0 skips it). jobs: trainings at once unless --jobs says otherwise.
-    note: said in results.json and the report (e.g. that a budget is not measured yet)."""
+    """A comparison's protocol: what runs, on what budget, evaluated how (`credo compare --preset NAME`)."""
 
     methods: tuple[str, ...]
+    """What to run: each a method name or 'name:key=value' (e.g. 'shuffled:of=rredcot')."""
     seeds: tuple[int, ...]
+    """Seeds of every method."""
     token_budget: int
+    """Generated tokens per run."""
     eval_every_tokens: int
+    """Held-out accuracy whenever generated tokens cross a multiple of it (the shared accuracy curve)."""
     eval_n: int
+    """Held-out problems of each curve point."""
     final_eval_n: int
+    """Held-out problems of the final evaluation."""
     train: dict[str, Any] = field(default_factory=dict)
+    """TrainConfig overrides for every run."""
     audit_n: int = 64
+    """Traces of the credit audit of the start (0 skips it)."""
     audit_k_ref: int = 16
+    """MC continuations per boundary of the audit's reference."""
     task: str = "arith"
+    """The task every run trains and is evaluated on (its default start unless --start is given)."""
     schedule: dict[str, Any] = field(default_factory=dict)
+    """epochs/minibatches/lr shared by every method (empty: TrainConfig's defaults)."""
     jobs: int = 1
+    """Trainings at once unless --jobs says otherwise."""
     note: str = ""
+    """Said in results.json and the report (e.g. that a budget is not measured yet)."""
 
 
 PRESETS = {
