@@ -16,7 +16,7 @@ def add_config_options(p: argparse.ArgumentParser, config_name: str, set_example
     """--config, --set and --help-config: how every command is configured (see the module docstring)."""
     p.add_argument("--config", help=f"YAML file of {config_name} fields (flags and --set override it)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"override a {config_name} field, e.g. {set_example} (repeatable)")
+                   help=f"override a field of {config_name}, e.g. {set_example} (repeatable)")
     p.add_argument("--help-config", action="store_true",
                    help=f"list every {config_name} field with its doc and its value after --config, the flags "
                         "and --set, then exit")
