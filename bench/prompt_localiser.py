@@ -1,6 +1,6 @@
 """SRPO's prompt localiser on a real instruction model: how often its reply parses, by reply budget.
 
-SmolLM2-135M-Instruct (offline, `--model smollm2-135m`) samples completions of `gym:chain_sum`
+SmolLM2-135M-Instruct (offline, `--start smollm2-135m`) samples completions of `gym:chain_sum`
 problems; failed ones with >= 2 steps (keyword_entropy segments) are the parents. Each parent is
 sent the public SRPO localisation request (bare user turn, temperature 0.3) at every reply budget,
 and the rule that decided the step is counted: a boxed step number, a "Step N" in the prose, or the

@@ -240,8 +240,10 @@ def test_every_method_shares_one_schedule_unless_its_recipe_sets_its_own(monkeyp
 def test_a_method_spec_becomes_credit_options_and_the_task_comes_from_the_preset(saved_policy):
     from dataclasses import replace
     from credo.compare import PRESETS, run_config, run_dir_name
+    from credo.credit.rredcot import RREDCoTConfig
     config = run_config("rredcot:lam=0.25", 0, replace(PRESETS["smoke"], task="arith-long"), saved_policy)
-    assert config.method == "rredcot" and config.credit == {"lam": 0.25} and config.task == "arith-long"
+    # the credit options are stored as the estimator's own (frozen, checked) config
+    assert config.method == "rredcot" and config.credit == RREDCoTConfig(lam=0.25) and config.task == "arith-long"
     assert run_dir_name("shuffled:of=rredcot", 2) == "shuffled_of=rredcot-s2"
 
 
@@ -357,3 +359,18 @@ def test_a_run_directory_from_another_budget_is_refused_not_mixed_in(saved_polic
     assert again["methods"]["grpo"]["seeds"]["0"]["curve"] == first["methods"]["grpo"]["seeds"]["0"]["curve"]
     with pytest.raises(ValueError, match=r"grpo-s0 .*max_generated_tokens: 1500 -> 3000"):
         compare("smoke", out, methods=("grpo",), start=saved_policy, progress=False, token_budget=3000)
+
+
+def test_report_only_rebuilds_a_committed_comparison_byte_for_byte(tmp_path, capsys):
+    """`credo compare --report-only` on a copy of docs/results/compare-full rewrites report.md and
+    results.json with exactly the committed bytes (a report change must be committed with its rebuild)."""
+    import shutil
+    from credo.cli import main
+    committed = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "compare-full")
+    out = str(tmp_path / "compare-full")
+    shutil.copytree(committed, out)
+    os.remove(os.path.join(out, "report.md"))  # must be written again, not left in place
+    assert main(["compare", "--report-only", "--out", out, "--quiet"]) == 0
+    for name in ("report.md", "results.json"):
+        with open(os.path.join(committed, name), "rb") as a, open(os.path.join(out, name), "rb") as b:
+            assert a.read() == b.read(), name

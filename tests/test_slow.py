@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 def test_smollm2_trains_on_reasoning_gym(tmp_path, method):
     pytest.importorskip("gguf")
     out = str(tmp_path / method)
-    args = ["train", "--model", "smollm2-135m", "--task", "gym:chain_sum", "--method", method, "--steps", "5",
+    args = ["train", "--start", "smollm2-135m", "--task", "gym:chain_sum", "--method", method, "--steps", "5",
             "--out", out, "--quiet", "--set", "prompts_per_step=2", "--set", "group_size=4",
             "--set", "max_new_tokens=48", "--set", "eval_n=4", "--set", "final_eval_n=4", "--set", "epochs=1",
             "--set", "task_options.min_digits=1", "--set", "task_options.max_digits=1"]

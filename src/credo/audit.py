@@ -61,25 +61,36 @@ from credo.tasks import make_task
 
 @dataclass(frozen=True)
 class AuditConfig:
-    """checkpoint: policy directory ('' = the SFT start). n: traces (n / group_size prompts).
-    k_ref: continuations per boundary for the reference. methods: estimator specs, each
-    'name' or 'name:key=value:key=value' (e.g. 'vineppo:k=9'). segmenter: audit segments, every
-    estimator's too ('' = the task's own: lines on arith, one step each, so step labels line up;
-    keyword_entropy on free-form tasks). max_new_tokens/temperature: sampling."""
+    """What `credo audit` scores against the Monte Carlo reference."""
 
     checkpoint: str = ""
+    """Policy directory ('' = the task's SFT start)."""
     task: str = "arith"
+    """Task: 'arith', 'arith-long', 'gym:<dataset>' or 'jsonl:<path>'."""
     task_options: dict = field(default_factory=dict)
+    """The task's own options."""
     n: int = 256
+    """Traces audited (n / group_size held-out prompts)."""
     group_size: int = 8
+    """Traces sampled per prompt (the group the estimators see)."""
     k_ref: int = 32
+    """MC continuations per segment boundary for the reference values."""
     methods: tuple[str, ...] = ("vineppo",)
+    """Estimator specs, each 'name' or 'name:key=value:key=value' (e.g. 'vineppo:k=9'); the random, grpo and
+    first_step floors are always added."""
     localisers: tuple[str, ...] = ()
+    """Reset localisers scored against the first wrong step (random, value, oracle; prompt needs a chat model)."""
     segmenter: str = ""
+    """Audit segments, every estimator's too ('' = the task's own: lines on arith, one step each, so step
+    labels line up; keyword_entropy on free-form tasks)."""
     temperature: float = 1.0
+    """Sampling temperature of the traces and the reference."""
     max_new_tokens: int = 96
+    """Generation limit per completion."""
     batch_size: int = 1024
+    """Rows per forward pass of the reference sampling."""
     seed: int = 0
+    """Seed of the sampled traces and the reference."""
 
     def __post_init__(self) -> None:
         check(self.n >= self.group_size >= 2, f"audit.n must be >= audit.group_size >= 2, got {self.n}/{self.group_size}")

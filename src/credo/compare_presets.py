@@ -15,8 +15,8 @@ from typing import Any
 
 from credo import methods as method_registry
 from credo.compare_stats import parse_method_spec
-from credo.config import ConfigError
-from credo.train import load_train_config
+from credo.config import ConfigError, check, to_dict
+from credo.train_config import config_from_run, load_train_config
 
 ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain", "rredcot", "ibpo", "sc_grpo", "rrpo", "srpo")
 SCHEDULE = ("epochs", "minibatches", "lr")  # the optimiser schedule every method of a comparison shares
@@ -24,27 +24,34 @@ SCHEDULE = ("epochs", "minibatches", "lr")  # the optimiser schedule every metho
 
 @dataclass(frozen=True)
 class Preset:
-    """methods/seeds: what to run (a method is a name or 'name:key=value', e.g. 'shuffled:of=rredcot').
-    task: the task every run trains and is evaluated on (its default start unless --start is given).
-    token_budget: generated tokens per run. eval_every_tokens, eval_n: the shared accuracy curve;
-    final_eval_n: the final held-out evaluation. train: TrainConfig overrides for every run; schedule:
-    epochs/minibatches/lr shared by every method (empty: TrainConfig's defaults). audit_*: the credit
-    audit of the start (audit_n = 0 skips it). jobs: trainings at once unless --jobs says otherwise.
-    note: said in results.json and the report (e.g. that a budget is not measured yet)."""
+    """A comparison's protocol: what runs, on what budget, evaluated how (`credo compare --preset NAME`)."""
 
     methods: tuple[str, ...]
+    """What to run: each a method name or 'name:key=value' (e.g. 'shuffled:of=rredcot')."""
     seeds: tuple[int, ...]
+    """Seeds of every method."""
     token_budget: int
+    """Generated tokens per run."""
     eval_every_tokens: int
+    """Held-out accuracy whenever generated tokens cross a multiple of it (the shared accuracy curve)."""
     eval_n: int
+    """Held-out problems of each curve point."""
     final_eval_n: int
+    """Held-out problems of the final evaluation."""
     train: dict[str, Any] = field(default_factory=dict)
+    """TrainConfig overrides for every run."""
     audit_n: int = 64
+    """Traces of the credit audit of the start (0 skips it)."""
     audit_k_ref: int = 16
+    """MC continuations per boundary of the audit's reference."""
     task: str = "arith"
+    """The task every run trains and is evaluated on (its default start unless --start is given)."""
     schedule: dict[str, Any] = field(default_factory=dict)
+    """epochs/minibatches/lr shared by every method (empty: TrainConfig's defaults)."""
     jobs: int = 1
+    """Trainings at once unless --jobs says otherwise."""
     note: str = ""
+    """Said in results.json and the report (e.g. that a budget is not measured yet)."""
 
 
 PRESETS = {
@@ -66,9 +73,54 @@ PRESETS = {
                         "measured"),
     # for tests: a minute on a tiny model
     "smoke": Preset(methods=("grpo", "rredcot"), seeds=(0,), token_budget=1_500, eval_every_tokens=600, eval_n=8,
-                    final_eval_n=8, train={"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 24},
+                    final_eval_n=8, train={"prompts_per_step": 2, "group_size": 4, "sampling": {"max_new_tokens": 24}},
                     audit_n=8, audit_k_ref=2),
 }
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """What `credo compare` runs: a preset, and the caller's replacements of its settings."""
+
+    preset: str = "quick"
+    """quick (~15 min, 1 seed, 4 methods), full (3 seeds, every method and the shuffled controls), long
+    (arith-long, 12 methods incl. controls, 5 seeds) or smoke (tests)."""
+    methods: tuple[str, ...] | None = None
+    """Methods instead of the preset's, each a name or name:key=value (e.g. shuffled:of=rredcot); grpo is
+    always added."""
+    seeds: tuple[int, ...] | None = None
+    """Seeds instead of the preset's."""
+    start: str = ""
+    """Start checkpoint of every run ('' = the SFT start of the task)."""
+    task: str = ""
+    """Task of every run instead of the preset's ('' = the preset's: arith; long: arith-long)."""
+    jobs: int | None = None
+    """Trainings at once, each in its own process with cpu_count/jobs threads (None = the preset's)."""
+    budget: int | None = None
+    """Generated tokens per training run instead of the preset's (evaluated every quarter of it)."""
+    epochs: int | None = None
+    """Optimiser passes per batch shared by every method (None = the training default); a recipe that sets
+    its own keeps it and the report lists it."""
+    minibatches: int | None = None
+    """AdamW steps per pass shared by every method (None = the training default)."""
+    lr: float | None = None
+    """Learning rate shared by every method (None = the training default); a sweep is one comparison per
+    value, each into its own --out."""
+
+    def __post_init__(self) -> None:
+        check(self.preset in PRESETS, f"compare --preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
+        check(self.budget is None or self.budget > 0,
+              f"compare --budget must be a positive number of generated tokens, got {self.budget}")
+        check(self.jobs is None or self.jobs >= 1, f"compare --jobs must be >= 1, got {self.jobs}")
+        check(all(n is None or n >= 1 for n in (self.epochs, self.minibatches)),
+              f"compare.epochs and compare.minibatches (--schedule) must be >= 1, got {self.epochs}x{self.minibatches}")
+        check(self.lr is None or self.lr > 0, f"compare --lr must be > 0, got {self.lr}")
+        check(self.seeds is None or len(self.seeds) > 0, "compare.seeds: give at least one seed")
+
+    @property
+    def schedule(self) -> dict[str, Any]:
+        """The shared-schedule fields given (epochs, minibatches, lr), as `compare(schedule=...)` takes them."""
+        return {k: getattr(self, k) for k in SCHEDULE if getattr(self, k) is not None}
 
 
 def run_dir_name(spec: str, seed: int) -> str:
@@ -117,15 +169,13 @@ def protocol(preset: Preset, start: str, jobs: int) -> dict[str, Any]:
 
 def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str) -> None:
     """A run directory left by an earlier comparison is reused (or resumed) only if it was made with
-    the same training config; otherwise mixing budgets or starts would corrupt the table."""
-    import yaml
-    from credo.config import ConfigError, dump_yaml
+    the same training config; otherwise mixing budgets or starts would corrupt the table. Both configs are
+    compared as loaded (an older config.yaml's flat sampling keys and partial credit options included)."""
     for method, seed, run_dir in plan:
-        path = os.path.join(run_dir, "config.yaml")
-        if not os.path.exists(path):
+        if not os.path.exists(os.path.join(run_dir, "config.yaml")):
             continue
-        old = _flatten(yaml.safe_load(open(path)))
-        new = _flatten(yaml.safe_load(dump_yaml(run_config(method, seed, preset, start))))
+        old = _flatten(to_dict(config_from_run(run_dir)))
+        new = _flatten(to_dict(run_config(method, seed, preset, start)))
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         if changed:
             raise ConfigError(f"{run_dir} was made with a different config ({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "

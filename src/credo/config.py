@@ -1,16 +1,26 @@
 """Configs are frozen dataclasses: loaded from YAML, overridden with `key.sub=value`, validated on load.
 
-An unknown key or a value of the wrong type is an error that names the field (`train.lr`), and
-each dataclass's `__post_init__` checks ranges with the same naming.
+Every command is configured the same way: defaults <- a preset (`base`) <- the `--config` YAML file <-
+the command's shortcut flags <- `--set key.sub=value` (`load_config`). An unknown key or a value of the
+wrong type is an error that names the field (`train.lr`); each dataclass's `__post_init__` checks ranges,
+and `from_dict` gives a nested error its full dotted path (`train.loss.eps_low`).
+
+Each field is documented by the string literal right under it (CleanRL's convention), which
+`describe` reads back for `--help-config`: `lr: float = 2e-5` followed, on the next line, by the
+string "AdamW learning rate." as a bare statement.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 import hashlib
+import inspect
 import json
 import math
 import re
+import textwrap
 import types
 import typing
 from typing import Any, TypeVar
@@ -95,6 +105,8 @@ def _full_path(message: str, fields: set[str], prefix: str) -> str:
     path from the top ('train.loss.eps_low'), which only the caller of from_dict knows."""
     head = message.split(" ", 1)[0].rstrip(":,")
     short, _, name = head.rpartition(".")
+    if prefix and short and short.split(".")[0] in fields and not all(part in fields for part in name.split("/")):
+        return prefix + message  # a check inside a field's own value: 'segmenter.name' -> 'credit.segmenter.name'
     if not prefix or not name or not all(part in fields for part in name.split("/")):
         return message
     if not short:
@@ -103,11 +115,7 @@ def _full_path(message: str, fields: set[str], prefix: str) -> str:
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    def plain(v: Any) -> Any:
-        if isinstance(v, tuple):
-            return [plain(x) for x in v]
-        return v
-    return {k: (to_dict(v) if dataclasses.is_dataclass(v) else plain(v)) for k, v in
+    return {k: (to_dict(v) if dataclasses.is_dataclass(v) else _plain(v)) for k, v in
             ((f.name, getattr(config, f.name)) for f in dataclasses.fields(config))}
 
 
@@ -136,23 +144,95 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_yaml(path: str | None) -> dict[str, Any]:
+    """The mapping in YAML file `path` ({} for None or an empty file); errors are one line naming the file."""
+    if not path:
+        return {}
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {path} is not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def user_settings(path: str | None = None, overrides: list[str] | None = None,
+                  flags: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the user asked for, as a nested dict: the YAML file <- shortcut flags <- `--set` overrides."""
+    return merge(merge(read_yaml(path), flags or {}), parse_overrides(overrides or []))
+
+
 def load_config(cls: type[C], path: str | None = None, overrides: list[str] | None = None,
-                base: dict[str, Any] | None = None, prefix: str = "") -> C:
-    """Defaults <- `base` <- YAML file <- overrides, validated into `cls`."""
-    data: dict[str, Any] = dict(base or {})
-    if path:
-        try:
-            with open(path) as f:
-                loaded = yaml.safe_load(f) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path} must hold a mapping at the top level")
-        data = merge(data, loaded)
-    data = merge(data, parse_overrides(overrides or []))
-    return from_dict(cls, data, prefix=prefix)
+                base: dict[str, Any] | None = None, prefix: str = "", flags: dict[str, Any] | None = None) -> C:
+    """Defaults <- `base` <- YAML file <- `flags` (a command's shortcut flags) <- overrides, validated into `cls`."""
+    return from_dict(cls, merge(dict(base or {}), user_settings(path, overrides, flags)), prefix=prefix)
+
+
+@functools.lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: doc} from the string literal written right under each field of dataclass `cls`
+    (CleanRL's convention); fields without one are absent. Read from the source with `ast`."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # no source (e.g. a class made at run time)
+        return {}
+    body = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)).body
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """A nested config in `describe`'s listing whose class documents no field by itself (e.g. an
+    estimator's config): its class docstring stands for its fields."""
+
+    class_name: str
+
+
+def describe(config: Any, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(dotted path, value, doc) of every field of `config`, nested dataclasses flattened (`loss.eps_low`).
+    A nested class that documents no field by itself adds a row (path, Section, class docstring) first."""
+    rows: list[tuple[str, Any, str]] = []
+    docs = field_docs(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            if not field_docs(type(value)) and dataclasses.fields(value):
+                about = " ".join((type(value).__doc__ or "").split())
+                rows.append((prefix + f.name, Section(type(value).__name__),
+                             " ".join(filter(None, [docs.get(f.name, ""), about]))))
+            rows.extend(describe(value, prefix + f.name + "."))
+        else:
+            rows.append((prefix + f.name, value, docs.get(f.name, "")))
+    return rows
+
+
+def help_config(config: Any, title: str) -> str:
+    """The `--help-config` text: every field as `path = value` (JSON), its doc indented under it."""
+    lines = [title, ""]
+    for path, value, doc in describe(config):
+        head = f"{path} ({value.class_name})" if isinstance(value, Section) else f"{path} = {json.dumps(_plain(value))}"
+        lines.append(head)
+        lines.extend(textwrap.wrap(doc, 100, initial_indent="    ", subsequent_indent="    "))
+    return "\n".join(lines)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def config_hash(config: Any, length: int = 12) -> str:

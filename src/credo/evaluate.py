@@ -2,14 +2,39 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 from tqdm import tqdm
 
+from credo.config import check
 from credo.policy.base import Policy, SamplingConfig
 from credo.tasks.base import Problem, Task
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What `credo eval` measures."""
+
+    checkpoint: str = "sft"
+    """Policy directory, a run directory (its final/ policy) or 'sft' (the task's SFT start)."""
+    task: str = "arith"
+    """Task: 'arith', 'arith-long', 'gym:<dataset>' or 'jsonl:<path>' (the default checkpoint follows it)."""
+    task_options: dict = field(default_factory=dict)
+    """The task's own options (e.g. digits for arith)."""
+    n: int = 500
+    """Held-out problems."""
+    k: int = 0
+    """> 0 also reports avg@k and pass@k from k samples per problem at temperature 1."""
+    max_new_tokens: int = 96
+    """Generation limit per completion."""
+    seed: int = 0
+    """Seed of the sampled (avg@k) completions."""
+
+    def __post_init__(self) -> None:
+        for flag, value, low in (("--n", self.n, 1), ("--k", self.k, 0), ("--max-new-tokens", self.max_new_tokens, 1)):
+            check(value >= low, f"eval {flag} must be >= {low}, got {value}")
 
 
 @dataclass(frozen=True)

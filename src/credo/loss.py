@@ -13,18 +13,21 @@ AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 
 @dataclass(frozen=True)
 class LossConfig:
-    """eps_low/eps_high: clip range of the ratio (DAPO's clip-higher uses 0.2/0.28).
-    ratio: 'token' (PPO/GRPO) or 'sequence' (GSPO: (pi/pi_old)^(1/|o|) per sequence).
-    aggregation: 'seq-mean-token-mean' (GRPO), 'token-mean' (DAPO), 'seq-mean-token-sum-norm'
-    (Dr. GRPO: sum over tokens / (B * norm_length)). kl_coef: weight of the k3 KL to the reference.
-    kind: 'clip' (PPO clipped surrogate) or 'pg' (SRPO public code: -A * log pi, no ratio, no clip)."""
+    """The policy-gradient loss of a training step."""
 
     eps_low: float = 0.2
+    """Lower clip range of the ratio: clip(rho, 1 - eps_low, 1 + eps_high)."""
     eps_high: float = 0.2
+    """Upper clip range of the ratio (DAPO's clip-higher: 0.28)."""
     ratio: str = "token"
+    """'token' (PPO/GRPO) or 'sequence' (GSPO: (pi/pi_old)^(1/|o|) per sequence)."""
     aggregation: str = "seq-mean-token-mean"
+    """'seq-mean-token-mean' (GRPO), 'token-mean' (DAPO) or 'seq-mean-token-sum-norm' (Dr. GRPO: sum over
+    tokens / (B * max_new_tokens))."""
     kl_coef: float = 0.0
+    """Weight of the k3 KL to the start policy (0: no reference model is kept)."""
     kind: str = "clip"
+    """'clip' (PPO clipped surrogate) or 'pg' (SRPO's public code: -A * log pi, no ratio, no clip)."""
 
     def __post_init__(self) -> None:
         check(self.kind in ("clip", "pg"), f"train.loss.kind must be 'clip' or 'pg', got {self.kind!r}")

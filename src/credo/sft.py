@@ -39,32 +39,42 @@ from credo.tasks.base import Problem
 
 @dataclass(frozen=True)
 class SFTConfig:
-    """Supervised warm start of the tiny policy on the `arith` task.
-
-    Optimiser: AdamW(lr, betas=(beta1, beta2), weight_decay), linear warm-up then cosine decay to
-    10% over max_steps, gradient clipping at grad_clip. Loss on completion tokens only.
-    early_answer_frac / reference_frac: shares of the two auxiliary example kinds.
-    eval_every/eval_n: validation cadence and size (validation problems come from the training
-    split with a fixed seed, so held-out numbers stay untouched by checkpoint selection).
-    target_accuracy: stop once validation greedy accuracy reaches it (1.0 = train to max_steps).
-    """
+    """Supervised warm start of the tiny policy on the `arith` task. Optimiser: AdamW, linear warm-up then
+    cosine decay to 10% over max_steps, gradient clipping. Loss on completion tokens only."""
 
     task: ArithConfig = field(default_factory=ArithConfig)
+    """The arithmetic task the examples come from."""
     model: GPTConfig = field(default_factory=GPTConfig)
+    """The tiny GPT's shape."""
     max_steps: int = 1600
+    """Optimiser steps at most."""
     batch_size: int = 64
+    """Examples per step."""
     lr: float = 2e-3
+    """Peak AdamW learning rate."""
     warmup_steps: int = 100
+    """Steps of linear warm-up."""
     weight_decay: float = 0.1
+    """AdamW weight decay."""
     beta1: float = 0.9
+    """AdamW beta1."""
     beta2: float = 0.98
+    """AdamW beta2."""
     grad_clip: float = 1.0
+    """Gradient-norm clip."""
     early_answer_frac: float = 0.15
+    """Share of early-answer examples (first k solution lines, the probe marker, the final answer)."""
     reference_frac: float = 0.1
+    """Share of reference examples (a worked solution, the separator, then prompt -> solution)."""
     eval_every: int = 100
+    """Steps between validation checks (validation problems come from the training split with a fixed
+    seed, so held-out numbers stay untouched by checkpoint selection)."""
     eval_n: int = 200
+    """Validation problems per check."""
     target_accuracy: float = 0.4
+    """Stop once validation greedy accuracy reaches it (1.0 = train to max_steps)."""
     seed: int = 0
+    """Seed of the examples and the initial weights."""
 
     def __post_init__(self) -> None:
         check(self.max_steps > 0, f"sft.max_steps must be > 0, got {self.max_steps}")

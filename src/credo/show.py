@@ -22,23 +22,30 @@ from credo.config import check
 
 @dataclass(frozen=True)
 class ShowConfig:
-    """checkpoint: policy directory ('' = the task's SFT start). methods: estimator specs ('name' or
-    'name:key=value:...', as in `credo audit`). n: traces shown (one per held-out prompt, each
-    prompt sampled group_size times). k_ref > 0: MC reference values with k_ref continuations per
-    boundary beside each segment. segmenter: the segments shown and read by every method ('' = the
-    task's own: lines on arith, one step per line; keyword_entropy on free-form tasks)."""
+    """What `credo show` samples and colours."""
 
     checkpoint: str = ""
+    """Policy directory ('' = the task's SFT start)."""
     task: str = "arith"
+    """Task: 'arith', 'arith-long', 'gym:<dataset>' or 'jsonl:<path>'."""
     task_options: dict = field(default_factory=dict)
+    """The task's own options."""
     methods: tuple[str, ...] = ("grpo", "rredcot")
+    """Estimator specs ('name' or 'name:key=value:...', as in `credo audit`)."""
     n: int = 8
+    """Traces shown, one per held-out prompt."""
     group_size: int = 8
+    """Samples per prompt (the group the methods see)."""
     k_ref: int = 0
+    """> 0: MC reference values with k_ref continuations per boundary beside each segment."""
     segmenter: str = ""
+    """Segments shown and read by every method ('' = the task's own: lines on arith, keyword_entropy on free-form tasks)."""
     temperature: float = 1.0
+    """Sampling temperature."""
     max_new_tokens: int = 96
+    """Generation limit per completion."""
     seed: int = 0
+    """Seed of the sampled traces."""
 
     def __post_init__(self) -> None:
         check(bool(self.methods), "show.methods must name at least one method")
@@ -283,14 +290,17 @@ def run_show(config: ShowConfig, out_dir: str, terminal: bool = False, progress:
 
 def cmd_show(args: Any) -> int:
     """`credo show ...` (errors are reported by the CLI as one line, exit 2)."""
-    from credo.config import from_dict, parse_overrides
+    from credo.cli_config import csv_flags, flag_values, require_out, show_config
+    from credo.config import load_config
     from credo.runs import claim_output
-    values = parse_overrides(args.set or [])
-    values.update({"checkpoint": args.checkpoint or "", "task": args.task, "n": args.n, "k_ref": args.k_ref,
-                   "seed": args.seed, "methods": [m for m in args.methods.split(",") if m]})
-    config = from_dict(ShowConfig, values, prefix="show.")
-    claim_output(args.out, "show", force=args.force)
-    path = run_show(config, args.out, terminal=args.terminal, progress=not args.quiet)
+    flags = {**flag_values(args, {"checkpoint": "checkpoint", "task": "task", "n": "n", "k_ref": "k_ref",
+                                  "seed": "seed"}), **csv_flags(args, "methods")}
+    config = load_config(ShowConfig, args.config, args.set, prefix="show.", flags=flags)
+    if args.help_config:
+        return show_config(config, "show")
+    out = require_out(args)
+    claim_output(out, "show", force=args.force)
+    path = run_show(config, out, terminal=args.terminal, progress=not args.quiet)
     print(f"wrote {path}")
     return 0
 
@@ -298,17 +308,17 @@ def cmd_show(args: Any) -> int:
 def add_show_parser(sub: Any) -> None:
     """The `credo show` subcommand (argparse), kept beside the code it runs."""
     p = sub.add_parser("show", help="see the credit: per-token credit of each method on sampled traces, as HTML")
+    from credo.cli_config import add_config_options
     p.add_argument("--checkpoint", help="policy directory (default: the task's SFT start)")
-    p.add_argument("--task", default="arith", help="task (default arith; arith-long, gym:<dataset>, jsonl:<path>)")
-    p.add_argument("--methods", default="grpo,rredcot", help="comma-separated estimators, each 'name' or "
+    p.add_argument("--task", help="task (default arith; arith-long, gym:<dataset>, jsonl:<path>)")
+    p.add_argument("--methods", help="comma-separated estimators, each 'name' or "
                    "'name:key=value:...' as in `credo audit` (default grpo,rredcot)")
-    p.add_argument("--n", type=int, default=8, help="traces shown, one per held-out prompt (default 8)")
-    p.add_argument("--k-ref", type=int, default=0, help="MC continuations per boundary for reference values "
+    p.add_argument("--n", type=int, help="traces shown, one per held-out prompt (default 8)")
+    p.add_argument("--k-ref", type=int, help="MC continuations per boundary for reference values "
                    "beside each step (default 0: none)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampled traces")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="other ShowConfig fields, e.g. group_size=8 (repeatable)")
-    p.add_argument("--out", required=True, help="directory for index.html (self-contained) and page.json")
+    p.add_argument("--seed", type=int, help="seed of the sampled traces (default 0)")
+    add_config_options(p, "ShowConfig", "--set group_size=8")
+    p.add_argument("--out", help="directory for index.html (self-contained) and page.json (required)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not a show directory")
     p.add_argument("--terminal", action="store_true", help="also print the coloured tokens to the terminal (rich)")
     p.add_argument("--quiet", action="store_true", help="no progress output")

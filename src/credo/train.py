@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from credo import credit as credit_registry
-from credo import methods, strategies
+from credo import strategies
 from credo.config import ConfigError, UserError, dump_yaml
 from credo.distributed import DataParallel, Sharded
 from credo.evaluate import evaluate
@@ -59,8 +59,8 @@ class Trainer:
                  on_step: Callable[["Trainer", dict], None] | None = None) -> None:
         self.config, self.run_dir, self.progress, self.on_step = config, run_dir, progress, on_step
         self.task = make_task(config.task, config.task_options, prefix="train.task_options.")
-        self.estimator = credit_registry.get(methods.resolve(config.method).estimator)
-        self.credit_config = self.estimator.make_config(config.credit)
+        self.estimator = credit_registry.get(config.estimator)  # resolved and its options checked at load
+        self.credit_config = config.credit
         if policy is None:
             policy = load_policy(self.start_path(), lora_r=config.lora_r, lora_alpha=config.lora_alpha,
                                  lora_targets=config.lora_targets)
@@ -127,7 +127,7 @@ class Trainer:
     def prepare(self, rollouts: Rollouts) -> Rollouts:
         """Shaped rewards, exact old log-probs (same forward as training) and reference log-probs."""
         c = self.config
-        rewards = rollouts.rewards + overlong_penalty(rollouts.lengths, c.max_new_tokens, c.overlong_buffer, c.overlong_penalty)
+        rewards = rollouts.rewards + overlong_penalty(rollouts.lengths, c.sampling.max_new_tokens, c.overlong_buffer, c.overlong_penalty)
         args = (rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, rollouts.completion_mask)
         old, _ = self.policy.score(*args)
         ref = self.reference.score(*args)[0] if self.reference is not None else None
@@ -160,7 +160,7 @@ class Trainer:
                 mb = rollouts.select(idx)
                 logprobs, _ = self.policy.score(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask)
                 loss, s = policy_loss(logprobs, mb.old_logprobs, credit.advantages[idx], mask[idx], c.loss,
-                                      norm_length=c.max_new_tokens,
+                                      norm_length=c.sampling.max_new_tokens,
                                       weights=credit.weights[idx] if credit.weights is not None else None,
                                       ref_logprobs=mb.ref_logprobs)
                 self.optimizer.zero_grad(set_to_none=True)
@@ -284,7 +284,7 @@ class Trainer:
         self.policy.model.eval()
         problems = self.task.heldout_problems(n)
         self.eval_size = len(problems)
-        return evaluate(self.policy, self.task, problems, max_new_tokens=self.config.max_new_tokens,
+        return evaluate(self.policy, self.task, problems, max_new_tokens=self.config.sampling.max_new_tokens,
                         progress=self.progress and n >= 256).accuracy
 
     # --- checkpoints ----------------------------------------------------------------------------------

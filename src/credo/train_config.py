@@ -1,93 +1,117 @@
-"""The configuration of a `credo train` run: one frozen dataclass, loaded with its method's recipe defaults."""
+"""The configuration of a `credo train` run: one frozen dataclass, loaded with its method's recipe defaults.
+
+`load_train_config` reads the YAML once, resolves the method to its recipe once (the recipe's defaults go
+under the user's settings), and `TrainConfig` stores the estimator's own frozen config in `credit`, so a
+bad credit option fails at load with its full path (`train.credit.k`). Every field is documented by the
+string under it (`credo train --help-config` lists them).
+"""
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 import torch
 
+from credo import credit as credit_registry
 from credo import methods
-from credo.config import ConfigError, check, from_dict, load_config, merge, parse_overrides, to_dict
+from credo.config import ConfigError, check, from_dict, merge, read_yaml, to_dict, user_settings
 from credo.loss import LossConfig
 from credo.policy.base import SamplingConfig
 from credo.strategies import STRATEGIES
 from credo.strategies.resets import ResetConfig
 
+# Sampling settings were top-level fields before `sampling` was a section; they are still read there
+# (old config.yaml files, `--set max_new_tokens=24`) and moved into it.
+FLAT_SAMPLING_KEYS = tuple(f.name for f in fields(SamplingConfig))
+
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything a `credo train` run needs. Method recipes (dapo, gspo, dr_grpo) change defaults only.
-
-    method: estimator or recipe name (`credo methods`). credit: the estimator's own options.
-    task/task_options: task name ('arith', 'gym:<dataset>', 'jsonl:<path>') and its options.
-    start: policy to start from: a credo checkpoint, any Hugging Face model directory, or
-    'smollm2-135m' ('' = the cached SFT start of the tiny policy). lora_r > 0 trains LoRA adapters
-    (rank lora_r, alpha lora_alpha, on lora_targets) instead of every weight (HF models only).
-    steps: optimisation steps (one batch of prompts each); max_generated_tokens > 0 stops earlier once
-    that many tokens were sampled (strategies and estimators both count).
-    prompts_per_step x group_size completions per step, sampled at temperature/top_p, up to
-    max_new_tokens each. eval_every_tokens > 0 evaluates whenever generated tokens cross a multiple of
-    it (instead of every eval_every steps), so methods with different step costs share one x axis.
-    epochs x minibatches AdamW steps per batch (lr, beta1, beta2, weight_decay,
-    grad_clip): ONE schedule for every method, set here (1 x 4, as the public SRPO code gives GRPO
-    and SRPO alike: verl ppo_epochs 1, mini-batch 8 of 32 prompts); a method whose paper prescribes
-    another sets it in its recipe (credo.methods), and every run records it in config.yaml. strategy: 'plain', 'dynamic' or 'resets'; dynamic_max_rounds bounds DAPO's
-    resampling; reset: the RRPO/SRPO reset settings (group_size is unused by resets).
-    overlong_buffer > 0 applies DAPO's overlong penalty over the last `overlong_buffer` tokens of
-    max_new_tokens, scaled by overlong_penalty. eval_every steps: greedy accuracy on eval_n held-out
-    problems (final_eval_n at the end). checkpoint_every steps: atomic checkpoint (the last
-    keep_checkpoints are kept). data_parallel: split each step's prompts over the processes of an
-    accelerate/torchrun launch (plain strategy; see credo.distributed). seed: every random draw of the run.
-    """
+    """Everything a `credo train` run needs. A method's recipe (dapo, gspo, dr_grpo, rrpo, srpo) changes
+    defaults only; every run records the resolved config in its config.yaml."""
 
     method: str = "grpo"
-    credit: dict = field(default_factory=dict)
+    """Estimator or recipe name (`credo methods`), optionally with estimator options: 'shuffled:of=rredcot'."""
+    credit: Any = field(default_factory=dict)
+    """The estimator's own options (its frozen config; given as a mapping, e.g. `--set credit.lam=0.5`)."""
     task: str = "arith"
+    """Task: 'arith', 'arith-long', 'gym:<reasoning-gym dataset>' or 'jsonl:<path>'."""
     task_options: dict = field(default_factory=dict)
+    """The task's own options (e.g. digits, max_terms for arith)."""
     start: str = ""
+    """Policy to start from: a credo checkpoint, a Hugging Face model directory or 'smollm2-135m'
+    ('' = the cached SFT start of the tiny policy for `task`)."""
     lora_r: int = 0
+    """> 0 trains LoRA adapters of this rank instead of every weight (Hugging Face models only)."""
     lora_alpha: int = 16
+    """LoRA scaling alpha."""
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    """Module names that get LoRA adapters."""
     steps: int = 150
+    """Optimisation steps (one batch of prompts each)."""
     max_generated_tokens: int = 0
+    """> 0 stops earlier, once this many tokens were sampled (strategies and estimators both count)."""
     prompts_per_step: int = 8
+    """Prompts drawn per step."""
     group_size: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 96
+    """Completions sampled per prompt (unused by the resets strategy: see reset.n_fresh/n_reset)."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """How completions are sampled (temperature, top_p, max_new_tokens; also read as top-level keys)."""
     lr: float = 2e-5
+    """AdamW learning rate."""
     beta1: float = 0.9
+    """AdamW beta1."""
     beta2: float = 0.99
+    """AdamW beta2."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     grad_clip: float = 1.0
+    """Gradient-norm clip."""
     epochs: int = 1
+    """Passes over each batch. With `minibatches`, ONE schedule for every method (1 x 4, as the public SRPO
+    code gives GRPO and SRPO alike: verl ppo_epochs 1, mini-batch 8 of 32 prompts); a method whose paper
+    prescribes another sets it in its recipe (credo.methods)."""
     minibatches: int = 4
+    """AdamW steps per pass over a batch."""
     loss: LossConfig = field(default_factory=LossConfig)
+    """The policy loss."""
     strategy: str = "plain"
+    """Rollout strategy: 'plain', 'dynamic' (DAPO's resampling of uniform groups) or 'resets' (RRPO/SRPO)."""
     dynamic_max_rounds: int = 4
+    """Resampling rounds per step of the dynamic strategy."""
     reset: ResetConfig = field(default_factory=ResetConfig)
+    """The RRPO/SRPO reset settings (strategy 'resets')."""
     overlong_buffer: int = 0
+    """> 0 applies DAPO's overlong penalty over the last `overlong_buffer` tokens of max_new_tokens."""
     overlong_penalty: float = 1.0
+    """The overlong penalty at max_new_tokens (linear from 0 over the buffer)."""
     eval_every: int = 10
+    """Steps between held-out evaluations (greedy accuracy on eval_n problems)."""
     eval_every_tokens: int = 0
+    """> 0 evaluates whenever generated tokens cross a multiple of it instead (methods with different step
+    costs then share one x axis)."""
     eval_n: int = 200
+    """Held-out problems of each evaluation during training."""
     final_eval_n: int = 500
+    """Held-out problems of the final evaluation (0: none)."""
     checkpoint_every: int = 10
+    """Steps between atomic checkpoints."""
     keep_checkpoints: int = 2
+    """Checkpoints kept (the latest ones)."""
     data_parallel: bool = False
+    """Split each step's prompts over the processes of an accelerate/torchrun launch (plain strategy only;
+    see credo.distributed)."""
     seed: int = 0
+    """Seed of every random draw of the run."""
 
     def __post_init__(self) -> None:
         check(self.steps > 0, f"train.steps must be > 0, got {self.steps}")
         check(self.prompts_per_step > 0, f"train.prompts_per_step must be > 0, got {self.prompts_per_step}")
         check(self.group_size >= 2, f"train.group_size must be >= 2 (group baselines need two samples), got {self.group_size}")
-        check(self.temperature > 0, f"train.temperature must be > 0 (0 is greedy: every group would be identical "
-              f"and every advantage 0), got {self.temperature}")
-        check(0 < self.top_p <= 1, f"train.top_p must be in (0, 1], got {self.top_p}")
-        check(self.max_new_tokens > 0, f"train.max_new_tokens must be > 0, got {self.max_new_tokens}")
+        self._check_sampling()
         check(math.isfinite(self.lr) and self.lr > 0, f"train.lr must be a finite number > 0, got {self.lr}")
         check(0 <= self.beta1 < 1, f"train.beta1 must be in [0, 1), got {self.beta1}")
         check(0 <= self.beta2 < 1, f"train.beta2 must be in [0, 1), got {self.beta2}")
@@ -101,55 +125,82 @@ class TrainConfig:
         check(self.reset.prompt_temperature > 0, f"train.reset.prompt_temperature must be > 0, got {self.reset.prompt_temperature}")
         check(self.epochs > 0 and self.minibatches > 0, "train.epochs and train.minibatches must be > 0")
         check(self.strategy in STRATEGIES.names(), f"train.strategy must be one of {tuple(STRATEGIES.names())}, got {self.strategy!r}")
-        check(0 <= self.overlong_buffer < self.max_new_tokens, f"train.overlong_buffer must be in [0, max_new_tokens), got {self.overlong_buffer}")
+        check(0 <= self.overlong_buffer < self.sampling.max_new_tokens,
+              f"train.overlong_buffer must be in [0, max_new_tokens), got {self.overlong_buffer}")
         check(self.eval_every > 0 and self.eval_n > 0 and self.final_eval_n >= 0, "train.eval_every/eval_n must be > 0")
         check(self.eval_every_tokens >= 0 and self.max_generated_tokens >= 0, "train.eval_every_tokens/max_generated_tokens must be >= 0")
         check(self.checkpoint_every > 0 and self.keep_checkpoints > 0, "train.checkpoint_every/keep_checkpoints must be > 0")
         check(not self.data_parallel or self.strategy == "plain",
               f"train.data_parallel supports strategy 'plain' only, got {self.strategy!r}")
-        try:
-            recipe = methods.resolve(self.method)
-        except KeyError as err:
-            raise ConfigError(f"train.method: {err.args[0]}") from None
-        from credo import credit as credit_registry
-        credit_registry.get(recipe.estimator).make_config(self.credit, prefix="train.credit.")
+        estimator = credit_registry.get(resolve_method(self.method).estimator)
+        if not isinstance(self.credit, estimator.config_cls):  # a mapping (or another estimator's config)
+            options = to_dict(self.credit) if is_dataclass(self.credit) else self.credit
+            object.__setattr__(self, "credit", estimator.make_config(options, prefix="train.credit."))
+        object.__setattr__(self, "_estimator", estimator.name)  # frozen: set once, here
+
+    def _check_sampling(self) -> None:
+        s = self.sampling
+        check(s.temperature > 0, f"train.sampling.temperature must be > 0 (0 is greedy: every group would be "
+              f"identical and every advantage 0), got {s.temperature}")
+        check(0 < s.top_p <= 1, f"train.sampling.top_p must be in (0, 1], got {s.top_p}")
+        check(s.max_new_tokens > 0, f"train.sampling.max_new_tokens must be > 0, got {s.max_new_tokens}")
 
     @property
-    def sampling(self) -> SamplingConfig:
-        return SamplingConfig(self.temperature, self.top_p, self.max_new_tokens)
+    def estimator(self) -> str:
+        """The registered credit estimator `method` resolves to (`credo.credit.get(config.estimator)`)."""
+        return self._estimator
+
+
+def resolve_method(method: str) -> methods.Recipe:
+    """`method`'s recipe; an unknown name is a ConfigError naming `train.method`."""
+    try:
+        return methods.resolve(method)
+    except KeyError as err:
+        raise ConfigError(f"train.method: {err.args[0]}") from None
 
 
 def load_train_config(path: str | None = None, overrides: list[str] | None = None,
                       extra: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults <- method recipe <- YAML <- `extra` <- overrides. The recipe is looked up from the
-    method named by the user (in the file, `extra` or the overrides)."""
-    probe = load_config(TrainConfig, path, overrides, base=extra, prefix="train.")
-    recipe = methods.resolve(probe.method).defaults
-    user = merge(merge(_read_yaml(path), extra or {}), parse_overrides(overrides or []))
-    return from_dict(TrainConfig, merge(recipe, user), prefix="train.")
+    """Defaults <- method recipe <- YAML <- `extra` (the CLI's shortcut flags) <- overrides. The recipe is
+    that of the method the user names (in the file, `extra` or the overrides)."""
+    user = user_settings(path, overrides, extra)
+    recipe = resolve_method(str(user.get("method", TrainConfig.method)))
+    return train_config_from_dict(merge(recipe.defaults, user))
 
 
-def _read_yaml(path: str | None) -> dict:
-    """The mapping in YAML file `path` ({} for None or an empty file); errors name the file."""
-    if not path:
-        return {}
-    import yaml
+def train_config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """TrainConfig from a nested mapping (top-level sampling keys moved into `sampling`); an error about a
+    sampling field the mapping gave at the top level names it as given, and where it lives now."""
+    data, moved = nest_sampling(data)
     try:
-        with open(path) as f:
-            data = yaml.safe_load(f) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config file {path} is not valid YAML ({str(err).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    return data
+        return from_dict(TrainConfig, data, prefix="train.")
+    except ConfigError as err:
+        message = str(err)
+        for key in moved:
+            if message.startswith(f"train.sampling.{key} "):
+                message = f"train.{key}{message[len(f'train.sampling.{key}'):]} (train.{key} is now train.sampling.{key})"
+        raise ConfigError(message) from None
+
+
+def nest_sampling(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(data with top-level temperature/top_p/max_new_tokens moved under `sampling`, the keys moved)."""
+    moved = [k for k in FLAT_SAMPLING_KEYS if k in data]
+    if not moved:
+        return data, []
+    nested = data.get("sampling") or {}
+    if not isinstance(nested, dict):
+        return data, []  # from_dict names the bad `sampling` value
+    for key in moved:
+        if key in nested:
+            raise ConfigError(f"train.{key} and train.sampling.{key} are both given; keep train.sampling.{key}")
+    rest = {k: v for k, v in data.items() if k not in moved}
+    return {**rest, "sampling": {**nested, **{k: data[k] for k in moved}}}, moved
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in tree.items():
-        if isinstance(value, dict) and value and key not in ("credit", "task_options"):
+        if isinstance(value, dict) and value and key != "task_options":
             flat.update(_flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
@@ -161,19 +212,22 @@ def config_from_run(run_dir: str) -> TrainConfig:
     path = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(path):
         raise ConfigError(f"{run_dir} has no config.yaml: not a credo run directory")
-    data = _read_yaml(path)
+    data = read_yaml(path)
     if not data:
         raise ConfigError(f"{path} is empty (truncated?); the run cannot be resumed")
     # credo writes every field in order, `method` first and `seed` last: a file cut short lacks `seed`
     missing = [k for k in ("method", "seed") if k not in data]
     if missing:
         raise ConfigError(f"{path} lacks {', '.join('train.' + m for m in missing)} (truncated?); the run cannot be resumed")
-    return from_dict(TrainConfig, data, prefix="train.")
+    return train_config_from_dict(data)
 
 
 def resume_differences(run: TrainConfig, requested: dict[str, Any]) -> list[str]:
     """The settings in `requested` (a nested dict of fields the user passed) that differ from the run's."""
-    merged = from_dict(TrainConfig, merge(to_dict(run), requested), prefix="train.")
+    base = to_dict(run)
+    if requested.get("method", run.method) != run.method:
+        del base["credit"]  # another method's estimator has other options: the method is the difference
+    merged = train_config_from_dict(merge(base, nest_sampling(requested)[0]))
     old, new = _flatten(to_dict(run)), _flatten(to_dict(merged))
     return [f"train.{k}: run has {old.get(k)!r}, command asks {new.get(k)!r}"
             for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]

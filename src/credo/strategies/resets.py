@@ -37,23 +37,28 @@ from credo.tasks.base import Problem
 
 @dataclass(frozen=True)
 class ResetConfig:
-    """n_fresh / n_reset: sizes of Group 1 and Group 2. max_fresh_attempts: fresh draws per prompt
-    spent filling Group 1 and looking for a failed parent (Group 1 included, as the public code).
-    localiser: random | value | prompt | oracle | self. backoff: reset this many steps earlier than
-    localised. segmenter: what a step is. prompt_temperature / prompt_max_new_tokens: the prompt
-    localiser's sampling temperature and reply budget (the public code: 0.3 and 4096 tokens; a
-    budget that cuts the reasoning short leaves the reply unparsable, which falls back to step 1).
-    value_drop: the value localiser's threshold on a step's value drop."""
+    """RRPO/SRPO reset rollouts: Group 1 fresh completions, Group 2 suffixes resampled from a failed parent."""
 
     n_fresh: int = 4
+    """Size of Group 1 (fresh completions of the prompt)."""
     n_reset: int = 4
+    """Size of Group 2 (suffixes resampled from the localised step of a failed parent)."""
     max_fresh_attempts: int = 12
+    """Fresh draws per prompt spent filling Group 1 and looking for a failed parent (Group 1 included, as
+    the public code)."""
     localiser: str = "random"
+    """Where to reset: a registered localiser (random | value | prompt | oracle | self; `credo methods`)."""
     backoff: int = 0
+    """Reset this many steps earlier than localised."""
     segmenter: Any = "lines"
+    """What a step is: a segmenter name or mapping (credo.segment)."""
     prompt_temperature: float = 0.3
+    """The prompt localiser's sampling temperature (the public code: 0.3)."""
     prompt_max_new_tokens: int = 4096
+    """The prompt localiser's reply budget (the public code: 4096; a budget that cuts the reasoning short
+    leaves the reply unparsable, which falls back to step 1)."""
     value_drop: float = 0.05
+    """The value localiser's threshold on a step's value drop."""
 
     def __post_init__(self) -> None:
         check(self.n_fresh >= 2 and self.n_reset >= 2, f"reset.n_fresh and reset.n_reset must be >= 2, got {self.n_fresh}/{self.n_reset}")

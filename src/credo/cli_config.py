@@ -1,0 +1,45 @@
+"""What every `credo` command shares in configuring itself: --config, --set, --help-config, flags as sugar.
+
+A command's settings are one frozen dataclass, loaded by `credo.config.load_config` from defaults <- the
+--config YAML file <- the shortcut flags the user gave (`flag_values`, `csv_flags`) <- --set overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from credo.config import ConfigError, help_config
+
+
+def add_config_options(p: argparse.ArgumentParser, config_name: str, set_example: str) -> None:
+    """--config, --set and --help-config: how every command is configured (see the module docstring)."""
+    p.add_argument("--config", help=f"YAML file of {config_name} fields (flags and --set override it)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"override a field of {config_name}, e.g. {set_example} (repeatable)")
+    p.add_argument("--help-config", action="store_true",
+                   help=f"list every {config_name} field with its doc and its value after --config, the flags "
+                        "and --set, then exit")
+
+
+def flag_values(args: argparse.Namespace, names: dict[str, str]) -> dict:
+    """{field: value} of the shortcut flags the user gave ({flag attribute: field}); unset flags are None."""
+    return {field: getattr(args, attr) for attr, field in names.items() if getattr(args, attr) is not None}
+
+
+def show_config(config: Any, command: str) -> int:
+    """Print `--help-config`'s listing of `config`; the command's exit status (0)."""
+    print(help_config(config, f"credo {command}: {type(config).__name__} (--set KEY=VALUE, or a --config YAML file)"))
+    return 0
+
+
+def require_out(args: argparse.Namespace) -> str:
+    """--out, which every command but `methods` needs (unless it only lists its config)."""
+    if not args.out:
+        raise ConfigError("--out DIR is required")
+    return args.out
+
+
+def csv_flags(args: argparse.Namespace, *names: str) -> dict:
+    """{name: [items]} of the comma-separated flags the user gave (e.g. --methods grpo,rredcot)."""
+    return {n: [m for m in getattr(args, n).split(",") if m] for n in names if getattr(args, n) is not None}

@@ -1,0 +1,115 @@
+"""`credo compare` on the command line: its flags (sugar for CompareConfig fields) and the command.
+
+The command is configured like every other: CompareConfig defaults <- `--config` <- flags <- `--set`;
+`--out`, `--force`, `--yes`, `--report-only` and `--quiet` say where and how it runs, not what it compares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from credo.cli_config import add_config_options, csv_flags, flag_values, require_out, show_config
+from credo.config import ConfigError
+
+
+def _int_list(flag: str, text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"compare {flag} must be comma-separated integers (e.g. 0,1,2), got {text!r}") from None
+
+
+def _schedule(text: str | None) -> dict:
+    """--schedule EPOCHSxMINIBATCHES as the epochs/minibatches fields."""
+    if not text:
+        return {}
+    try:
+        epochs, minibatches = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise ConfigError(f"--schedule must look like EPOCHSxMINIBATCHES (e.g. 1x4), got {text!r}") from None
+    return {"epochs": epochs, "minibatches": minibatches}
+
+
+def compare_flags(args: argparse.Namespace) -> dict:
+    """The CompareConfig fields the flags give."""
+    flags = {**flag_values(args, {"preset": "preset", "start": "start", "task": "task", "jobs": "jobs",
+                                  "budget": "budget", "lr": "lr"}),
+             **csv_flags(args, "methods"), **_schedule(args.schedule)}
+    seeds = _int_list("--seeds", args.seeds)
+    if seeds is not None:
+        flags["seeds"] = seeds
+    return flags
+
+
+def _foreign_output(path: str, kind: str) -> bool:
+    """Whether --out exists and is not empty nor a credo `kind` directory (claim_output would refuse it)."""
+    from credo.runs import run_kind
+    if not os.path.exists(path):
+        return False
+    return not os.path.isdir(path) or (bool(os.listdir(path)) and run_kind(path) != kind)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from credo.compare import compare, rewrite_report
+    from credo.compare_presets import CompareConfig
+    from credo.compare_eta import confirm
+    from credo.config import load_config
+    from credo.runs import claim_output
+    config = load_config(CompareConfig, args.config, args.set, prefix="compare.", flags=compare_flags(args))
+    if args.help_config:
+        return show_config(config, "compare")
+    out = require_out(args)
+    if args.report_only:
+        results = rewrite_report(out)
+    else:
+        interactive = sys.stdin is not None and sys.stdin.isatty()
+        if args.force or _foreign_output(out, "compare"):
+            # replaced first (its old runs are neither checked nor reused), or refused untouched
+            claim_output(out, "compare", force=args.force)
+
+        def confirm_then_claim(seconds: float) -> None:
+            # otherwise --out is claimed once the run is confirmed: a refused comparison leaves nothing behind
+            confirm(seconds, yes=args.yes, interactive=interactive)
+            claim_output(out, "compare")
+
+        results = compare(config.preset, out, config.methods or None, config.seeds, start=config.start or None,
+                          progress=not args.quiet, jobs=config.jobs, token_budget=config.budget,
+                          command=" ".join(["credo", *args.argv]), schedule=config.schedule,
+                          task=config.task or None, confirm=confirm_then_claim)
+    print(open(os.path.join(out, "report.md")).read())
+    return 1 if results["failures"] else 0
+
+
+def add_compare_parser(sub: argparse._SubParsersAction) -> None:
+    """`credo compare` and its options."""
+    p = sub.add_parser("compare", help="train every method from the same start on the same token budget; one report")
+    p.add_argument("--preset", help="quick (default; ~15 min, 1 seed, 4 methods), full (3 seeds, every method "
+                   "and the shuffled controls), long (arith-long, 12 methods incl. controls, 5 seeds) or smoke (tests)")
+    p.add_argument("--methods", help="comma-separated methods to run instead of the preset's, each a name or "
+                   "name:key=value (e.g. shuffled:of=rredcot); grpo is always added")
+    p.add_argument("--seeds", help="comma-separated seeds instead of the preset's, e.g. 0,1,2")
+    p.add_argument("--start", help="start checkpoint (default: the SFT start of the task)")
+    p.add_argument("--task", help="task of every run instead of the preset's (arith; long: arith-long)")
+    p.add_argument("--out", help="run directory (resumable: finished runs inside it are reused); required")
+    p.add_argument("--jobs", type=int,
+                   help="trainings run at once, each in its own process with cpu_count/jobs threads (default: the preset's)")
+    p.add_argument("--budget", type=int,
+                   help="generated tokens per training run instead of the preset's (evaluated every quarter of it)")
+    p.add_argument("--schedule", metavar="EPOCHSxMINIBATCHES",
+                   help="optimiser schedule shared by every method, e.g. 1x4 (default: the training defaults); "
+                        "a recipe that sets its own keeps it and the report lists it")
+    p.add_argument("--lr", type=float, help="learning rate shared by every method (default: the training default); "
+                   "a sweep is one comparison per value, each into its own --out")
+    p.add_argument("--yes", action="store_true",
+                   help="start even when the estimated wall time is over an hour (otherwise a terminal asks, and a "
+                        "non-interactive run stops with a one-line message)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not a compare directory")
+    p.add_argument("--report-only", action="store_true",
+                   help="rebuild report.md, curves.png and the goal checks from --out's results.json; train nothing")
+    add_config_options(p, "CompareConfig", "--set budget=100000")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_compare)

@@ -1,0 +1,155 @@
+"""Every command is configured the same way (frozen dataclass, --config YAML, shortcut flags, --set,
+--help-config), and TrainConfig holds typed, documented fields."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import yaml
+
+from credo.cli import main
+from credo.config import ConfigError, Section, describe, field_docs
+from credo.policy.base import SamplingConfig
+from credo.train_config import TrainConfig, config_from_run, load_train_config
+
+# command -> (config class, a field, its value in the YAML file, a flag naming it, the flag's value, --set value)
+COMMANDS = {
+    "train": ("TrainConfig", "seed", 3, "--seed", "4", 5),
+    "sft": ("SFTConfig", "max_steps", 30, None, None, 40),
+    "eval": ("EvalConfig", "n", 30, "--n", "40", 50),
+    "audit": ("AuditConfig", "n", 32, "--n", "48", 64),
+    "compare": ("CompareConfig", "budget", 3000, "--budget", "4000", 5000),
+    "show": ("ShowConfig", "n", 3, "--n", "4", 5),
+}
+
+
+def help_config(capsys, argv: list[str]) -> dict[str, str]:
+    """{dotted path: value text} from `credo <argv> --help-config`."""
+    capsys.readouterr()
+    assert main([*argv, "--help-config"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    return {line.split(" = ", 1)[0]: line.split(" = ", 1)[1] for line in lines if " = " in line and not line.startswith(" ")}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_reads_yaml_then_flags_then_set(command, tmp_path, capsys):
+    name, field, in_yaml, flag, flag_value, set_value = COMMANDS[command]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({field: in_yaml}))
+    capsys.readouterr()
+    assert main([command, "--help-config"]) == 0
+    assert capsys.readouterr().out.startswith(f"credo {command}: {name} ")
+    assert help_config(capsys, [command, "--config", str(path)])[field] == str(in_yaml)
+    if flag:
+        assert help_config(capsys, [command, "--config", str(path), flag, flag_value])[field] == flag_value
+    given = [command, "--config", str(path), *([flag, flag_value] if flag else []), "--set", f"{field}={set_value}"]
+    assert help_config(capsys, given)[field] == str(set_value)
+
+
+def test_train_help_config_lists_every_field_with_its_doc_and_default(capsys):
+    capsys.readouterr()
+    assert main(["train", "--help-config"]) == 0
+    out = capsys.readouterr().out
+    rows = describe(TrainConfig())
+    assert len(rows) > 40
+    for path, value, doc in rows:
+        if isinstance(value, Section):
+            assert f"\n{path} ({value.class_name})\n" in out
+            continue
+        assert f"\n{path} = " in out, path
+        if not path.startswith("credit."):  # an estimator's options are documented by its class docstring
+            assert doc, f"{path} has no docstring"
+            assert doc.split()[0] in out.split(f"\n{path} = ", 1)[1].split("\n", 2)[1], path
+    assert "\nloss.eps_low = 0.2\n    Lower clip range" in out
+    assert "\nsampling.max_new_tokens = 96\n" in out and "\nreset.localiser = \"random\"\n" in out
+
+
+def test_train_help_config_shows_the_recipe_and_its_estimator_options(capsys):
+    listed = help_config(capsys, ["train", "--method", "rredcot", "--set", "credit.lam=0.25"])
+    assert listed["credit.lam"] == "0.25" and "credit.center" in listed and "credit.std" not in listed
+    listed = help_config(capsys, ["train", "--method", "dapo"])
+    assert listed["loss.eps_high"] == "0.28" and listed["strategy"] == '"dynamic"'
+
+
+def test_field_docs_reads_the_string_under_each_field():
+    from credo.audit import AuditConfig
+    from credo.compare_presets import CompareConfig, Preset
+    from credo.evaluate import EvalConfig
+    from credo.sft import SFTConfig
+    from credo.show import ShowConfig
+    assert field_docs(TrainConfig)["lr"] == "AdamW learning rate."
+    default = TrainConfig()
+    documented = (TrainConfig, SFTConfig, EvalConfig, AuditConfig, CompareConfig, ShowConfig, Preset,
+                  type(default.loss), type(default.reset), type(default.sampling))
+    for cls in documented:  # every field of every command's config (and its sections) has its own doc
+        assert set(field_docs(cls)) == {f.name for f in dataclasses.fields(cls)}, cls.__name__
+
+
+def test_credit_is_the_estimators_frozen_config_resolved_at_load():
+    from credo.credit.outcome import GRPOConfig
+    from credo.credit.rredcot import RREDCoTConfig
+    config = load_train_config(None, ["method=rredcot", "credit.lam=0.25"])
+    assert config.credit == RREDCoTConfig(lam=0.25) and config.estimator == "rredcot"
+    srpo = load_train_config(None, ["method=srpo"])
+    assert srpo.estimator == "grpo" and srpo.credit == GRPOConfig(std="population")
+    assert TrainConfig(method="rloo").estimator == "rloo"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.credit.lam = 1.0
+    with pytest.raises(ConfigError, match=r"^unknown config field 'train\.credit\.lam_typo'"):
+        load_train_config(None, ["method=rredcot", "credit.lam_typo=1"])
+
+
+def test_sampling_is_a_section_and_the_old_top_level_keys_still_work(tmp_path):
+    config = load_train_config(None, ["max_new_tokens=20", "sampling.top_p=0.9"])
+    assert (config.sampling.max_new_tokens, config.sampling.top_p, config.sampling.temperature) == (20, 0.9, 1.0)
+    assert load_train_config(None, ["sampling.max_new_tokens=20"]).sampling == SamplingConfig(max_new_tokens=20)
+    with pytest.raises(ConfigError, match=r"^train\.top_p must be in \(0, 1\], got 0\.0 \(train\.top_p is now train\.sampling\.top_p\)$"):
+        load_train_config(None, ["top_p=0"])
+    with pytest.raises(ConfigError, match=r"^train\.sampling\.top_p must be in \(0, 1\]"):
+        load_train_config(None, ["sampling.top_p=0"])
+    with pytest.raises(ConfigError, match="train.top_p and train.sampling.top_p are both given"):
+        load_train_config(None, ["top_p=0.5", "sampling.top_p=0.9"])
+    # a run directory written before `sampling` was a section still loads (and resumes)
+    run = tmp_path / "old-run"
+    run.mkdir()
+    (run / "config.yaml").write_text("method: rredcot\ncredit: {}\ntemperature: 0.7\nmax_new_tokens: 24\nseed: 0\n")
+    old = config_from_run(str(run))
+    assert old.sampling.temperature == 0.7 and old.sampling.max_new_tokens == 24
+
+
+def test_model_flag_was_removed_for_start(capsys, tmp_path):
+    assert main(["train", "--model", "smollm2-135m", "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("credo train: error: --model was removed: use --start (a credo checkpoint, a Hugging Face "
+                   "model directory or 'smollm2-135m')")
+    assert not os.path.exists(tmp_path / "r")
+
+
+def test_audit_set_is_not_overwritten_by_flag_defaults(capsys):
+    # before: `--set n=16` was silently replaced by --n's default 256
+    assert help_config(capsys, ["audit", "--set", "n=16", "--set", "group_size=4"])["n"] == "16"
+
+
+def test_eval_set_of_a_task_option_names_its_new_path(capsys):
+    assert main(["eval", "--set", "digits=3", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "task_options.digits" in err and len(err.strip().splitlines()) == 1
+    assert help_config(capsys, ["eval", "--set", "task_options.digits=3"])["task_options"] == '{"digits": 3}'
+
+
+def test_every_command_needs_out_unless_it_lists_its_config(capsys):
+    for command in ("sft", "audit", "compare", "show"):
+        assert main([command, "--quiet"]) == 2
+        assert capsys.readouterr().err.strip() == f"credo {command}: error: --out DIR is required"
+
+
+def test_a_check_inside_a_fields_value_names_the_full_path():
+    # the segmenter check says 'segmenter.name'; its user sets it under credit. or reset.
+    with pytest.raises(ConfigError, match=r"^train\.credit\.segmenter\.name must be one of"):
+        load_train_config(None, ["method=rredcot", "credit.segmenter=nope"])
+    with pytest.raises(ConfigError, match=r"^train\.reset\.segmenter\.name must be one of"):
+        load_train_config(None, ["reset.segmenter=nope"])
+    with pytest.raises(ConfigError, match=r"^train\.loss\.eps_low must be in \[0, 1\)"):
+        load_train_config(None, ["loss.eps_low=3"])
