@@ -93,3 +93,15 @@ def test_trains_as_a_method(saved_policy, tmp_path):
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     step = [r for r in rows if r.get("step") == 1 and "tokens_scored" in r]
     assert step and step[-1]["tokens_scored"] > 0  # the wrapped RREDCoT probe ran and its cost was counted
+
+
+def test_the_audit_configures_a_control_like_the_method_it_shuffles():
+    # the audit's vineppo row is its cheap K=4, unwhitened; its control must wrap exactly that, not K=9
+    from credo.audit_report import parse_method
+    _, _, method = parse_method("vineppo")
+    _, name, control = parse_method("shuffled:of=vineppo")
+    made = credit.get(name).make_config(control)
+    wrapped = credit.get("vineppo").make_config(made.options)
+    assert (wrapped.k, wrapped.whiten) == (method["k"], method["whiten"]) == (4, False)
+    _, _, given = parse_method("shuffled:of=vineppo:k=9")
+    assert credit.get("vineppo").make_config(credit.get("shuffled").make_config(given).options).k == 9

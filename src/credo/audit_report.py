@@ -32,7 +32,10 @@ def parse_method(spec: str) -> tuple[str, str, dict[str, str]]:
         name, parsed = parse_spec(spec)
     except ValueError as err:
         raise ConfigError(f"audit {err}") from None
-    return spec, name, {**AUDIT_DEFAULTS.get(name, {}), **parsed}
+    # a shuffled control wraps its method as the audit configures it (vineppo's cheap K), so control and
+    # method differ only in the permutation
+    wrapped = parsed.get("of") if name == "shuffled" else name
+    return spec, name, {**AUDIT_DEFAULTS.get(wrapped, {}), **parsed}
 
 
 def _correlation(fn: Any, a: torch.Tensor, b: torch.Tensor) -> float:
