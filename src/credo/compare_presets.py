@@ -116,6 +116,7 @@ class CompareConfig:
               f"compare.epochs and compare.minibatches (--schedule) must be >= 1, got {self.epochs}x{self.minibatches}")
         check(self.lr is None or self.lr > 0, f"compare --lr must be > 0, got {self.lr}")
         check(self.seeds is None or len(self.seeds) > 0, "compare.seeds: give at least one seed")
+        check_method_specs(self.methods or (), where="compare --methods")
 
     @property
     def schedule(self) -> dict[str, Any]:
@@ -192,11 +193,20 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def check_method_specs(specs: tuple[str, ...], where: str) -> None:
+    """Every spec names a known method (`name` or `name:key=value`); else a one-line ConfigError naming it."""
+    for spec in specs:
+        try:
+            method_registry.resolve(parse_method_spec(spec)[0])
+        except (KeyError, ValueError) as err:
+            raise ConfigError(f"{where}: {err.args[0] if err.args else err}") from None
+
+
 def resolve_preset(preset_name: str, methods: tuple[str, ...] | None, seeds: tuple[int, ...] | None,
                    token_budget: int | None, schedule: dict[str, Any] | None, task: str | None = None) -> Preset:
     """The preset with the caller's replacements, every method name and the task checked before any training."""
     if preset_name not in PRESETS:
-        raise KeyError(f"unknown preset {preset_name!r}; available: {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown preset {preset_name!r}; available: {', '.join(PRESETS)}")
     preset = PRESETS[preset_name]
     preset = replace(preset, methods=tuple(methods or preset.methods), seeds=tuple(seeds if seeds is not None else preset.seeds),
                      schedule={**preset.schedule, **(schedule or {})}, task=task or preset.task)
@@ -206,8 +216,7 @@ def resolve_preset(preset_name: str, methods: tuple[str, ...] | None, seeds: tup
         preset = replace(preset, token_budget=token_budget, eval_every_tokens=max(1, token_budget // 4))
     if not preset.seeds:
         raise ConfigError("seeds: give at least one seed")
-    for spec in preset.methods:
-        method_registry.resolve(parse_method_spec(spec)[0])  # unknown names fail before any training
+    check_method_specs(preset.methods, where="methods")  # unknown names fail before any training
     if "grpo" not in preset.methods:
         preset = replace(preset, methods=("grpo",) + preset.methods)  # the yardstick is always run
     from credo.tasks import make_task
