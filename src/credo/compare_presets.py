@@ -129,26 +129,20 @@ def run_dir_name(spec: str, seed: int) -> str:
     return f"{spec.replace(':', '_')}-s{seed}"
 
 
-def _recipe_schedule(spec: str) -> dict[str, Any]:
-    """The schedule fields the method's recipe sets itself (a paper's setting it keeps in any comparison)."""
-    recipe = method_registry.resolve(parse_method_spec(spec)[0]).defaults
-    return {k: recipe[k] for k in SCHEDULE if k in recipe}
-
-
 def run_config(spec: str, seed: int, preset: Preset, start: str) -> Any:
     """The TrainConfig of one run: the preset's shared settings and schedule, the method's recipe, and the
-    spec's options as the estimator's credit options."""
+    spec's options as the estimator's credit options. The shared schedule goes under the recipe: a recipe
+    that sets its own schedule (a paper's setting) keeps it in any comparison."""
     import yaml
     name, options = parse_method_spec(spec)
-    shared = {k: v for k, v in preset.schedule.items() if k not in _recipe_schedule(spec)}
     credit = {**preset.train.get("credit", {}), **{k: yaml.safe_load(v) for k, v in options.items()}}
-    overrides = {**preset.train, **shared, "method": name, "seed": seed, "start": start, "task": preset.task,
+    overrides = {**preset.train, "method": name, "seed": seed, "start": start, "task": preset.task,
                  "steps": 1_000_000, "max_generated_tokens": preset.token_budget,
                  "eval_every_tokens": preset.eval_every_tokens, "eval_n": preset.eval_n,
                  "final_eval_n": preset.final_eval_n, "checkpoint_every": 50}
     if credit:
         overrides["credit"] = credit
-    return load_train_config(None, None, overrides)
+    return load_train_config(None, None, overrides, base=dict(preset.schedule))
 
 
 def protocol(preset: Preset, start: str, jobs: int) -> dict[str, Any]:
