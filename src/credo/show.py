@@ -39,7 +39,8 @@ class ShowConfig:
     k_ref: int = 0
     """> 0: MC reference values with k_ref continuations per boundary beside each segment."""
     segmenter: str = ""
-    """Segments shown and read by every method ('' = the task's own: lines on arith, keyword_entropy on free-form tasks)."""
+    """The segments shown and read by every method ('' = the task's own: lines on arith, one step per line;
+    keyword_entropy on free-form tasks)."""
     temperature: float = 1.0
     """Sampling temperature."""
     max_new_tokens: int = 96
