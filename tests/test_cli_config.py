@@ -153,3 +153,18 @@ def test_a_check_inside_a_fields_value_names_the_full_path():
         load_train_config(None, ["reset.segmenter=nope"])
     with pytest.raises(ConfigError, match=r"^train\.loss\.eps_low must be in \[0, 1\)"):
         load_train_config(None, ["loss.eps_low=3"])
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["compare", "--methods", "nope"], "credo compare: error: compare --methods: unknown method 'nope'"),
+    (["compare", "--methods", "vineppo:k"], "credo compare: error: compare --methods: method 'vineppo:k': option 'k'"),
+    (["show", "--methods", "nope"], "credo show: error: show --methods: unknown credit estimator 'nope'"),
+    (["show", "--methods", "vineppo:k=0"], "credo show: error: show --methods vineppo:k must be > 0, got 0"),
+])
+def test_an_unknown_method_is_one_line_before_out_is_touched(argv, expect, tmp_path, capsys):
+    # before: a KeyError traceback, and `show` had already claimed --out
+    out = tmp_path / "out"
+    assert main([*argv, "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(expect) and len(err.splitlines()) == 1
+    assert not out.exists()

@@ -54,8 +54,8 @@ from credo.runs import atomic_write_json, atomic_write_text, cache_root
 from credo.segment import default_segmenter, segment_means
 from credo.audit_report import (FLOORS, METRICS, Labels, fidelity, first_error_top1, floor_credit,  # noqa: F401
                                 localisable_errors, localiser_table, markdown_table, most_frequent_position,
-                                pairwise_rank, parse_method, plot_audit, score_row, split_half_spearman,
-                                random_expectation)
+                                checked_methods, pairwise_rank, parse_method, plot_audit, score_row,
+                                split_half_spearman, random_expectation)
 from credo.strategies import sample_groups
 from credo.tasks import make_task
 
@@ -98,20 +98,6 @@ class AuditConfig:
         from credo.strategies import LOCALISERS
         for name in self.localisers:
             check(name in LOCALISERS.names(), f"audit.localisers: unknown localiser {name!r}; available: {tuple(LOCALISERS.names())}")
-
-
-def checked_methods(specs: Sequence[str]) -> list[tuple[str, str, Any]]:
-    """(label, estimator name, config) of every spec; an unknown estimator or option is a one-line
-    ConfigError naming it (`audit --methods ...`), raised before any sampling starts."""
-    out = []
-    for spec in specs:
-        try:
-            label, name, options = parse_method(spec)
-            estimator = credit_registry.get(name)
-        except (ValueError, KeyError) as err:
-            raise ConfigError(f"audit --methods: {err.args[0] if err.args else err}") from None
-        out.append((label, name, estimator.make_config(options, prefix=f"audit --methods {name}:")))
-    return out
 
 
 def _weights_digest(checkpoint: str) -> str:

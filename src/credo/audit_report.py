@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import torch
 from scipy import stats
 
+from credo import credit as credit_registry
 from credo.config import ConfigError
 from credo.credit.registry import parse_spec
 from credo.credit.values import MCValues, step_differences
@@ -36,6 +37,20 @@ def parse_method(spec: str) -> tuple[str, str, dict[str, str]]:
     # method differ only in the permutation
     wrapped = parsed.get("of") if name == "shuffled" else name
     return spec, name, {**AUDIT_DEFAULTS.get(wrapped, {}), **parsed}
+
+
+def checked_methods(specs: Sequence[str], where: str = "audit --methods") -> list[tuple[str, str, Any]]:
+    """(label, estimator name, config) of every spec; an unknown estimator or option is a one-line
+    ConfigError naming it (`audit --methods ...`, or `where`), raised before any sampling starts."""
+    out = []
+    for spec in specs:
+        try:
+            label, name, options = parse_method(spec)
+            estimator = credit_registry.get(name)
+        except (ValueError, KeyError) as err:
+            raise ConfigError(f"{where}: {err.args[0] if err.args else err}") from None
+        out.append((label, name, estimator.make_config(options, prefix=f"{where} {name}:")))
+    return out
 
 
 def _correlation(fn: Any, a: torch.Tensor, b: torch.Tensor) -> float:

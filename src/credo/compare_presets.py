@@ -118,6 +118,7 @@ class CompareConfig:
               f"compare.epochs and compare.minibatches (--schedule) must be >= 1, got {self.epochs}x{self.minibatches}")
         check(self.lr is None or self.lr > 0, f"compare --lr must be > 0, got {self.lr}")
         check(self.seeds is None or len(self.seeds) > 0, "compare.seeds: give at least one seed")
+        check_method_specs(self.methods or (), where="compare --methods")
 
     @property
     def schedule(self) -> dict[str, Any]:
@@ -130,26 +131,20 @@ def run_dir_name(spec: str, seed: int) -> str:
     return f"{spec.replace(':', '_')}-s{seed}"
 
 
-def _recipe_schedule(spec: str) -> dict[str, Any]:
-    """The schedule fields the method's recipe sets itself (a paper's setting it keeps in any comparison)."""
-    recipe = method_registry.resolve(parse_method_spec(spec)[0]).defaults
-    return {k: recipe[k] for k in SCHEDULE if k in recipe}
-
-
 def run_config(spec: str, seed: int, preset: Preset, start: str) -> Any:
     """The TrainConfig of one run: the preset's shared settings and schedule, the method's recipe, and the
-    spec's options as the estimator's credit options."""
+    spec's options as the estimator's credit options. The shared schedule goes under the recipe: a recipe
+    that sets its own schedule (a paper's setting) keeps it in any comparison."""
     import yaml
     name, options = parse_method_spec(spec)
-    shared = {k: v for k, v in preset.schedule.items() if k not in _recipe_schedule(spec)}
     credit = {**preset.train.get("credit", {}), **{k: yaml.safe_load(v) for k, v in options.items()}}
-    overrides = {**preset.train, **shared, "method": name, "seed": seed, "start": start, "task": preset.task,
+    overrides = {**preset.train, "method": name, "seed": seed, "start": start, "task": preset.task,
                  "steps": 1_000_000, "max_generated_tokens": preset.token_budget,
                  "eval_every_tokens": preset.eval_every_tokens, "eval_n": preset.eval_n,
                  "final_eval_n": preset.final_eval_n, "checkpoint_every": 50}
     if credit:
         overrides["credit"] = credit
-    return load_train_config(None, None, overrides)
+    return load_train_config(None, None, overrides, base=dict(preset.schedule))
 
 
 def protocol(preset: Preset, start: str, jobs: int) -> dict[str, Any]:
@@ -194,11 +189,20 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def check_method_specs(specs: tuple[str, ...], where: str) -> None:
+    """Every spec names a known method (`name` or `name:key=value`); else a one-line ConfigError naming it."""
+    for spec in specs:
+        try:
+            method_registry.resolve(parse_method_spec(spec)[0])
+        except (KeyError, ValueError) as err:
+            raise ConfigError(f"{where}: {err.args[0] if err.args else err}") from None
+
+
 def resolve_preset(preset_name: str, methods: tuple[str, ...] | None, seeds: tuple[int, ...] | None,
                    token_budget: int | None, schedule: dict[str, Any] | None, task: str | None = None) -> Preset:
     """The preset with the caller's replacements, every method name and the task checked before any training."""
     if preset_name not in PRESETS:
-        raise KeyError(f"unknown preset {preset_name!r}; available: {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown preset {preset_name!r}; available: {', '.join(PRESETS)}")
     preset = PRESETS[preset_name]
     preset = replace(preset, methods=tuple(methods or preset.methods), seeds=tuple(seeds if seeds is not None else preset.seeds),
                      schedule={**preset.schedule, **(schedule or {})}, task=task or preset.task)
@@ -208,8 +212,7 @@ def resolve_preset(preset_name: str, methods: tuple[str, ...] | None, seeds: tup
         preset = replace(preset, token_budget=token_budget, eval_every_tokens=max(1, token_budget // 4))
     if not preset.seeds:
         raise ConfigError("seeds: give at least one seed")
-    for spec in preset.methods:
-        method_registry.resolve(parse_method_spec(spec)[0])  # unknown names fail before any training
+    check_method_specs(preset.methods, where="methods")  # unknown names fail before any training
     if "grpo" not in preset.methods:
         preset = replace(preset, methods=("grpo",) + preset.methods)  # the yardstick is always run
     from credo.tasks import make_task

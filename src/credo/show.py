@@ -39,7 +39,8 @@ class ShowConfig:
     k_ref: int = 0
     """> 0: MC reference values with k_ref continuations per boundary beside each segment."""
     segmenter: str = ""
-    """Segments shown and read by every method ('' = the task's own: lines on arith, keyword_entropy on free-form tasks)."""
+    """The segments shown and read by every method ('' = the task's own: lines on arith, one step per line;
+    keyword_entropy on free-form tasks)."""
     temperature: float = 1.0
     """Sampling temperature."""
     max_new_tokens: int = 96
@@ -49,6 +50,8 @@ class ShowConfig:
 
     def __post_init__(self) -> None:
         check(bool(self.methods), "show.methods must name at least one method")
+        from credo.audit_report import checked_methods
+        checked_methods(self.methods, where="show --methods")  # unknown estimators fail before --out is claimed
         check(1 <= self.n <= 256, f"show.n must be in 1..256, got {self.n}")
         check(2 <= self.group_size <= 64, f"show.group_size must be in 2..64, got {self.group_size}")
         check(0 <= self.k_ref <= 256, f"show.k_ref must be in 0..256, got {self.k_ref}")

@@ -160,12 +160,13 @@ def resolve_method(method: str) -> methods.Recipe:
 
 
 def load_train_config(path: str | None = None, overrides: list[str] | None = None,
-                      extra: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults <- method recipe <- YAML <- `extra` (the CLI's shortcut flags) <- overrides. The recipe is
-    that of the method the user names (in the file, `extra` or the overrides)."""
+                      extra: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> TrainConfig:
+    """Defaults <- `base` <- method recipe <- YAML <- `extra` (the CLI's shortcut flags) <- overrides. The
+    recipe is that of the method the user names (in the file, `extra` or the overrides); `base` holds
+    settings a recipe may override (a comparison's shared schedule)."""
     user = user_settings(path, overrides, extra)
     recipe = resolve_method(str(user.get("method", TrainConfig.method)))
-    return train_config_from_dict(merge(recipe.defaults, user))
+    return train_config_from_dict(merge(merge(base or {}, recipe.defaults), user))
 
 
 def train_config_from_dict(data: dict[str, Any]) -> TrainConfig:
