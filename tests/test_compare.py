@@ -253,7 +253,7 @@ def test_presets_follow_the_protocol():
     long = PRESETS["long"]
     assert long.task == "arith-long" and len(long.seeds) >= 5 and long.jobs == 2 and not long.note
     # the budget is the measured one (docs/results/arith-long-grpo/wide), evaluated at least 6 times
-    assert long.token_budget == 750_000 and long.token_budget // long.eval_every_tokens >= 6
+    assert long.token_budget == 1_000_000 and long.token_budget // long.eval_every_tokens >= 6
     assert long.methods == ("grpo", "dr_grpo", "dapo", "gspo", "rredcot", "shuffled:of=rredcot", "vineppo", "rrpo",
                             "srpo", "ibpo", "sc_grpo", "shuffled:of=sc_grpo")
     for name in ("quick", "full", "long"):
