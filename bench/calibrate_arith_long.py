@@ -28,7 +28,7 @@ from collections import Counter
 import torch
 
 from credo.audit import AuditConfig, build_reference
-from credo.audit_report import first_error_top1, split_half_spearman
+from credo.audit_report import first_error_top1, split_half_differences, split_half_spearman
 from credo.evaluate import complete
 from credo.policy import bind_task, load_policy
 from credo.policy.base import SamplingConfig
@@ -54,16 +54,10 @@ def first_error_histogram(task, problems, texts) -> tuple[Counter, int]:
 
 def reference_sharpness(data, first_errors) -> dict:
     """Localisable share, the reference's own first-error top-1, and its two halves' agreement on it."""
-    values, samples = data.reference.values, data.reference.samples
+    values = data.reference.values
     labelled = [(i, f) for i, f in enumerate(first_errors) if f is not None and f < len(values[i]) - 1]
     drops = [float(values[i][f] - values[i][f + 1]) for i, f in labelled]
-    halves = []
-    for v, s in zip(values, samples):
-        k = s.shape[1] // 2
-        live = ~torch.isnan(s[:, 0])
-        a, b = v.clone(), v.clone()
-        a[:-1][live], b[:-1][live] = s[live, :k].mean(1), s[live, k:].mean(1)
-        halves.append((a[1:] - a[:-1], b[1:] - b[:-1]))
+    halves = split_half_differences(data.reference)
     return {
         "labelled_wrong_traces": len(labelled),
         "localisable_share": sum(d >= LOCALISABLE_DROP for d in drops) / max(len(drops), 1),

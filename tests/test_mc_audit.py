@@ -164,3 +164,17 @@ def test_audit_scores_a_weight_only_method_differently_from_grpo(policy):
         assert torch.allclose(grpo_credit, grpo_credit[0].expand_as(grpo_credit))  # uniform over segments
         assert float(grpo_credit[0]) != 0  # every row is in the mixed group
         assert not torch.allclose(weighted, weighted[0].expand_as(weighted))  # the weights are seen
+
+
+def test_split_half_differences_use_each_half_of_the_samples():
+    import torch
+    from credo.audit_report import split_half_differences, split_half_spearman
+    from credo.credit.values import MCValues
+    # one row, 3 sampled prefixes (4 samples each) and its reward; halves disagree only on the middle prefix
+    samples = torch.tensor([[1., 1., 1., 1.], [1., 1., 0., 0.], [0., 0., 0., 0.]])
+    values = torch.tensor([1.0, 0.5, 0.0, 0.0])
+    ((a, b),) = split_half_differences(MCValues([values], [samples]))
+    assert torch.equal(a, torch.tensor([0.0, -1.0, 0.0])) and torch.equal(b, torch.tensor([-1.0, 0.0, 0.0]))
+    # identical halves agree perfectly
+    same = torch.tensor([[1., 1.], [1., 0.], [0., 0.]])
+    assert split_half_spearman(MCValues([torch.tensor([1.0, 0.5, 0.0, 0.0])], [torch.cat([same, same], 1)])) == 1.0

@@ -128,8 +128,8 @@ def floor_credit(name: str, reference: Sequence[torch.Tensor], seed: int, prior:
     raise KeyError(name)
 
 
-def split_half_spearman(reference: MCValues) -> float:
-    """Agreement of the reference with itself: differences from the first vs second half of its samples."""
+def split_half_differences(reference: MCValues) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per trace, the value differences[S] from the first and from the second half of the reference's samples."""
     halves = []
     for v, s in zip(reference.values, reference.samples):
         k = s.shape[1] // 2
@@ -138,6 +138,12 @@ def split_half_spearman(reference: MCValues) -> float:
         a[:-1][live] = s[live, :k].mean(1)
         b[:-1][live] = s[live, k:].mean(1)
         halves.append(tuple(step_differences([a, b])))
+    return halves
+
+
+def split_half_spearman(reference: MCValues) -> float:
+    """Agreement of the reference with itself: differences from the first vs second half of its samples."""
+    halves = split_half_differences(reference)
     return fidelity([h[0] for h in halves], [h[1] for h in halves])[0]
 
 
