@@ -135,3 +135,15 @@ def test_system_prompt_and_reference_context(hf_policy, gym_task):
     text = policy.format_prompt(gym_task.reference_prompt(gym_task.heldout_problems(1)[0], "SOLUTION"))
     assert text.startswith("<|system|>") and "SOLUTION" in text.split("<|user|>")[0]
     assert "<answer>" in text.split("<|user|>")[0]  # the task's answer format rides in the system prompt
+
+
+def test_completion_logits_keep_only_completion_positions_and_match_the_full_forward(hf_policy):
+    """The LM head runs over the last T + 1 positions only; the logits are those of the full forward."""
+    prompt_ids, prompt_mask = hf_policy.encode_prompts(["3 + 4 =", "State the final answer: 4 - 1 - 7 ="])
+    completion_ids, completion_mask = hf_policy.encode_completions(["So 3 + 4 = 7", "<answer>-4</answer>"])
+    kept = hf_policy.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    P, T = prompt_ids.shape[1], completion_ids.shape[1]
+    full = hf_policy.forward_logits(torch.cat([prompt_ids, completion_ids], 1),
+                                    torch.cat([prompt_mask, completion_mask], 1))[:, P - 1:P + T - 1]
+    assert kept.shape == (2, T, full.shape[-1])
+    assert torch.allclose(kept, full, atol=1e-5)

@@ -38,7 +38,10 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from credo.config import load_config
     from credo.config import to_dict
     from credo.runs import claim_output
-    from credo.sft import SFTConfig, copy_checkpoint, ensure_sft, sft_config_for
+    from credo.sft import SFT_PRESETS, SFTConfig, copy_checkpoint, ensure_sft, sft_config_for
+    if args.start or (args.task or "arith") not in SFT_PRESETS:
+        return cmd_sft_hf(args)
+    args.task = args.task or "arith"
     config = load_config(SFTConfig, args.config, args.set, prefix="sft.", base=to_dict(sft_config_for(args.task)))
     if args.help_config:
         return show_config(config, "sft")
@@ -53,6 +56,33 @@ def cmd_sft(args: argparse.Namespace) -> int:
     task = ArithTask(config.task, args.task)
     result = evaluate(load_policy(args.out), task, task.heldout_problems(args.eval_n), progress=not args.quiet)
     print(f"SFT start in {args.out} (cache {path}); validation accuracy {summary.get('val_accuracy', float('nan')):.3f}")
+    print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
+    return 0
+
+
+def cmd_sft_hf(args: argparse.Namespace) -> int:
+    """`credo sft --start MODEL --task T`: the format/answer SFT of a Hugging Face model (credo.sft_hf)."""
+    from credo.config import ConfigError, load_config
+    from credo.evaluate import evaluate
+    from credo.policy import load_policy
+    from credo.runs import claim_output
+    from credo.sft_hf import HFSFTConfig, train_hf_sft
+    from credo.tasks import make_task
+    flags = {k: v for k, v in (("task", args.task), ("start", args.start)) if v}
+    config = load_config(HFSFTConfig, args.config, args.set, prefix="sft.", flags=flags)
+    if args.help_config:
+        return show_config(config, "sft")
+    if config.task in ("arith", "arith-long"):
+        raise ConfigError(f"--task {config.task} has a tiny-GPT SFT start; drop --start (a Hugging Face model "
+                          "trains on gym:<dataset> or jsonl:<path> worked solutions)")
+    if claim_output(require_out(args), "sft", force=args.force) and not args.retrain:
+        raise ConfigError(f"--out {args.out} already holds an SFT start; pass --retrain to train it again")
+    summary = train_hf_sft(config, args.out, progress=not args.quiet)
+    task = make_task(config.task, config.task_options)
+    result = evaluate(load_policy(args.out), task, task.heldout_problems(args.eval_n),
+                      max_new_tokens=config.max_new_tokens, progress=not args.quiet)
+    print(f"SFT start in {args.out}: validation accuracy {summary['val_accuracy']:.3f} at step {summary['step']} "
+          f"({summary['seconds']:.0f}s)")
     print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
     return 0
 
@@ -225,6 +255,24 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(fn=cmd_train)
 
 
+def _add_sft_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sft", help="the SFT start: of the tiny policy for arith/arith-long (built or fetched from the "
+                       "cache, copied to --out), or with --start a format/answer SFT of a Hugging Face model on a "
+                       "gym:/jsonl: task's worked solutions")
+    p.add_argument("--out", help="directory to write the SFT checkpoint to (required)")
+    p.add_argument("--task", default=None,
+                   help="arith or arith-long (their SFT presets), or with --start gym:<dataset> / jsonl:<path> "
+                        "(default arith; gym:chain_sum with --start)")
+    p.add_argument("--start", default="", help="a Hugging Face model directory or 'smollm2-135m': fine-tune it on "
+                   "--task's worked solutions (options: --help-config)")
+    add_config_options(p, "SFTConfig (HFSFTConfig with --start)", "--set max_steps=800")
+    p.add_argument("--retrain", action="store_true", help="retrain even when a cached or packaged start exists")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not an SFT checkpoint")
+    p.add_argument("--eval-n", type=int, default=500, help="held-out problems to report accuracy on (default 500)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_sft)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="credo", description="Credit assignment for RL with verifiable rewards.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -233,16 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "reset localisers (train.reset.localiser), one per line: name, kind, description")
     p.set_defaults(fn=cmd_methods)
 
-    p = sub.add_parser("sft", help="build (or fetch from cache) the SFT start of the tiny policy and copy it to --out")
-    p.add_argument("--out", help="directory to write the SFT checkpoint to (required)")
-    p.add_argument("--task", default="arith", choices=["arith", "arith-long"],
-                   help="arithmetic task whose SFT preset (the SFTConfig defaults) to start from (default arith)")
-    add_config_options(p, "SFTConfig", "--set max_steps=800")
-    p.add_argument("--retrain", action="store_true", help="retrain even when a cached or packaged start exists")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not an SFT checkpoint")
-    p.add_argument("--eval-n", type=int, default=500, help="held-out problems to report accuracy on (default 500)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(fn=cmd_sft)
+    _add_sft_parser(sub)
 
     _add_train_parser(sub)
 

@@ -39,6 +39,7 @@ from credo.state_io import (CorruptStateError, check_safetensors, load_state, op
                             verify_manifest, write_manifest)
 from credo.strategies import Collected, SamplingContext, Strategy
 from credo.streams import RandomStreams
+from credo.train_eta import estimate_run_seconds, evaluations_left, format_seconds, time_step_pieces
 from credo.train_config import TrainConfig, config_from_run, load_train_config, overlong_penalty  # noqa: F401  (re-exported)
 from credo.tasks import make_task
 
@@ -223,6 +224,8 @@ class Trainer:
         self.begin()  # config.yaml; resume from the last checkpoint, or evaluate the start (step 0)
         bar = tqdm(total=self.config.steps, initial=self.step, desc=f"train {self.config.method}",
                    disable=not self.progress, dynamic_ncols=True)
+        if self.progress and self.is_main and self.budget_left():
+            bar.set_postfix_str(f"eta≈{format_seconds(self.estimate_seconds_left())} (estimated before the first step)")
         done_here = 0
         while self.budget_left() and (stop_after is None or done_here < stop_after):
             tokens_before = self.tokens_generated
@@ -280,12 +283,26 @@ class Trainer:
         return self.step < c.steps and (c.max_generated_tokens <= 0 or self.tokens_generated < c.max_generated_tokens)
 
     def evaluate(self, n: int) -> float:
-        """Greedy accuracy on up to n held-out problems; `self.eval_size` records how many there were."""
+        """Greedy accuracy on up to n held-out problems; `self.eval_size` records how many there were and
+        `self.eval_seconds` how long it took."""
         self.policy.model.eval()
         problems = self.task.heldout_problems(n)
         self.eval_size = len(problems)
-        return evaluate(self.policy, self.task, problems, max_new_tokens=self.config.sampling.max_new_tokens,
-                        progress=self.progress and n >= 256).accuracy
+        began = time.perf_counter()
+        accuracy = evaluate(self.policy, self.task, problems, max_new_tokens=self.config.sampling.max_new_tokens,
+                            progress=self.progress and n >= 256).accuracy
+        self.eval_seconds = time.perf_counter() - began
+        return accuracy
+
+    def estimate_seconds_left(self) -> float:
+        """The rest of the run, from two timed pieces of one step and the last evaluation (credo.train_eta);
+        evaluations count only when one was timed in this process (a resumed run has none yet)."""
+        c = self.config
+        prompt = self.task.train_problems(1, torch.Generator().manual_seed(0))[0].prompt
+        pieces = time_step_pieces(self.policy, prompt, c.prompts_per_step * c.group_size, c.sampling.max_new_tokens)
+        eval_seconds = getattr(self, "eval_seconds", 0.0)
+        return estimate_run_seconds(pieces, c.epochs, c.steps - self.step, evaluations_left(self.step, c.steps, c.eval_every),
+                                    eval_seconds, c.final_eval_n / max(c.eval_n, 1))
 
     # --- checkpoints ----------------------------------------------------------------------------------
     def checkpoint_dir(self, step: int) -> str:

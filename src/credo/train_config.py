@@ -8,6 +8,7 @@ string under it (`credo train --help-config` lists them).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -161,12 +162,41 @@ def resolve_method(method: str) -> methods.Recipe:
 
 def load_train_config(path: str | None = None, overrides: list[str] | None = None,
                       extra: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults <- `base` <- method recipe <- YAML <- `extra` (the CLI's shortcut flags) <- overrides. The
-    recipe is that of the method the user names (in the file, `extra` or the overrides); `base` holds
+    """Defaults <- machine sizes (`machine_defaults`: a Hugging Face start on a CPU) <- `base` <- method
+    recipe <- YAML <- `extra` (the CLI's shortcut flags) <- overrides. The recipe is that of the method the user names (in the file, `extra` or the overrides); `base` holds
     settings a recipe may override (a comparison's shared schedule)."""
     user = user_settings(path, overrides, extra)
     recipe = resolve_method(str(user.get("method", TrainConfig.method)))
-    return train_config_from_dict(merge(merge(base or {}, recipe.defaults), user))
+    sized = machine_defaults(str(user.get("start", TrainConfig.start)))
+    return train_config_from_dict(merge(merge(merge(sized, base or {}), recipe.defaults), user))
+
+
+# A Hugging Face model on a CPU. The field defaults (8 prompts x 8 completions, 200- and 500-problem
+# evaluations) are sized for the tiny GPT; with SmolLM2-135M on 2 cores one such step with its evaluations
+# ran past 15 minutes. These sizes give a step of ~30 s and evaluations of ~10-30 s there, so the README's
+# 5-step command finishes in under 5 minutes (measured in docs/results/smollm2/). Any setting the user
+# gives (YAML, flags, --set) or a recipe gives wins over them; with a GPU the field defaults stay.
+CPU_HF_DEFAULTS: dict[str, Any] = {"prompts_per_step": 2, "group_size": 4, "sampling": {"max_new_tokens": 64},
+                                   "eval_every": 5, "eval_n": 20, "final_eval_n": 50, "checkpoint_every": 5}
+
+
+def machine_defaults(start: str) -> dict[str, Any]:
+    """Defaults sized for this machine: CPU_HF_DEFAULTS when `start` is a Hugging Face model (the
+    smollm2-135m alias, or a directory with a config.json that is not a tiny credo policy) and no GPU is
+    visible; {} otherwise."""
+    return dict(CPU_HF_DEFAULTS) if is_hf_start(start) and not torch.cuda.is_available() else {}
+
+
+def is_hf_start(start: str) -> bool:
+    """Whether `start` names a Hugging Face model (checked without loading it)."""
+    from credo.policy.smollm import ALIASES
+    if start in ALIASES:
+        return True
+    meta = os.path.join(start, "policy.json")
+    if start and os.path.exists(meta):
+        with open(meta) as f:
+            return json.load(f).get("backend") == "hf"
+    return bool(start) and os.path.isfile(os.path.join(start, "config.json"))
 
 
 def train_config_from_dict(data: dict[str, Any]) -> TrainConfig:

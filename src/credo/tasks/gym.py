@@ -7,6 +7,7 @@ Dataset options (e.g. min_terms, max_digits for chain_sum) pass straight to reas
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -14,6 +15,27 @@ import torch
 from credo.config import ConfigError
 from credo.tasks.base import HELDOUT_SEED, Problem
 from credo.tasks.chat import FreeFormTask
+
+
+TERM = re.compile(r"^-?\d+$")
+
+
+def running_sum_solution(expression: object) -> str | None:
+    """Left-to-right worked solution of a chain of integers joined by + and - (reasoning-gym's chain_sum and
+    the +/- cases of basic_arithmetic carry no solution text, only `metadata.expression`): one line per
+    operation, "4 - 1 = 3" then "3 - 7 = -4". None for any other expression (products, brackets, decimals)."""
+    if not isinstance(expression, str):
+        return None
+    tokens = expression.split()
+    if len(tokens) < 3 or len(tokens) % 2 == 0 or not all(TERM.match(t) for t in tokens[::2]) \
+            or not all(op in "+-" and len(op) == 1 for op in tokens[1::2]):
+        return None
+    total, lines = int(tokens[0]), []
+    for op, term in zip(tokens[1::2], tokens[2::2]):
+        new = total + int(term) if op == "+" else total - int(term)
+        lines.append(f"{total} {op} {term} = {new}")
+        total = new
+    return "\n".join(lines)
 
 
 class GymTask(FreeFormTask):
@@ -72,7 +94,7 @@ class GymTask(FreeFormTask):
         for text in (entry.get("solution"), metadata.get("solution"), metadata.get("cot")):
             if isinstance(text, str) and "\n" in text.strip():
                 return text
-        return None
+        return running_sum_solution(metadata.get("expression"))
 
     def check_answer(self, problem: Problem, answer: str) -> bool:
         return float(self.scorer.score_answer(answer, self.entry(problem))) >= 1.0

@@ -1,0 +1,75 @@
+"""How long a `credo train` run will take, estimated before its first step (the progress bar shows it).
+
+tqdm's own ETA needs one finished step, which for a Hugging Face model on a CPU is half a minute or more.
+Before that, the trainer measures two small pieces of the real work on the run's own model and shapes:
+
+    generation: `probe_tokens` sampled tokens for the step's B = prompts_per_step x group_size rows,
+                scaled to max_new_tokens (an upper bound: completions that stop early cost less);
+    update:     one forward+backward over (B, prompt + max_new_tokens) tokens (its gradients are discarded);
+
+    step     = generation + update / 3 (the no-grad old log-probabilities) + epochs x update
+    run      = remaining steps x step + evaluations x seconds of the step-0 evaluation (scaled by size)
+
+The estimate is for the plain GRPO-shaped step: estimators and strategies that sample or score more (MC,
+RREDCoT, resets) take longer, and tqdm's measured ETA replaces the estimate after the first step. The
+timing runs under `torch.random.fork_rng` and leaves weights, gradients and every random stream of the run
+untouched, so a run with a progress bar is the same run as one without.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from credo.policy.base import SamplingConfig
+
+
+def format_seconds(seconds: float) -> str:
+    """'45s', '3m20s', '1h05m'."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+def time_step_pieces(policy, prompt: object, rows: int, max_new_tokens: int,  # noqa: ANN001
+                     probe_tokens: int = 4) -> tuple[float, float]:
+    """(seconds to sample max_new_tokens for `rows` copies of `prompt`, seconds of one forward+backward over
+    (rows, prompt + max_new_tokens) tokens), measured on `policy` without changing it."""
+    probe_tokens = max(1, min(probe_tokens, max_new_tokens))
+    was_training = policy.model.training
+    with torch.random.fork_rng(devices=[]):
+        prompt_ids, prompt_mask = policy.encode_prompts([prompt] * rows)
+        began = time.perf_counter()
+        policy.sample(prompt_ids, prompt_mask, SamplingConfig(temperature=1.0, max_new_tokens=probe_tokens),
+                      torch.Generator().manual_seed(0))
+        generation = (time.perf_counter() - began) * max_new_tokens / probe_tokens
+        completion = torch.full((rows, max_new_tokens), policy.pad_id, dtype=torch.long)
+        mask = torch.ones_like(completion, dtype=torch.bool)
+        trainable = [p for p in policy.model.parameters() if p.requires_grad]
+        saved = [p.grad for p in trainable]
+        began = time.perf_counter()
+        logprobs, _ = policy.score(prompt_ids, prompt_mask, completion, mask)
+        logprobs.sum().backward()
+        update = time.perf_counter() - began
+        for p, grad in zip(trainable, saved):
+            p.grad = grad
+    policy.model.train(was_training)
+    return generation, update
+
+
+def estimate_run_seconds(step_pieces: tuple[float, float], epochs: int, steps_left: int, evaluations: int,
+                         eval_seconds: float, final_eval_scale: float) -> float:
+    """Seconds of the rest of a run from the timed pieces of one step (see the module docstring)."""
+    generation, update = step_pieces
+    step = generation + update / 3 + epochs * update
+    return steps_left * step + evaluations * eval_seconds + final_eval_scale * eval_seconds
+
+
+def evaluations_left(step: int, steps: int, eval_every: int) -> int:
+    """Curve evaluations still due after `step` (by step count; a token-based schedule is approximated)."""
+    return max(0, math.floor(steps / eval_every) - math.floor(step / eval_every))
