@@ -71,3 +71,25 @@ def test_cli_train_eval_methods(saved_policy, tmp_path, capsys):
     assert main(args) == 2  # refuses to overwrite an existing run
     assert main(["train", "--out", str(tmp_path / "x"), "--set", "loss.eps_hi=1"]) == 2
     assert "loss.eps_hi" in capsys.readouterr().err
+
+
+def test_one_epoch_of_one_minibatch_reads_its_own_logprobs_as_old_and_skips_the_rescoring(saved_policy, tmp_path,
+                                                                                          monkeypatch):
+    """On-policy schedule: one forward per step (the update's), ratio exactly 1 (no clipping), and the same
+    update as re-scoring the old log-probabilities separately (up to float noise)."""
+    on_policy = config(saved_policy, "epochs=1", "minibatches=1", "steps=2")
+    calls = []
+    fast = Trainer(on_policy, str(tmp_path / "fast"), progress=False)
+    original = fast.policy.score
+    fast.policy.score = lambda *a, **k: calls.append(torch.is_grad_enabled()) or original(*a, **k)
+    rows = [fast.train_step()]
+    assert calls == [True]  # the update's forward only
+    rows += [fast.train_step(), fast.train_step()]
+    assert all(row["clip_frac"] == 0.0 for row in rows)
+    monkeypatch.setattr(Trainer, "on_policy", property(lambda self: False))
+    slow = Trainer(on_policy, str(tmp_path / "slow"), progress=False)
+    for _ in range(3):
+        slow.train_step()
+    a, b = fast.policy.model.state_dict(), slow.policy.model.state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    assert any(not torch.equal(a[k], load_policy(saved_policy).model.state_dict()[k]) for k in a)

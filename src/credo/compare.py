@@ -186,6 +186,8 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     jobs = preset.jobs if jobs is None else jobs
     if jobs < 1:
         raise ConfigError(f"jobs (--jobs) must be >= 1, got {jobs}")
+    if preset.needs_start and not start:
+        raise ConfigError(f"--preset {preset_name} needs --start: {preset.needs_start}")
     start = start or default_start(preset.task, progress)
     # seed-major: an interrupted comparison has every method at its first seeds
     plan = [(m, s, os.path.join(out_dir, "runs", run_dir_name(m, s))) for s in preset.seeds for m in preset.methods]

@@ -52,6 +52,8 @@ class Preset:
     """Trainings at once unless --jobs says otherwise."""
     note: str = ""
     """Said in results.json and the report (e.g. that a budget is not measured yet)."""
+    needs_start: str = ""
+    """What --start must be, for a preset whose task has no default start ('' = the task's default start)."""
 
 
 PRESETS = {
@@ -70,6 +72,18 @@ PRESETS = {
                             "srpo", "ibpo", "sc_grpo", "shuffled:of=sc_grpo"), seeds=(0, 1, 2, 3, 4),
                    token_budget=1_000_000, eval_every_tokens=125_000, eval_n=300, final_eval_n=1000, audit_n=128,
                    audit_k_ref=16, task="arith-long", jobs=2),
+    # SmolLM2-135M on 2 CPU cores (issue 17): gym:chain_sum with 3-4 one-digit terms, from its format/answer SFT
+    # start (README, "Real models"), which the caller passes as --start. One update per batch of 2 prompts x 4
+    # completions at lr 2e-6 (2e-5 collapsed the start's greedy accuracy 0.33 -> 0 within 10 steps, see
+    # docs/results/smollm2/); 50k generated tokens is ~170 GRPO steps, ~30 minutes of one run on 2 cores.
+    "smollm2": Preset(methods=("grpo", "rredcot", "sc_grpo"), seeds=(0, 1), token_budget=50_000,
+                      eval_every_tokens=10_000, eval_n=100, final_eval_n=300, audit_n=0, task="gym:chain_sum",
+                      train={"task_options": {"min_terms": 3, "max_terms": 4, "min_digits": 1, "max_digits": 1}},
+                      schedule={"epochs": 1, "minibatches": 1, "lr": 2e-6}, jobs=2,
+                      needs_start="the SmolLM2 format/answer SFT start: `credo sft --start smollm2-135m --task "
+                                  "gym:chain_sum --set task_options.min_terms=3 --set task_options.max_terms=4 "
+                                  "--set task_options.min_digits=1 --set task_options.max_digits=1 --set steps=15 "
+                                  "--set eval_every=5 --set target_accuracy=1.0 --out DIR`"),
     # for tests: a minute on a tiny model
     "smoke": Preset(methods=("grpo", "rredcot"), seeds=(0,), token_budget=1_500, eval_every_tokens=600, eval_n=8,
                     final_eval_n=8, train={"prompts_per_step": 2, "group_size": 4, "sampling": {"max_new_tokens": 24}},
@@ -83,7 +97,8 @@ class CompareConfig:
 
     preset: str = "quick"
     """quick (~15 min, 1 seed, 4 methods), full (3 seeds, every method and the shuffled controls), long
-    (arith-long, 12 methods incl. controls, 5 seeds) or smoke (tests)."""
+    (arith-long, 12 methods incl. controls, 5 seeds), smollm2 (SmolLM2-135M on gym:chain_sum, 2 seeds; needs
+    --start) or smoke (tests)."""
     methods: tuple[str, ...] | None = None
     """Methods instead of the preset's, each a name or name:key=value (e.g. shuffled:of=rredcot); grpo is
     always added."""

@@ -99,6 +99,11 @@ class Trainer:
         return dp
 
     @property
+    def on_policy(self) -> bool:
+        """One epoch of one mini-batch: a single update, by the policy that sampled the batch."""
+        return self.config.epochs == 1 and self.config.minibatches == 1
+
+    @property
     def is_main(self) -> bool:
         return self.dp is None or self.dp.is_main
 
@@ -130,7 +135,9 @@ class Trainer:
         c = self.config
         rewards = rollouts.rewards + overlong_penalty(rollouts.lengths, c.sampling.max_new_tokens, c.overlong_buffer, c.overlong_penalty)
         args = (rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, rollouts.completion_mask)
-        old, _ = self.policy.score(*args)
+        # one epoch of one mini-batch updates the very policy that sampled: the update reads its own log-probs,
+        # detached, as the old ones (ratio exactly 1, as TRL does with num_iterations=1), so skip this forward
+        old = rollouts.old_logprobs if self.on_policy else self.policy.score(*args)[0]
         ref = self.reference.score(*args)[0] if self.reference is not None else None
         return rollouts.with_fields(rewards=rewards, old_logprobs=old, ref_logprobs=ref)
 
@@ -160,7 +167,8 @@ class Trainer:
                     continue
                 mb = rollouts.select(idx)
                 logprobs, _ = self.policy.score(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask)
-                loss, s = policy_loss(logprobs, mb.old_logprobs, credit.advantages[idx], mask[idx], c.loss,
+                old = logprobs.detach() if self.on_policy else mb.old_logprobs
+                loss, s = policy_loss(logprobs, old, credit.advantages[idx], mask[idx], c.loss,
                                       norm_length=c.sampling.max_new_tokens,
                                       weights=credit.weights[idx] if credit.weights is not None else None,
                                       ref_logprobs=mb.ref_logprobs)

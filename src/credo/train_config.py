@@ -173,11 +173,14 @@ def load_train_config(path: str | None = None, overrides: list[str] | None = Non
 
 # A Hugging Face model on a CPU. The field defaults (8 prompts x 8 completions, 200- and 500-problem
 # evaluations) are sized for the tiny GPT; with SmolLM2-135M on 2 cores one such step with its evaluations
-# ran past 15 minutes. These sizes give a step of ~30 s and evaluations of ~10-30 s there, so the README's
-# 5-step command finishes in under 5 minutes (measured in docs/results/smollm2/). Any setting the user
-# gives (YAML, flags, --set) or a recipe gives wins over them; with a GPU the field defaults stay.
+# ran past 15 minutes. These sizes give a step of ~15-20 s and evaluations of ~10-30 s there, so the
+# README's 5-step command finishes in under 5 minutes (measured in docs/results/smollm2/); the 8
+# completions of a step make one mini-batch (one update per batch, as TRL's GRPOTrainer by default; four
+# mini-batches of two completions would be four very noisy updates). Any setting the user gives (YAML,
+# flags, --set) or a recipe gives wins over them; with a GPU the field defaults stay.
 CPU_HF_DEFAULTS: dict[str, Any] = {"prompts_per_step": 2, "group_size": 4, "sampling": {"max_new_tokens": 64},
-                                   "eval_every": 5, "eval_n": 20, "final_eval_n": 50, "checkpoint_every": 5}
+                                   "minibatches": 1, "eval_every": 5, "eval_n": 20, "final_eval_n": 50,
+                                   "checkpoint_every": 5}
 
 
 def machine_defaults(start: str) -> dict[str, Any]:

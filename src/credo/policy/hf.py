@@ -115,8 +115,10 @@ class HFPolicy(CompletionScoring):
         def step(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             full = mask if state["mask"] is None else torch.cat([state["mask"], mask], 1)
             positions = self._positions(mask, state["next"][:, None])
+            # logits of the last position only: the prompt's first call would otherwise run the LM head over
+            # every prompt position (a 49k vocabulary x ~100 chat-prompt tokens per row for SmolLM2)
             out = self.model(input_ids=ids, attention_mask=full.long(), position_ids=positions,
-                             cache=state["cache"], use_cache=True)
+                             cache=state["cache"], use_cache=True, logits_to_keep=1)
             state["cache"], state["mask"] = out.past_key_values, full
             state["next"] = state["next"] + mask.long().sum(1)
             return out.logits[:, -1]
