@@ -2,7 +2,7 @@
 optimiser schedule (one AdamW step per generated batch), both with GRPO advantages, timed in one run. Prints
 credo's step time over TRL's (goal <= 0.5) and where credo's step time goes, phase by phase.
 
-Usage: python bench/vs_trl.py [--steps 4]
+Usage: python bench/vs_trl.py [--steps 4] [--model tiny|smollm2-135m]
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from common import write  # noqa: E402
 from trl_credo_grpo import tiny_model_and_tokenizer  # noqa: E402
 
-PROMPTS, GROUP, LENGTH, LR = 8, 4, 32, 1e-5
+LR = 1e-5
+SIZES = {"tiny": (8, 4, 32), "smollm2-135m": (2, 4, 64)}  # prompts, completions each, max new tokens
+PROMPTS, GROUP, LENGTH = SIZES["tiny"]
 
 
 PHASES = ("collect", "prepare", "assign_credit", "update")  # Trainer.train_step's phases, in order
@@ -57,12 +59,16 @@ def trl_step_seconds(model_dir: str, steps: int) -> float:
     from trl import GRPOConfig, GRPOTrainer
     from credo.tasks import make_task
     task = make_task("gym:chain_sum")
-    rows = [{"prompt": p.prompt, "answer": p.answer} for p in task.train_problems(64, torch.Generator().manual_seed(0))]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # the prompt credo sends: with a chat template, the task's system prompt and the question as the user turn
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    rows = [{"prompt": [{"role": "system", "content": task.system_prompt}, {"role": "user", "content": p.prompt}]
+             if chat else p.prompt, "answer": p.answer} for p in task.train_problems(64, torch.Generator().manual_seed(0))]
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
                           max_completion_length=LENGTH, max_steps=steps + 1, learning_rate=LR, report_to=[], use_cpu=True,
                           bf16=False, save_strategy="no", logging_steps=1000)
-        trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), processing_class=AutoTokenizer.from_pretrained(model_dir),
+        trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), processing_class=tokenizer,
                               reward_funcs=lambda completions, **kw: [float(len(c) % 2) for c in completions], args=args,
                               train_dataset=Dataset.from_list(rows))
         times: list[float] = []
@@ -83,20 +89,31 @@ def trl_step_seconds(model_dir: str, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--model", choices=tuple(SIZES), default="tiny",
+                        help="tiny random Llama (8 x 4 completions of <= 32 tokens) or SmolLM2-135M-Instruct "
+                             "(2 x 4 of <= 64, the sizes credo uses for it on a CPU)")
     args = parser.parse_args()
+    global PROMPTS, GROUP, LENGTH
+    PROMPTS, GROUP, LENGTH = SIZES[args.model]
     torch.set_num_threads(2)
-    model, tokenizer = tiny_model_and_tokenizer()
-    with tempfile.TemporaryDirectory() as model_dir:
-        model.save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.model == "tiny":
+            model, tokenizer = tiny_model_and_tokenizer()
+            model_dir = scratch
+            model.save_pretrained(model_dir)
+            tokenizer.save_pretrained(model_dir)
+        else:
+            from credo.policy.smollm import ensure_smollm2
+            model_dir = ensure_smollm2()
         ours, phases = credo_step_seconds(model_dir, args.steps)
         theirs = trl_step_seconds(model_dir, args.steps)
     rows = [{"trainer": "credo", "seconds_per_step": ours, "ratio_to_trl": ours / theirs},
             {"trainer": "trl GRPOTrainer", "seconds_per_step": theirs, "ratio_to_trl": 1.0}]
     rows += [{"trainer": f"credo: {name}", "seconds_per_step": seconds, "ratio_to_trl": seconds / theirs}
              for name, seconds in phases.items()]
-    write("vs_trl", rows, f"{PROMPTS} prompts x {GROUP} completions, up to {LENGTH} new tokens, one optimiser step per "
-          "generated batch for both (credo: epochs=1, minibatches=1), tiny Llama on CPU. credo's phases: collect = "
+    name = "vs_trl" if args.model == "tiny" else f"vs_trl_{args.model.split('-')[0]}"
+    write(name, rows, f"{PROMPTS} prompts x {GROUP} completions, up to {LENGTH} new tokens, one optimiser step per "
+          f"generated batch for both (credo: epochs=1, minibatches=1), {args.model} on CPU. credo's phases: collect = "
           "sampling + rewards, prepare = old log-probs (skipped on this on-policy schedule), assign_credit = GRPO "
           "advantages, update = forward + backward + AdamW.")
 

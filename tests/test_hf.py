@@ -147,3 +147,40 @@ def test_completion_logits_keep_only_completion_positions_and_match_the_full_for
                                     torch.cat([prompt_mask, completion_mask], 1))[:, P - 1:P + T - 1]
     assert kept.shape == (2, T, full.shape[-1])
     assert torch.allclose(kept, full, atol=1e-5)
+
+
+def test_rows_sharing_a_prompt_read_it_once_with_the_same_logits_and_gradients(hf_policy):
+    """A GRPO-shaped batch (2 prompts x 3 completions, ragged lengths): the shared-prompt forward gives the
+    full forward's logits and parameter gradients."""
+    prompts = ["3 + 4 =", "State the final answer: 4 - 1 - 7 ="]
+    completions = ["So 3 + 4 = 7", "<answer>7</answer>", "Let me add", "4 - 1 = 3\n3 - 7 = -4", "-4", "<answer>-4"]
+    prompt_ids, prompt_mask = hf_policy.encode_prompts([p for p in prompts for _ in range(3)])
+    completion_ids, completion_mask = hf_policy.encode_completions(completions)
+    args = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+    results = []
+    for share in (True, False):
+        hf_policy.share_prompts = share
+        hf_policy.model.zero_grad(set_to_none=True)
+        logprobs, _ = hf_policy.score(*args)
+        logprobs.sum().backward()
+        results.append((logprobs.detach(), [p.grad.clone() for p in hf_policy.model.parameters()]))
+    hf_policy.share_prompts = True
+    hf_policy.model.zero_grad(set_to_none=True)
+    assert hf_policy.shared_prompt_logits(*args) is not None  # the shared path ran
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(results[0][1], results[1][1]))
+    distinct = hf_policy.encode_prompts(prompts)
+    assert hf_policy.shared_prompt_logits(*distinct, completion_ids[:2], completion_mask[:2]) is None
+
+
+def test_sampling_a_group_reads_its_prompt_once_and_samples_the_same_tokens(hf_policy):
+    prompt_ids, prompt_mask = hf_policy.encode_prompts(["3 + 4 =", "3 + 4 =", "State the final answer: 4 - 1 - 7 ="] * 2)
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=12)
+    outs = []
+    for share in (True, False):
+        hf_policy.share_prompts = share
+        outs.append(hf_policy.sample(prompt_ids, prompt_mask, sampling, torch.Generator().manual_seed(3)))
+    hf_policy.share_prompts = True
+    assert torch.equal(outs[0].completion_ids, outs[1].completion_ids)
+    assert torch.equal(outs[0].completion_mask, outs[1].completion_mask)
+    assert torch.allclose(outs[0].logprobs, outs[1].logprobs, atol=1e-5)

@@ -16,7 +16,7 @@ from credo.policy.hf import HFPolicy
 from credo.sft_hf import HFSFTConfig, make_batch, sft_loss, train_hf_sft
 from credo.tasks import make_task
 from credo.tasks.gym import running_sum_solution
-from credo.train_config import CPU_HF_DEFAULTS, is_hf_start, load_train_config
+from credo.train_config import CPU_HF_DEFAULTS, HF_DEFAULTS, is_hf_start, load_train_config
 from credo.train_eta import estimate_run_seconds, evaluations_left, format_seconds, time_step_pieces
 from test_hf import build_tokenizer, tiny_llama
 
@@ -65,8 +65,9 @@ def test_hf_start_on_cpu_gets_machine_sized_defaults_that_settings_override(hf_d
     assert (sized.eval_n, sized.final_eval_n) == (CPU_HF_DEFAULTS["eval_n"], CPU_HF_DEFAULTS["final_eval_n"])
     mine = load_train_config(overrides=["eval_n=7", "sampling.max_new_tokens=20"], extra={"start": hf_dir})
     assert (mine.eval_n, mine.sampling.max_new_tokens, mine.group_size) == (7, 20, CPU_HF_DEFAULTS["group_size"])
+    assert sized.lr == HF_DEFAULTS["lr"] and load_train_config(overrides=["lr=1e-4"], extra={"start": hf_dir}).lr == 1e-4
     tiny = load_train_config()
-    assert (tiny.prompts_per_step, tiny.eval_n) == (8, 200)  # the tiny GPT keeps the field defaults
+    assert (tiny.prompts_per_step, tiny.eval_n, tiny.lr) == (8, 200, 2e-5)  # the tiny GPT keeps the field defaults
 
 
 def test_sft_loss_is_the_mean_negative_log_likelihood_of_the_target_tokens(hf_dir):
@@ -152,3 +153,10 @@ def test_a_run_with_the_eta_bar_is_the_same_run_as_one_without(tmp_path):
                      load_file(os.path.join(run, "final", "model.safetensors"))))
     assert runs[0][0] == runs[1][0]
     assert runs[0][1].keys() == runs[1][1].keys() and all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
+
+
+def test_a_flat_max_new_tokens_replaces_the_machine_sized_one(hf_dir):
+    config = load_train_config(overrides=["max_new_tokens=32"], extra={"start": hf_dir})
+    assert config.sampling.max_new_tokens == 32
+    with pytest.raises(Exception, match=r"train.max_new_tokens must be > 0.*now train.sampling.max_new_tokens"):
+        load_train_config(overrides=["max_new_tokens=0"], extra={"start": hf_dir})

@@ -35,11 +35,11 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from credo.config import load_config
-    from credo.config import to_dict
+    from credo.config import load_config, to_dict, user_settings
     from credo.runs import claim_output
     from credo.sft import SFT_PRESETS, SFTConfig, copy_checkpoint, ensure_sft, sft_config_for
-    if args.start or (args.task or "arith") not in SFT_PRESETS:
+    given = user_settings(args.config, args.set)  # a --config/--set naming a start or a gym/jsonl task: the HF SFT
+    if args.start or given.get("start") or (args.task or given.get("task") or "arith") not in SFT_PRESETS:
         return cmd_sft_hf(args)
     args.task = args.task or "arith"
     config = load_config(SFTConfig, args.config, args.set, prefix="sft.", base=to_dict(sft_config_for(args.task)))

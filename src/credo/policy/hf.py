@@ -36,6 +36,8 @@ class HFPolicy(CompletionScoring):
         self.chat = has_template if chat is None else (chat and has_template)
         self.system_prompt = system_prompt
         self.banned_ids: list[int] = []
+        # score rows that share a prompt by reading it once (shared_prompt_logits); False: every row in full
+        self.share_prompts = True
 
     # --- construction -----------------------------------------------------------------------------
     @classmethod
@@ -113,15 +115,25 @@ class HFPolicy(CompletionScoring):
         state = {"cache": DynamicCache(), "mask": None, "next": torch.zeros(prompt_ids.shape[0], dtype=torch.long)}
 
         def step(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            full = mask if state["mask"] is None else torch.cat([state["mask"], mask], 1)
-            positions = self._positions(mask, state["next"][:, None])
+            first = state["mask"] is None
+            full = mask if first else torch.cat([state["mask"], mask], 1)
+            rows = None
+            if first and self.share_prompts:  # the prompt call: each distinct prompt once, its cache gathered
+                unique, inverse = torch.unique(torch.cat([ids, mask.long()], 1), dim=0, return_inverse=True)
+                if unique.shape[0] < ids.shape[0]:
+                    ids, mask, rows = unique[:, :ids.shape[1]], unique[:, ids.shape[1]:].bool(), inverse
+            positions = self._positions(mask, state["next"][:, None] if rows is None else 0)
             # logits of the last position only: the prompt's first call would otherwise run the LM head over
             # every prompt position (a 49k vocabulary x ~100 chat-prompt tokens per row for SmolLM2)
-            out = self.model(input_ids=ids, attention_mask=full.long(), position_ids=positions,
-                             cache=state["cache"], use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=ids, attention_mask=mask.long() if rows is not None else full.long(),
+                             position_ids=positions, cache=state["cache"], use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1]
+            if rows is not None:
+                out.past_key_values.batch_select_indices(rows)
+                logits, mask = logits[rows], mask[rows]
             state["cache"], state["mask"] = out.past_key_values, full
             state["next"] = state["next"] + mask.long().sum(1)
-            return out.logits[:, -1]
+            return logits
 
         result = generate(step, prompt_ids, prompt_mask, sampling, generator, eos_id=self.eos_id, pad_id=self.pad_id,
                           banned_ids=self.banned_ids)
@@ -135,12 +147,43 @@ class HFPolicy(CompletionScoring):
                           completion_mask: torch.Tensor) -> torch.Tensor:
         """logits[B, T, V] predicting each completion token. Only the last T + 1 positions go through the LM
         head (transformers' `logits_to_keep`, as TRL scores): with a ~100-token chat prompt and SmolLM2's
-        49k-word vocabulary, the head over every prompt position was ~40% of a training step on a CPU."""
+        49k-word vocabulary, the head over every prompt position was ~40% of a training step on a CPU.
+        Rows that share their prompt (a GRPO group) read it once: see `shared_prompt_logits`."""
+        if self.share_prompts and not getattr(self.model, "is_gradient_checkpointing", False):
+            shared = self.shared_prompt_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
+            if shared is not None:
+                return shared
         T = completion_ids.shape[1]
         ids, mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
         out = self.model(input_ids=ids, attention_mask=mask.long(), position_ids=self._positions(mask),
                          logits_to_keep=T + 1)
         return out.logits[:, -(T + 1):-1]
+
+    def shared_prompt_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                             completion_mask: torch.Tensor) -> torch.Tensor | None:
+        """completion_logits for a batch whose B rows hold U < B distinct prompts (None when every prompt
+        differs). The U prompts run through the model once, their KV cache is gathered to the B rows
+        (differentiable: each prompt's gradient is the sum over its rows), and the completions run on top.
+        The same logits as the full forward up to float rounding (tests/test_hf.py); for 2 prompts x 4
+        completions of SmolLM2 it reads ~half the tokens of the full forward."""
+        from transformers import DynamicCache
+        P, T = prompt_ids.shape[1], completion_ids.shape[1]
+        unique, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask.long()], 1), dim=0, return_inverse=True)
+        if unique.shape[0] == prompt_ids.shape[0] or T == 0:
+            return None
+        unique_ids, unique_mask = unique[:, :P], unique[:, P:].bool()
+        out = self.model(input_ids=unique_ids, attention_mask=unique_mask.long(), position_ids=self._positions(unique_mask),
+                         cache=DynamicCache(), use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        if cache is None:  # a model without a KV cache: read every row in full
+            return None
+        cache.batch_select_indices(inverse)
+        first = out.logits[:, -1][inverse]  # (B, V): predicts each row's first completion token
+        mask = torch.cat([prompt_mask, completion_mask], 1)
+        positions = self._positions(completion_mask, prompt_mask.long().sum(1, keepdim=True))
+        rest = self.model(input_ids=completion_ids, attention_mask=mask.long(), position_ids=positions, cache=cache,
+                          use_cache=True, logits_to_keep=T).logits  # (B, T, V): predicts tokens 2 .. T + 1
+        return torch.cat([first[:, None], rest[:, :-1]], 1)
 
     @torch.no_grad()
     def score_branches(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
