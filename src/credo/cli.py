@@ -39,7 +39,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from credo.runs import claim_output
     from credo.sft import SFT_PRESETS, SFTConfig, copy_checkpoint, ensure_sft, sft_config_for
     given = user_settings(args.config, args.set)  # a --config/--set naming a start or a gym/jsonl task: the HF SFT
-    if args.start or given.get("start") or (args.task or given.get("task") or "arith") not in SFT_PRESETS:
+    named_task = given.get("task") if isinstance(given.get("task"), str) else None  # (the tiny SFT's task is a section)
+    if args.start or given.get("start") or (args.task or named_task or "arith") not in SFT_PRESETS:
         return cmd_sft_hf(args)
     args.task = args.task or "arith"
     config = load_config(SFTConfig, args.config, args.set, prefix="sft.", base=to_dict(sft_config_for(args.task)))
