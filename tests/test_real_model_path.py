@@ -17,7 +17,7 @@ from credo.sft_hf import HFSFTConfig, make_batch, sft_loss, train_hf_sft
 from credo.tasks import make_task
 from credo.tasks.gym import running_sum_solution
 from credo.train_config import CPU_HF_DEFAULTS, HF_DEFAULTS, is_hf_start, load_train_config
-from credo.train_eta import estimate_run_seconds, evaluations_left, format_seconds, time_step_pieces
+from credo.train_eta import estimate_run_seconds, evaluations_left, format_seconds, steps_within, time_step_pieces
 from test_hf import build_tokenizer, tiny_llama
 
 CHAIN = {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1}
@@ -124,18 +124,24 @@ def test_a_task_without_worked_solutions_is_one_line_naming_it(hf_dir, tmp_path,
 def test_eta_pieces_leave_weights_gradients_and_random_state_untouched(hf_dir):
     policy = HFPolicy.load(hf_dir)
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    params = list(policy.model.parameters())
+    params[0].grad = torch.ones_like(params[0])  # a gradient already there must come back unchanged
     rng = torch.get_rng_state()
-    generation, update = time_step_pieces(policy, "3 + 4 =", rows=4, max_new_tokens=8)
+    generation, update = time_step_pieces(policy, "3 + 4 =", rows=4, max_new_tokens=8, update_rows=2)
     assert generation > 0 and update > 0
     assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
-    assert all(p.grad is None for p in policy.model.parameters())
+    assert torch.equal(params[0].grad, torch.ones_like(params[0])) and all(p.grad is None for p in params[1:])
     assert torch.equal(torch.get_rng_state(), rng)
 
 
 def test_eta_arithmetic():
-    # step = generation + update/3 + epochs x update = 2 + 1 + 2 x 3 = 9; 10 steps + 4 evals x 5 s + final 2 x 5 s
-    assert estimate_run_seconds((2.0, 3.0), epochs=2, steps_left=10, evaluations=4, eval_seconds=5.0,
-                                final_eval_scale=2.0) == 90 + 20 + 10
+    # step = generation + 2 updates x 3 s x 4/3 (re-scoring) = 2 + 8 = 10; 10 steps + 4 evals x 5 s + final 2 x 5 s
+    assert estimate_run_seconds((2.0, 3.0), updates_per_step=2, steps_left=10, evaluations=4, eval_seconds=5.0,
+                                final_eval_scale=2.0) == 100 + 20 + 10
+    assert estimate_run_seconds((2.0, 3.0), 2, 10, 0, 5.0, 0.0, rescore=False) == 80  # on-policy: no re-scoring
+    assert steps_within(1_000_000, tokens_left=1000, tokens_per_step=64, budgeted=True) == 16
+    assert steps_within(5, tokens_left=1000, tokens_per_step=64, budgeted=True) == 5
+    assert steps_within(7, tokens_left=0, tokens_per_step=64, budgeted=False) == 7
     assert evaluations_left(step=0, steps=10, eval_every=5) == 2 and evaluations_left(step=5, steps=12, eval_every=5) == 1
     assert [format_seconds(s) for s in (45, 200, 3900)] == ["45s", "3m20s", "1h05m"]
 
@@ -160,3 +166,38 @@ def test_a_flat_max_new_tokens_replaces_the_machine_sized_one(hf_dir):
     assert config.sampling.max_new_tokens == 32
     with pytest.raises(Exception, match=r"train.max_new_tokens must be > 0.*now train.sampling.max_new_tokens"):
         load_train_config(overrides=["max_new_tokens=0"], extra={"start": hf_dir})
+
+
+def test_sft_checks_its_inputs_before_touching_out_and_retries_after_a_failure(hf_dir, tmp_path, capsys):
+    out = tmp_path / "start"
+    assert main(["sft", "--task", "gym:no_such_dataset", "--start", hf_dir, "--out", str(out), "--quiet"]) == 2
+    assert "no_such_dataset" in capsys.readouterr().err and not out.exists()
+    assert main(["sft", "--task", "gym:chain_sum", "--start", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
+    assert "nowhere" in capsys.readouterr().err and not out.exists()
+    out.mkdir()
+    (out / ".credo-kind").write_text("sft\n")  # a run that was interrupted before it saved anything
+    argv = ["sft", "--start", hf_dir, "--task", "gym:chain_sum", "--out", str(out), "--quiet", "--eval-n", "2",
+            "--set", "steps=1", "--set", "eval_n=2", "--set", "max_new_tokens=4"]
+    assert main(argv) == 0  # not "already holds an SFT start": it never finished
+
+
+def test_a_comparison_from_a_hf_start_records_the_schedule_its_runs_train_with(hf_dir):
+    from credo.compare_presets import PRESETS, protocol
+    recorded = protocol(PRESETS["smoke"], hf_dir, jobs=1)
+    assert recorded["schedule"]["lr"] == HF_DEFAULTS["lr"] and recorded["schedule"]["minibatches"] == 1
+    assert all(m["source"] == "shared" for m in recorded["methods"].values())
+
+
+def test_resets_rows_are_rescored_on_an_on_policy_schedule():
+    """The resets strategy's reset rows carry placeholder old log-probs: prepare re-scores them even when
+    the update reads its own (SPO's cutpoints read old_logprobs)."""
+    import tempfile
+    from credo.train import Trainer
+    config = load_train_config(overrides=["method=rrpo", "epochs=1", "minibatches=1", "prompts_per_step=2",
+                                          "eval_n=4", "final_eval_n=0"])
+    trainer = Trainer(config, tempfile.mkdtemp(), progress=False)
+    calls = []
+    original = trainer.policy.score
+    trainer.policy.score = lambda *a, **k: calls.append(torch.is_grad_enabled()) or original(*a, **k)
+    trainer.train_step()
+    assert False in calls  # the no-grad re-scoring ran

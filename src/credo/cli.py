@@ -67,8 +67,7 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
     from credo.evaluate import evaluate
     from credo.policy import load_policy
     from credo.runs import claim_output
-    from credo.sft_hf import HFSFTConfig, train_hf_sft
-    from credo.tasks import make_task
+    from credo.sft_hf import HFSFTConfig, check_sft_inputs, train_hf_sft
     flags = {k: v for k, v in (("task", args.task), ("start", args.start)) if v}
     config = load_config(HFSFTConfig, args.config, args.set, prefix="sft.", flags=flags)
     if args.help_config:
@@ -76,10 +75,11 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
     if config.task in ("arith", "arith-long"):
         raise ConfigError(f"--task {config.task} has a tiny-GPT SFT start; drop --start (a Hugging Face model "
                           "trains on gym:<dataset> or jsonl:<path> worked solutions)")
-    if claim_output(require_out(args), "sft", force=args.force) and not args.retrain:
+    task = check_sft_inputs(config)  # the task, its worked solutions and the start: before --out is touched
+    finished = os.path.isfile(os.path.join(require_out(args), "sft_summary.json"))
+    if claim_output(args.out, "sft", force=args.force) and finished and not args.retrain:
         raise ConfigError(f"--out {args.out} already holds an SFT start; pass --retrain to train it again")
     summary = train_hf_sft(config, args.out, progress=not args.quiet)
-    task = make_task(config.task, config.task_options)
     result = evaluate(load_policy(args.out), task, task.heldout_problems(args.eval_n),
                       max_new_tokens=config.max_new_tokens, progress=not args.quiet)
     print(f"SFT start in {args.out}: validation accuracy {summary['val_accuracy']:.3f} at step {summary['step']} "

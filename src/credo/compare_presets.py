@@ -163,7 +163,7 @@ def protocol(preset: Preset, start: str, jobs: int) -> dict[str, Any]:
     """What every run shared and where a method differs, as results.json records it. Each method's schedule
     is read back from its own run config, so what is recorded is what trains; a method whose recipe sets a
     different schedule is marked source 'recipe'."""
-    base = load_train_config(None, None, {**preset.schedule})  # no recipe: the schedule every method shares
+    base = load_train_config(None, None, {**preset.schedule, "start": start})  # no recipe: the shared schedule
     shared = {k: getattr(base, k) for k in SCHEDULE}
     per_method = {}
     for spec in preset.methods:

@@ -107,16 +107,27 @@ def sft_loss(policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, target
     return (losses * weights).sum() / weights.sum().clamp(min=1)
 
 
+def check_sft_inputs(config: HFSFTConfig):  # noqa: ANN201
+    """The task, after checking that it builds, that its problems carry worked solutions and that the start
+    exists (a user error is one line, raised before any output directory is touched)."""
+    from credo.policy.smollm import ALIASES
+    from credo.tasks import make_task
+    task = make_task(config.task, config.task_options, prefix="sft.task_options.")
+    sft_example(task, task.train_problems(1, torch.Generator().manual_seed(config.seed))[0])
+    if config.start not in ALIASES and not os.path.isfile(os.path.join(config.start, "config.json")):
+        raise ConfigError(f"sft.start={config.start!r} is neither 'smollm2-135m' nor a Hugging Face model directory "
+                          "(no config.json)")
+    return task
+
+
 def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True) -> dict:
     """Fine-tune `config.start` on `config.task`'s worked solutions into `out_dir` (atomically); -> summary."""
     from credo.policy import bind_task, load_policy
     from credo.policy.hf import HFPolicy
-    from credo.tasks import make_task
-    task = make_task(config.task, config.task_options)
+    task = check_sft_inputs(config)
     policy = bind_task(load_policy(config.start, lora_r=config.lora_r, lora_alpha=config.lora_alpha), task)
     if not isinstance(policy, HFPolicy):
         raise ConfigError(f"sft.start={config.start!r} is a tiny credo policy; `credo sft --task arith...` builds those")
-    sft_example(task, task.train_problems(1, torch.Generator().manual_seed(config.seed))[0])  # fail fast, one line
     torch.manual_seed(config.seed)
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
@@ -124,6 +135,7 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True) -> di
     validation = task.train_problems(config.eval_n, torch.Generator().manual_seed(VALIDATION_SEED))
 
     def check_now() -> float:
+        policy.model.eval()  # no dropout while generating (and no draw from the global RNG)
         return evaluate(policy, task, validation, max_new_tokens=config.max_new_tokens, batch_size=64).accuracy
 
     history = [{"step": 0, "val_accuracy": check_now(), "seconds": 0.0}]

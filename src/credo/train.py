@@ -39,7 +39,7 @@ from credo.state_io import (CorruptStateError, check_safetensors, load_state, op
                             verify_manifest, write_manifest)
 from credo.strategies import Collected, SamplingContext, Strategy
 from credo.streams import RandomStreams
-from credo.train_eta import estimate_run_seconds, evaluations_left, format_seconds, time_step_pieces
+from credo.train_eta import estimate_run_seconds, evaluations_left, format_seconds, steps_within, time_step_pieces
 from credo.train_config import TrainConfig, config_from_run, load_train_config, overlong_penalty  # noqa: F401  (re-exported)
 from credo.tasks import make_task
 
@@ -136,8 +136,11 @@ class Trainer:
         rewards = rollouts.rewards + overlong_penalty(rollouts.lengths, c.sampling.max_new_tokens, c.overlong_buffer, c.overlong_penalty)
         args = (rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, rollouts.completion_mask)
         # one epoch of one mini-batch updates the very policy that sampled: the update reads its own log-probs,
-        # detached, as the old ones (ratio exactly 1, as TRL does with num_iterations=1), so skip this forward
-        old = rollouts.old_logprobs if self.on_policy else self.policy.score(*args)[0]
+        # detached, as the old ones (ratio exactly 1, as TRL does with num_iterations=1), so this forward is
+        # skipped unless an estimator may read old_logprobs that sampling did not fill (the resets strategy's
+        # reset rows carry placeholders; SPO's cutpoints read them)
+        skip = self.on_policy and self.config.strategy != "resets"
+        old = rollouts.old_logprobs if skip else self.policy.score(*args)[0]
         ref = self.reference.score(*args)[0] if self.reference is not None else None
         return rollouts.with_fields(rewards=rewards, old_logprobs=old, ref_logprobs=ref)
 
@@ -307,10 +310,14 @@ class Trainer:
         evaluations count only when one was timed in this process (a resumed run has none yet)."""
         c = self.config
         prompt = self.task.train_problems(1, torch.Generator().manual_seed(0))[0].prompt
-        pieces = time_step_pieces(self.policy, prompt, c.prompts_per_step * c.group_size, c.sampling.max_new_tokens)
-        eval_seconds = getattr(self, "eval_seconds", 0.0)
-        return estimate_run_seconds(pieces, c.epochs, c.steps - self.step, evaluations_left(self.step, c.steps, c.eval_every),
-                                    eval_seconds, c.final_eval_n / max(c.eval_n, 1))
+        rows = c.prompts_per_step * c.group_size
+        pieces = time_step_pieces(self.policy, prompt, rows, c.sampling.max_new_tokens, -(-rows // c.minibatches))
+        steps_left = steps_within(c.steps - self.step, c.max_generated_tokens - self.tokens_generated,
+                                  rows * c.sampling.max_new_tokens, c.max_generated_tokens > 0)
+        return estimate_run_seconds(pieces, c.epochs * c.minibatches, steps_left,
+                                    evaluations_left(self.step, self.step + steps_left, c.eval_every),
+                                    getattr(self, "eval_seconds", 0.0), c.final_eval_n / max(c.eval_n, 1),
+                                    rescore=not self.on_policy)
 
     # --- checkpoints ----------------------------------------------------------------------------------
     def checkpoint_dir(self, step: int) -> str:

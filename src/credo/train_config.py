@@ -178,7 +178,7 @@ def load_train_config(path: str | None = None, overrides: list[str] | None = Non
 # README's 5-step command finishes in under 5 minutes (measured in docs/results/smollm2/); the 8
 # completions of a step make one mini-batch (one update per batch, as TRL's GRPOTrainer by default; four
 # mini-batches of two completions would be four very noisy updates). Any setting the user gives (YAML,
-# flags, --set) or a recipe gives wins over them; with a GPU the field defaults stay.
+# flags, --set) or a recipe gives wins over them.
 CPU_HF_DEFAULTS: dict[str, Any] = {"prompts_per_step": 2, "group_size": 4, "sampling": {"max_new_tokens": 64},
                                    "minibatches": 1, "eval_every": 5, "eval_n": 20, "final_eval_n": 50,
                                    "checkpoint_every": 5}
@@ -192,12 +192,12 @@ HF_DEFAULTS: dict[str, Any] = {"lr": 2e-6}
 
 
 def machine_defaults(start: str) -> dict[str, Any]:
-    """Defaults for the start and this machine: HF_DEFAULTS when `start` is a Hugging Face model (the
-    smollm2-135m alias, or a directory with a config.json that is not a tiny credo policy), plus
-    CPU_HF_DEFAULTS when no GPU is visible; {} for the tiny GPT."""
-    if not is_hf_start(start):
-        return {}
-    return {**HF_DEFAULTS, **({} if torch.cuda.is_available() else CPU_HF_DEFAULTS)}
+    """Defaults for the start and the machine it trains on: HF_DEFAULTS and CPU_HF_DEFAULTS when `start` is a
+    Hugging Face model (the smollm2-135m alias, or a directory with a config.json that is not a tiny credo
+    policy); {} for the tiny GPT. `credo train` runs on the CPU whatever accelerator the host has (GPU
+    training goes through the TRL and verl integrations), so the CPU sizes apply on every host and a run's
+    config does not depend on the machine it was configured on."""
+    return {**HF_DEFAULTS, **CPU_HF_DEFAULTS} if is_hf_start(start) else {}
 
 
 def is_hf_start(start: str) -> bool:
@@ -207,8 +207,11 @@ def is_hf_start(start: str) -> bool:
         return True
     meta = os.path.join(start, "policy.json")
     if start and os.path.exists(meta):
-        with open(meta) as f:
-            return json.load(f).get("backend") == "hf"
+        try:
+            with open(meta) as f:
+                return json.load(f).get("backend") == "hf"
+        except (OSError, ValueError, AttributeError):  # unreadable: the loader names the file when it reads it
+            return False
     return bool(start) and os.path.isfile(os.path.join(start, "config.json"))
 
 

@@ -149,7 +149,7 @@ class HFPolicy(CompletionScoring):
         head (transformers' `logits_to_keep`, as TRL scores): with a ~100-token chat prompt and SmolLM2's
         49k-word vocabulary, the head over every prompt position was ~40% of a training step on a CPU.
         Rows that share their prompt (a GRPO group) read it once: see `shared_prompt_logits`."""
-        if self.share_prompts and not getattr(self.model, "is_gradient_checkpointing", False):
+        if self.share_prompts and not self.checkpointing:
             shared = self.shared_prompt_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
             if shared is not None:
                 return shared
@@ -158,6 +158,14 @@ class HFPolicy(CompletionScoring):
         out = self.model(input_ids=ids, attention_mask=mask.long(), position_ids=self._positions(mask),
                          logits_to_keep=T + 1)
         return out.logits[:, -(T + 1):-1]
+
+    @property
+    def checkpointing(self) -> bool:
+        """Activation (gradient) checkpointing is on: transformers then turns the KV cache off."""
+        for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # the newer name first
+            if hasattr(type(self.model), name) or name in dir(self.model):
+                return bool(getattr(self.model, name))
+        return False
 
     def shared_prompt_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                              completion_mask: torch.Tensor) -> torch.Tensor | None:
