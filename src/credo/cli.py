@@ -79,7 +79,7 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
     finished = os.path.isfile(os.path.join(require_out(args), "sft_summary.json"))
     if claim_output(args.out, "sft", force=args.force) and finished and not args.retrain:
         raise ConfigError(f"--out {args.out} already holds an SFT start; pass --retrain to train it again")
-    summary = train_hf_sft(config, args.out, progress=not args.quiet)
+    summary = train_hf_sft(config, args.out, progress=not args.quiet, task=task)
     result = evaluate(load_policy(args.out), task, task.heldout_problems(args.eval_n),
                       max_new_tokens=config.max_new_tokens, progress=not args.quiet)
     print(f"SFT start in {args.out}: validation accuracy {summary['val_accuracy']:.3f} at step {summary['step']} "

@@ -80,10 +80,8 @@ PRESETS = {
                       eval_every_tokens=10_000, eval_n=100, final_eval_n=300, audit_n=0, task="gym:chain_sum",
                       train={"task_options": {"min_terms": 3, "max_terms": 4, "min_digits": 1, "max_digits": 1}},
                       schedule={"epochs": 1, "minibatches": 1, "lr": 2e-6}, jobs=2,
-                      needs_start="the SmolLM2 format/answer SFT start: `credo sft --start smollm2-135m --task "
-                                  "gym:chain_sum --set task_options.min_terms=3 --set task_options.max_terms=4 "
-                                  "--set task_options.min_digits=1 --set task_options.max_digits=1 --set steps=15 "
-                                  "--set eval_every=5 --set target_accuracy=1.0 --out DIR`"),
+                      needs_start="the SmolLM2 format/answer SFT start: `credo sft --config "
+                                  "examples/smollm2/sft.yaml --out DIR` (README, Real models and tasks)"),
     # for tests: a minute on a tiny model
     "smoke": Preset(methods=("grpo", "rredcot"), seeds=(0,), token_budget=1_500, eval_every_tokens=600, eval_n=8,
                     final_eval_n=8, train={"prompts_per_step": 2, "group_size": 4, "sampling": {"max_new_tokens": 24}},

@@ -93,7 +93,8 @@ class Sharded:
         for key in [k for k in parts[0].info if k not in info]:  # the others: means over prompts, then ranks
             info[key] = self.dp.mean(sum(p.info[key] for p in parts) / len(parts))
         generated = int(self.dp.sum(sum(p.tokens_generated for p in parts)))
-        return Collected(rollouts, generated, info, cost=sum((p.cost for p in parts), Cost()))
+        return Collected(rollouts, generated, info, cost=sum((p.cost for p in parts), Cost()),
+                         sampled_logprobs=all(p.sampled_logprobs for p in parts))
 
 
 def _only(problem: Problem) -> Callable[[int], list[Problem]]:

@@ -148,8 +148,11 @@ def lr_at(step: int, config: SFTConfig) -> float:
     return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
+VALIDATION_SEED = 987_654  # validation problems come from the training split, never the held-out one
+
+
 def validation_problems(task: ArithTask, n: int) -> list[Problem]:
-    return task.train_problems(n, torch.Generator().manual_seed(987_654))
+    return task.train_problems(n, torch.Generator().manual_seed(VALIDATION_SEED))
 
 
 def train_sft(config: SFTConfig, out_dir: str, progress: bool = True) -> dict:

@@ -25,8 +25,7 @@ from tqdm import tqdm
 from credo.config import ConfigError, check, dump_yaml
 from credo.evaluate import evaluate
 from credo.runs import MetricsLog, atomic_directory, atomic_write_json, atomic_write_text
-
-VALIDATION_SEED = 987_654
+from credo.sft import VALIDATION_SEED
 
 
 @dataclass(frozen=True)
@@ -120,11 +119,12 @@ def check_sft_inputs(config: HFSFTConfig):  # noqa: ANN201
     return task
 
 
-def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True) -> dict:
-    """Fine-tune `config.start` on `config.task`'s worked solutions into `out_dir` (atomically); -> summary."""
+def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=None) -> dict:  # noqa: ANN001
+    """Fine-tune `config.start` on `config.task`'s worked solutions into `out_dir` (atomically); -> summary.
+    `task`: the task `check_sft_inputs(config)` returned, if the caller checked already."""
     from credo.policy import bind_task, load_policy
     from credo.policy.hf import HFPolicy
-    task = check_sft_inputs(config)
+    task = task or check_sft_inputs(config)
     policy = bind_task(load_policy(config.start, lora_r=config.lora_r, lora_alpha=config.lora_alpha), task)
     if not isinstance(policy, HFPolicy):
         raise ConfigError(f"sft.start={config.start!r} is a tiny credo policy; `credo sft --task arith...` builds those")

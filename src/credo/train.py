@@ -112,7 +112,7 @@ class Trainer:
         """One optimisation step; returns its metrics row."""
         started = time.time()
         collected = self.collect()                   # 1. prompts, G completions each, the verifier's rewards
-        rollouts = self.prepare(collected.rollouts)  # 2-3. shaped rewards, old and reference log-probs
+        rollouts = self.prepare(collected)           # 2-3. shaped rewards, old and reference log-probs
         credit = self.assign_credit(rollouts)        # 4. the estimator's credit (its Probe cost metered)
         update_stats = self.update(rollouts, credit)  # 5. epochs x minibatches AdamW steps
         self.step += 1
@@ -130,16 +130,15 @@ class Trainer:
         return self.strategy.collect(self.sampling_context(), self.config.prompts_per_step)
 
     @torch.no_grad()
-    def prepare(self, rollouts: Rollouts) -> Rollouts:
+    def prepare(self, collected: Collected) -> Rollouts:
         """Shaped rewards, exact old log-probs (same forward as training) and reference log-probs."""
-        c = self.config
+        c, rollouts = self.config, collected.rollouts
         rewards = rollouts.rewards + overlong_penalty(rollouts.lengths, c.sampling.max_new_tokens, c.overlong_buffer, c.overlong_penalty)
         args = (rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, rollouts.completion_mask)
         # one epoch of one mini-batch updates the very policy that sampled: the update reads its own log-probs,
         # detached, as the old ones (ratio exactly 1, as TRL does with num_iterations=1), so this forward is
-        # skipped unless an estimator may read old_logprobs that sampling did not fill (the resets strategy's
-        # reset rows carry placeholders; SPO's cutpoints read them)
-        skip = self.on_policy and self.config.strategy != "resets"
+        # skipped when the rows already carry the sampler's log-probs (estimators such as SPO's cutpoints read them)
+        skip = self.on_policy and collected.sampled_logprobs
         old = rollouts.old_logprobs if skip else self.policy.score(*args)[0]
         ref = self.reference.score(*args)[0] if self.reference is not None else None
         return rollouts.with_fields(rewards=rewards, old_logprobs=old, ref_logprobs=ref)

@@ -117,12 +117,11 @@ class HFPolicy(CompletionScoring):
         def step(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             first = state["mask"] is None
             full = mask if first else torch.cat([state["mask"], mask], 1)
+            distinct = self.distinct_prompts(ids, mask) if first else None  # the prompt call: each prompt once
             rows = None
-            if first and self.share_prompts:  # the prompt call: each distinct prompt once, its cache gathered
-                unique, inverse = torch.unique(torch.cat([ids, mask.long()], 1), dim=0, return_inverse=True)
-                if unique.shape[0] < ids.shape[0]:
-                    ids, mask, rows = unique[:, :ids.shape[1]], unique[:, ids.shape[1]:].bool(), inverse
-            positions = self._positions(mask, state["next"][:, None] if rows is None else 0)
+            if distinct is not None:
+                ids, mask, rows = distinct
+            positions = self._positions(mask, 0 if first else state["next"][:, None])
             # logits of the last position only: the prompt's first call would otherwise run the LM head over
             # every prompt position (a 49k vocabulary x ~100 chat-prompt tokens per row for SmolLM2)
             out = self.model(input_ids=ids, attention_mask=mask.long() if rows is not None else full.long(),
@@ -149,7 +148,7 @@ class HFPolicy(CompletionScoring):
         head (transformers' `logits_to_keep`, as TRL scores): with a ~100-token chat prompt and SmolLM2's
         49k-word vocabulary, the head over every prompt position was ~40% of a training step on a CPU.
         Rows that share their prompt (a GRPO group) read it once: see `shared_prompt_logits`."""
-        if self.share_prompts and not self.checkpointing:
+        if not self.checkpointing:
             shared = self.shared_prompt_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
             if shared is not None:
                 return shared
@@ -161,11 +160,18 @@ class HFPolicy(CompletionScoring):
 
     @property
     def checkpointing(self) -> bool:
-        """Activation (gradient) checkpointing is on: transformers then turns the KV cache off."""
-        for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # the newer name first
-            if hasattr(type(self.model), name) or name in dir(self.model):
-                return bool(getattr(self.model, name))
-        return False
+        """Activation checkpointing is on: transformers then turns the KV cache off."""
+        return bool(getattr(self.model, "is_activation_checkpointing", False))
+
+    def distinct_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(ids[U, P], mask[U, P], rows[B]) of the U < B distinct left-padded prompts of ids[B, P], rows[i]
+        naming row i's prompt; None when prompt sharing is off or every row's prompt differs."""
+        if not self.share_prompts:
+            return None
+        unique, rows = torch.unique(torch.cat([ids, mask.long()], 1), dim=0, return_inverse=True)
+        if unique.shape[0] == ids.shape[0]:
+            return None
+        return unique[:, :ids.shape[1]], unique[:, ids.shape[1]:].bool(), rows
 
     def shared_prompt_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                              completion_mask: torch.Tensor) -> torch.Tensor | None:
@@ -175,11 +181,11 @@ class HFPolicy(CompletionScoring):
         The same logits as the full forward up to float rounding (tests/test_hf.py); for 2 prompts x 4
         completions of SmolLM2 it reads ~half the tokens of the full forward."""
         from transformers import DynamicCache
-        P, T = prompt_ids.shape[1], completion_ids.shape[1]
-        unique, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask.long()], 1), dim=0, return_inverse=True)
-        if unique.shape[0] == prompt_ids.shape[0] or T == 0:
+        T = completion_ids.shape[1]
+        distinct = self.distinct_prompts(prompt_ids, prompt_mask)
+        if distinct is None or T == 0:
             return None
-        unique_ids, unique_mask = unique[:, :P], unique[:, P:].bool()
+        unique_ids, unique_mask, inverse = distinct
         out = self.model(input_ids=unique_ids, attention_mask=unique_mask.long(), position_ids=self._positions(unique_mask),
                          cache=DynamicCache(), use_cache=True, logits_to_keep=1)
         cache = out.past_key_values

@@ -28,6 +28,8 @@ class Collected:
     tokens_generated: every token the strategy sampled itself (discarded groups and parent searches included).
     info: per-step statistics for metrics.jsonl (`mixed_groups`, ...). details: diagnostics for tests (reset parents).
     cost: what the strategy spent through the Probe (a localiser's scoring or sampling); filled by the registry.
+    sampled_logprobs: rollouts.old_logprobs are the sampler's own log-probabilities of every completion token
+    (False: placeholders, as the resets strategy's reset rows carry; the trainer then always re-scores them).
     """
 
     rollouts: Rollouts
@@ -35,6 +37,7 @@ class Collected:
     info: dict[str, float]
     details: dict[str, Any] = field(default_factory=dict)
     cost: Cost = field(default_factory=Cost)
+    sampled_logprobs: bool = True
 
 
 @dataclass(frozen=True)

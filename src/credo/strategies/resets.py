@@ -195,4 +195,4 @@ def collect_resets(ctx: SamplingContext, n_prompts: int, config: ResetConfig) ->
                                            "reset_fallbacks": float(len(problems) - len(with_parent)),
                                            "fresh_draws_per_prompt": draws / max(len(problems), 1),
                                            "reset_step_mean": float(sum(resets) / len(resets)) if resets else 0.0},
-                     details)
+                     details, sampled_logprobs=False)  # reset rows carry placeholder old log-probs
