@@ -376,3 +376,12 @@ def test_report_only_rebuilds_a_committed_comparison_byte_for_byte(tmp_path, cap
     for name in ("report.md", "results.json"):
         with open(os.path.join(committed, name), "rb") as a, open(os.path.join(out, name), "rb") as b:
             assert a.read() == b.read(), name
+
+
+def test_the_report_sums_the_runs_own_clocks_which_survive_resumption():
+    from credo.compare_report import run_clocks
+    results = {"protocol": {"jobs": 2}, "methods": {
+        "grpo": {"seeds": {"0": {"seconds": 3 * 3600.0}, "1": {"seconds": 2 * 3600.0}}},
+        "rredcot": {"seeds": {"0": {"seconds": 1800.0}}}}}
+    assert run_clocks(results) == " · the runs' own clocks sum to 5.5 h, 2 at a time"
+    assert run_clocks({"methods": {"grpo": {"seeds": {"0": {"seconds": 600.0}}}}}) == " · the runs' own clocks sum to 10 min"

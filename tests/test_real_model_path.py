@@ -201,3 +201,17 @@ def test_resets_rows_are_rescored_on_an_on_policy_schedule():
     trainer.policy.score = lambda *a, **k: calls.append(torch.is_grad_enabled()) or original(*a, **k)
     trainer.train_step()
     assert False in calls  # the no-grad re-scoring ran
+
+
+def test_a_token_budgeted_run_counts_its_bar_in_generated_tokens(tmp_path, capsys):
+    # steps=1000 never binds: a bar over steps would show ".../1000" and an ETA for 1000 steps
+    from credo.train import Trainer
+    config = load_train_config(overrides=["steps=1000", "max_generated_tokens=150", "prompts_per_step=2",
+                                          "group_size=2", "eval_n=2", "final_eval_n=2", "eval_every=1000"])
+    Trainer(config, str(tmp_path / "run"), progress=True).train()
+    bar = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "150/150" in bar and "tok/s" in bar and "/1000" not in bar, bar
+    steps = load_train_config(overrides=["steps=2", "prompts_per_step=2", "group_size=2", "eval_n=2",
+                                         "final_eval_n=2", "max_generated_tokens=100000"])
+    Trainer(steps, str(tmp_path / "run2"), progress=True).train()
+    assert "2/2" in capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]

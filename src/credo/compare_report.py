@@ -184,14 +184,26 @@ def report(results: dict[str, Any]) -> str:
     lines = [f"# credo compare ({results['preset']})", "",
              f"Start `{results['start']}` · budget {results['token_budget']:,} generated tokens per run · "
              f"commit `{results['commit'][:10]}` · {results['date']} · {results['machine']}"
-             + (f" · {results['wall_seconds'] / 60:.0f} min wall" if results.get("wall_seconds") else "")
-             + (f" (estimated {describe(estimate)} before starting)" if estimate else ""), "",
+             + (f" · {results['wall_seconds'] / 60:.0f} min wall in its last invocation" if results.get("wall_seconds") else "")
+             + (f" (estimated {describe(estimate)} before it started)" if estimate else "") + run_clocks(results), "",
              *([f"Command: `{results['command']}`", ""] if results.get("command") else []),
              *([f"Note: {results['note']}", ""] if results.get("note") else []),
              *protocol_lines(results), "", f"## At equal generated tokens ({results['token_budget']:,} per run)", "",
              *main_table(results), "",
              *equal_updates_lines(results), *controls_lines(results), "## Reading", "", reading(results)]
     return "\n".join(lines) + "\n"
+
+
+def run_clocks(results: dict[str, Any]) -> str:
+    """The runs' own clocks, summed: a comparison resumed across invocations has no single wall time (the
+    last invocation's is all `wall_seconds` sees), but each run's clock survives its resumptions."""
+    seconds = [seed["seconds"] for entry in results["methods"].values() for seed in entry["seeds"].values()
+               if seed.get("seconds") is not None]
+    if not seconds:
+        return ""
+    jobs = (results.get("protocol") or {}).get("jobs", 1)
+    return (f" · the runs' own clocks sum to {describe(sum(seconds))}"
+            + (f", {jobs} at a time" if jobs > 1 else ""))
 
 
 def _credit_methods(entries: dict[str, Any]) -> dict[str, Any]:

@@ -232,8 +232,7 @@ class Trainer:
     def train(self, stop_after: int | None = None) -> dict[str, Any]:
         """Run until the step/token budget is spent (or `stop_after` steps in this call, for tests)."""
         self.begin()  # config.yaml; resume from the last checkpoint, or evaluate the start (step 0)
-        bar = tqdm(total=self.config.steps, initial=self.step, desc=f"train {self.config.method}",
-                   disable=not self.progress, dynamic_ncols=True)
+        bar, by_tokens = self.progress_bar()
         if self.progress and self.is_main and self.budget_left():
             bar.set_postfix_str(f"eta≈{format_seconds(self.estimate_seconds_left())} (estimated before the first step)")
         done_here = 0
@@ -247,13 +246,30 @@ class Trainer:
                 self.on_step(self, row)
             if self.step % self.config.checkpoint_every == 0 and self.is_main:
                 self.save_checkpoint()
-            bar.update(1)
-            bar.set_postfix(reward=f"{row['reward_mean']:.2f}", **({"eval": f"{row['eval_accuracy']:.3f}"} if "eval_accuracy" in row else {}))
+            bar.update(min(self.tokens_generated, bar.total) - bar.n if by_tokens else 1)
+            bar.set_postfix(**({"step": self.step} if by_tokens else {}), reward=f"{row['reward_mean']:.2f}",
+                            **({"eval": f"{row['eval_accuracy']:.3f}"} if "eval_accuracy" in row else {}))
             done_here += 1
         bar.close()
         if stop_after is not None and done_here >= stop_after:
             return {"stopped_at": self.step}
         return self.finish()
+
+    def progress_bar(self) -> tuple[tqdm, bool]:
+        """The run's bar, and whether it counts generated tokens: it does when the token budget ends the run
+        before the step count can (a `max_generated_tokens` run with a large `steps`), so that tqdm's own
+        ETA is the time to the budget and not to a step count the run never reaches."""
+        c = self.config
+        rows = c.prompts_per_step * c.group_size
+        by_tokens = c.max_generated_tokens > 0 and c.steps * rows * c.sampling.max_new_tokens > c.max_generated_tokens
+        if by_tokens:
+            bar = tqdm(total=c.max_generated_tokens, initial=min(self.tokens_generated, c.max_generated_tokens),
+                       unit="tok", unit_scale=True, desc=f"train {c.method}", disable=not self.progress,
+                       dynamic_ncols=True)
+        else:
+            bar = tqdm(total=c.steps, initial=self.step, unit="step", desc=f"train {c.method}",
+                       disable=not self.progress, dynamic_ncols=True)
+        return bar, by_tokens
 
     def begin(self) -> None:
         """Write config.yaml (a new run), then restore the newest checkpoint or log the step-0 evaluation."""
