@@ -75,7 +75,8 @@ PRESETS = {
     # SmolLM2-135M on 2 CPU cores (issue 17): gym:chain_sum with 3-4 one-digit terms, from its format/answer SFT
     # start (README, "Real models"), which the caller passes as --start. One update per batch of 2 prompts x 4
     # completions at lr 2e-6 (2e-5 collapsed the start's greedy accuracy 0.33 -> 0 within 10 steps, see
-    # docs/results/smollm2/); 50k generated tokens is ~170 GRPO steps, ~30 minutes of one run on 2 cores.
+    # docs/results/smollm2/); 50k generated tokens is ~205 GRPO steps, ~24 minutes of one GRPO run on 2 idle cores
+    # (docs/results/smollm2/grpo-42k-timed).
     "smollm2": Preset(methods=("grpo", "rredcot", "sc_grpo"), seeds=(0, 1), token_budget=50_000,
                       eval_every_tokens=10_000, eval_n=100, final_eval_n=300, audit_n=0, task="gym:chain_sum",
                       train={"task_options": {"min_terms": 3, "max_terms": 4, "min_digits": 1, "max_digits": 1}},
