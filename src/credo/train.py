@@ -260,8 +260,7 @@ class Trainer:
         before the step count can (a `max_generated_tokens` run with a large `steps`), so that tqdm's own
         ETA is the time to the budget and not to a step count the run never reaches."""
         c = self.config
-        rows = c.prompts_per_step * c.group_size
-        by_tokens = c.max_generated_tokens > 0 and c.steps * rows * c.sampling.max_new_tokens > c.max_generated_tokens
+        by_tokens = self.steps_ahead() < c.steps - self.step
         if by_tokens:
             bar = tqdm(total=c.max_generated_tokens, initial=min(self.tokens_generated, c.max_generated_tokens),
                        unit="tok", unit_scale=True, desc=f"train {c.method}", disable=not self.progress,
@@ -320,6 +319,13 @@ class Trainer:
         self.eval_seconds = time.perf_counter() - began
         return accuracy
 
+    def steps_ahead(self) -> int:
+        """Steps still to run: the step count, or fewer when the token budget ends the run first (each step
+        counted at full length, credo.train_eta.steps_within)."""
+        c = self.config
+        return steps_within(c.steps - self.step, c.max_generated_tokens - self.tokens_generated,
+                            c.prompts_per_step * c.group_size * c.sampling.max_new_tokens, c.max_generated_tokens > 0)
+
     def estimate_seconds_left(self) -> float:
         """The rest of the run, from two timed pieces of one step and the last evaluation (credo.train_eta);
         evaluations count only when one was timed in this process (a resumed run has none yet)."""
@@ -327,8 +333,7 @@ class Trainer:
         prompt = self.task.train_problems(1, torch.Generator().manual_seed(0))[0].prompt
         rows = c.prompts_per_step * c.group_size
         pieces = time_step_pieces(self.policy, prompt, rows, c.sampling.max_new_tokens, -(-rows // c.minibatches))
-        steps_left = steps_within(c.steps - self.step, c.max_generated_tokens - self.tokens_generated,
-                                  rows * c.sampling.max_new_tokens, c.max_generated_tokens > 0)
+        steps_left = self.steps_ahead()
         return estimate_run_seconds(pieces, c.epochs * c.minibatches, steps_left,
                                     evaluations_left(self.step, self.step + steps_left, c.eval_every),
                                     getattr(self, "eval_seconds", 0.0), c.final_eval_n / max(c.eval_n, 1),
