@@ -1,7 +1,8 @@
 """`credo compare` on the command line: its flags (sugar for CompareConfig fields) and the command.
 
 The command is configured like every other: CompareConfig defaults <- `--config` <- flags <- `--set`;
-`--out`, `--force`, `--yes`, `--report-only` and `--quiet` say where and how it runs, not what it compares.
+`--out`, `--force`, `--yes`, `--report-only`, `--status` and `--quiet` say where and how it runs, not what it
+compares.
 """
 
 from __future__ import annotations
@@ -63,6 +64,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.help_config:
         return show_config(config, "compare")
     out = require_out(args)
+    if args.status:  # read-only: safe beside the running comparison
+        from credo.compare_presets import resolve_preset
+        from credo.compare_status import status_text
+        if not os.path.isdir(os.path.join(out, "runs")):
+            raise ConfigError(f"--out {out}: no runs/ directory; nothing of a comparison has started there")
+        preset = resolve_preset(config.preset, config.methods or None, config.seeds, config.budget,
+                                config.schedule, config.task or None)
+        print(status_text(preset, out))
+        return 0
     if args.report_only:
         results = rewrite_report(out)
     else:
@@ -110,6 +120,9 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not a compare directory")
     p.add_argument("--report-only", action="store_true",
                    help="rebuild report.md, curves.png and the goal checks from --out's results.json; train nothing")
+    p.add_argument("--status", action="store_true",
+                   help="print how far the comparison in --out has got (finished seeds' accuracy, paired differences "
+                        "to GRPO so far); give the same --preset/--methods/--seeds as the run; writes nothing")
     add_config_options(p, "CompareConfig", "--set budget=100000")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_compare)

@@ -1,0 +1,53 @@
+import json
+import os
+
+from credo.cli import main
+
+
+def _finished(out, name, accuracy):
+    run = os.path.join(out, "runs", name)
+    os.makedirs(run)
+    with open(os.path.join(run, "summary.json"), "w") as f:
+        json.dump({"step": 10, "tokens_generated": 1500, "seconds": 1.0, "final_accuracy": accuracy}, f)
+
+
+def _part_way(out, name, tokens):
+    run = os.path.join(out, "runs", name)
+    os.makedirs(run)
+    with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"step": 3, "tokens_generated": tokens}) + "\n")
+        f.write('{"step": 4, "tokens_gen')  # a row being written is skipped, not an error
+
+
+def _snapshot(root):
+    return sorted((d, tuple(sorted(fs)), tuple(os.path.getmtime(os.path.join(d, x)) for x in sorted(fs)))
+                  for d, _, fs in os.walk(root))
+
+
+def test_status_shows_each_seed_and_the_paired_difference_so_far_and_writes_nothing(tmp_path, capsys):
+    out = str(tmp_path / "cmp")
+    for seed, acc in enumerate((0.40, 0.50, 0.45)):
+        _finished(out, f"grpo-s{seed}", acc)
+    _finished(out, "rredcot-s0", 0.45)
+    _finished(out, "rredcot-s1", 0.56)
+    _part_way(out, "rredcot-s2", 750)  # smoke budget 1500 tokens: half-way
+    with open(os.path.join(out, "failure-sc_grpo-s0.txt"), "w") as f:
+        f.write("Traceback ...\nRuntimeError: boom\n")
+    before = _snapshot(out)
+    assert main(["compare", "--preset", "smoke", "--methods", "rredcot,sc_grpo", "--seeds", "0,1,2",
+                 "--status", "--out", out]) == 0
+    text = capsys.readouterr().out
+    assert _snapshot(out) == before  # read-only beside a running comparison
+    assert "5 of 9 runs finished, 1 part-way, 1 failed, 2 not started" in text
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.split()[:1] and line.split()[0] in
+            ("grpo", "rredcot", "sc_grpo")}
+    assert rows["grpo"][1:5] == ["0.400", "0.500", "0.450", "0.450"]
+    # rredcot - grpo on seeds 0 and 1 only: +5 and +6 points, mean +5.5, t(1) = 12.706 -> half-width 6.35
+    assert rows["rredcot"][1:] == ["0.450", "0.560", "(50%)", "0.505", "+5.5", "[-0.9,", "+11.9]"]
+    assert rows["sc_grpo"][1:] == ["failed", "·", "·", "—", "—"]
+
+
+def test_status_of_a_directory_without_runs_is_one_line(tmp_path, capsys):
+    assert main(["compare", "--preset", "smoke", "--status", "--out", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert "no runs/ directory" in err and "Traceback" not in err and not os.path.exists(tmp_path / "none")
