@@ -51,3 +51,25 @@ def test_status_of_a_directory_without_runs_is_one_line(tmp_path, capsys):
     assert main(["compare", "--preset", "smoke", "--status", "--out", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert "no runs/ directory" in err and "Traceback" not in err and not os.path.exists(tmp_path / "none")
+
+
+def test_a_stalled_step_is_left_out_of_the_run_clock_and_the_step_time(tmp_path):
+    """A comparison paused with SIGSTOP for 6130 s mid-step: that step's excess over the median is not the
+    method's cost (it made dapo-s0 of the long comparison look 5.8x slower than grpo-s0)."""
+    from credo.compare import run_result
+    from credo.compare_report import run_clocks
+    from credo.compare_stats import stalled_seconds
+    assert stalled_seconds([5.0, 10.0, 15.0, 6150.0, 6155.0]) == (6130.0, 1)
+    assert stalled_seconds([5.0, 15.0, 20.0, 30.0]) == (0.0, 0)  # a 2x step is a step, not a stall
+    run = tmp_path / "dapo-s0"
+    run.mkdir()
+    rows = [{"step": 0, "tokens_generated": 0, "seconds": 0.0, "eval_accuracy": 0.3}]
+    rows += [{"step": i, "tokens_generated": 100 * i, "seconds": s} for i, s in enumerate((5.0, 10.0, 15.0, 6150.0, 6155.0), 1)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "summary.json").write_text(json.dumps({"step": 5, "tokens_generated": 500, "seconds": 6155.0,
+                                                  "final_accuracy": 0.4}))
+    result = run_result(str(run))
+    assert result["seconds"] == 25.0 and result["seconds_per_step"] == 5.0
+    assert (result["stalled_seconds"], result["stalled_steps"]) == (6130.0, 1)
+    text = run_clocks({"methods": {"dapo": {"seeds": {"0": result}}}})
+    assert text.startswith(" · the runs' own clocks sum to 25 s (leaving out 102 min of 1 stalled step(s)")

@@ -38,7 +38,7 @@ from credo.audit import AuditConfig, run_audit
 from credo.compare_report import goals, plot_curves, report, summarise  # noqa: F401  (re-exported)
 from credo.compare_presets import (ALL_METHODS, PRESETS, Preset, check_reusable, protocol,  # noqa: F401  (re-exported)
                                    resolve_preset, run_config, run_dir_name)
-from credo.compare_stats import parse_method_spec
+from credo.compare_stats import parse_method_spec, stalled_seconds
 from credo.config import ConfigError
 from credo.runs import MetricsLog, atomic_write_json, atomic_write_text
 from credo.train import Trainer
@@ -66,9 +66,12 @@ def run_result(run_dir: str) -> dict[str, Any]:
     steps = [r for r in rows if r.get("step", 0) > 0]
     curve.append({"step": summary["step"], "tokens_generated": summary["tokens_generated"],
                   "seconds": summary["seconds"], "accuracy": summary["final_accuracy"], "final": True})
+    # a paused process's clock is not the method's cost: its stalled steps count at the run's median step
+    stalled, stalled_steps = stalled_seconds([float(r["seconds"]) for r in steps if "seconds" in r])
     return {"curve": curve, "final_accuracy": summary["final_accuracy"], "steps": summary["step"],
-            "tokens_generated": summary["tokens_generated"], "seconds": summary["seconds"],
-            "seconds_per_step": summary["seconds"] / max(summary["step"], 1),
+            "tokens_generated": summary["tokens_generated"], "seconds": summary["seconds"] - stalled,
+            "stalled_seconds": stalled, "stalled_steps": stalled_steps,
+            "seconds_per_step": (summary["seconds"] - stalled) / max(summary["step"], 1),
             "tokens_scored": steps[-1].get("tokens_scored", 0) if steps else 0}
 
 

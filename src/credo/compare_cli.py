@@ -71,7 +71,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise ConfigError(f"--out {out}: no runs/ directory; nothing of a comparison has started there")
         preset = resolve_preset(config.preset, config.methods or None, config.seeds, config.budget,
                                 config.schedule, config.task or None)
-        print(status_text(preset, out))
+        print(status_text(preset, out, config.jobs))
         return 0
     if args.report_only:
         results = rewrite_report(out)

@@ -14,8 +14,8 @@ from typing import Any
 from credo import methods as method_registry
 from credo.compare_eta import describe
 from credo.compare_plots import plot_curves  # noqa: F401  (re-exported)
-from credo.compare_stats import (MAX_SEEDS, control_pairs, control_target, equal_updates, excludes_zero, paired,
-                                 paired_deltas, parse_method_spec)
+from credo.compare_stats import (MAX_SEEDS, STALL_FACTOR, control_pairs, control_target, equal_updates, excludes_zero,
+                                 paired, paired_deltas, parse_method_spec)
 
 BASELINES = ("grpo", "dr_grpo", "rloo", "dapo", "gspo")
 
@@ -202,8 +202,14 @@ def run_clocks(results: dict[str, Any]) -> str:
     if not seconds:
         return ""
     jobs = (results.get("protocol") or {}).get("jobs", 1)
+    stalls = [(seed.get("stalled_steps", 0), seed.get("stalled_seconds", 0.0))
+              for entry in results["methods"].values() for seed in entry["seeds"].values()]
+    stalled_steps, stalled = sum(n for n, _ in stalls), sum(s for _, s in stalls)
     return (f" · the runs' own clocks sum to {describe(sum(seconds))}"
-            + (f", {jobs} at a time" if jobs > 1 else ""))
+            + (f", {jobs} at a time" if jobs > 1 else "")
+            + (f" (leaving out {describe(stalled)} of {stalled_steps} stalled step(s), each over {STALL_FACTOR}x its "
+               "run's median: a stopped process or a sleeping machine; counted at the median, here and in step "
+               "times)" if stalled_steps else ""))
 
 
 def _credit_methods(entries: dict[str, Any]) -> dict[str, Any]:

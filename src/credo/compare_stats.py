@@ -18,6 +18,22 @@ from credo.credit.registry import parse_spec as parse_method_spec  # noqa: F401 
 
 LEVEL = 0.95
 MAX_SEEDS = 1000  # "seeds needed" above this is reported as "more than MAX_SEEDS"
+# A step that took this many times its run's median step was not computing: the process was stopped (SIGSTOP,
+# a paused comparison) or the machine slept. Real steps vary far less (DAPO's resampled steps and SRPO's
+# resets measured <= 2x their median on arith-long).
+STALL_FACTOR = 20
+
+
+def stalled_seconds(cumulative_seconds: list[float]) -> tuple[float, int]:
+    """(seconds, steps) a run's clock spent stalled: for each step over STALL_FACTOR x the run's median step,
+    its excess over the median. cumulative_seconds is the metrics log's per-step training clock (which
+    survives resumption and leaves out evaluations)."""
+    steps = [b - a for a, b in zip([0.0, *cumulative_seconds], cumulative_seconds)]
+    if len(steps) < 3:  # too few steps to know what a normal one takes
+        return 0.0, 0
+    median = statistics.median(steps)
+    stalls = [d - median for d in steps if d > STALL_FACTOR * median]
+    return sum(stalls), len(stalls)
 
 
 def half_width(sd: float, n: int, level: float = LEVEL) -> float:

@@ -10,7 +10,6 @@ a partial grid is not the comparison's result (the report of the finished compar
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -21,13 +20,12 @@ from credo.compare_stats import paired, paired_deltas
 
 def run_state(run_dir: str, budget: int, failure_file: str) -> dict[str, Any]:
     """{state: finished | failed | part-way | not started, final_accuracy?, tokens?} of one planned run."""
-    summary = os.path.join(run_dir, "summary.json")
-    if os.path.exists(summary):
-        with open(summary) as f:
-            return {"state": "finished", "final_accuracy": json.load(f)["final_accuracy"]}
+    from credo.compare import _progress_of, run_result
+    if os.path.exists(os.path.join(run_dir, "summary.json")):
+        done = run_result(run_dir)  # its clock without stalled steps (a paused comparison)
+        return {"state": "finished", "final_accuracy": done["final_accuracy"], "seconds": done["seconds"]}
     if os.path.exists(failure_file):
         return {"state": "failed"}
-    from credo.compare import _progress_of
     tokens, step = _progress_of(run_dir, budget)
     if step > 0:
         return {"state": "part-way", "tokens": tokens, "step": step}
@@ -46,6 +44,25 @@ def plan_states(preset: Preset, out_dir: str) -> dict[str, dict[int, dict[str, A
     return states
 
 
+def remaining_seconds(states: dict[str, dict[int, dict[str, Any]]], budget: int, jobs: int) -> tuple[float, list[str]]:
+    """Wall seconds the unfinished runs still need at `jobs` at a time, from each method's finished runs' own
+    clocks (a part-way run counts its unfinished share of the budget), and the methods with no finished run
+    yet, whose runs it cannot count."""
+    total, unknown = 0.0, []
+    for method, runs in states.items():
+        clocks = [st["seconds"] for st in runs.values() if st["state"] == "finished"]
+        left = [1 - st.get("tokens", 0) / budget for st in runs.values() if st["state"] in ("part-way", "not started")]
+        if left and not clocks:
+            unknown.append(method)
+        elif left:
+            total += sum(left) * sum(clocks) / len(clocks)
+    return total / max(jobs, 1), unknown
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
 def _cell(state: dict[str, Any], budget: int) -> str:
     if state["state"] == "finished":
         return f"{state['final_accuracy']:.3f}"
@@ -54,8 +71,9 @@ def _cell(state: dict[str, Any], budget: int) -> str:
     return "failed" if state["state"] == "failed" else "·"
 
 
-def status_text(preset: Preset, out_dir: str) -> str:
-    """The status table as plain text (one header line, one row per method)."""
+def status_text(preset: Preset, out_dir: str, jobs: int | None = None) -> str:
+    """The status table as plain text (a header, one row per method); jobs (default: the preset's) for the
+    time left."""
     states = plan_states(preset, out_dir)
     counts = {k: 0 for k in ("finished", "part-way", "failed", "not started")}
     for runs in states.values():
@@ -67,6 +85,10 @@ def status_text(preset: Preset, out_dir: str) -> str:
     head = (f"{out_dir}: {counts['finished']} of {total} runs finished, {counts['part-way']} part-way, "
             f"{counts['failed']} failed, {counts['not started']} not started "
             f"({preset.token_budget:,} generated tokens a run; (n%) = part-way)")
+    seconds, unknown = remaining_seconds(states, preset.token_budget, jobs or preset.jobs)
+    if counts["part-way"] + counts["not started"]:
+        head += (f"\nabout {_duration(seconds)} left at {jobs or preset.jobs} at a time, from the finished runs' own clocks"
+                 + (f" (not counting {', '.join(unknown)}: no finished run yet)" if unknown else ""))
     width = max(len(m) for m in states) + 2
     seeds_header = " ".join(f"{'s' + str(s):>7}" for s in preset.seeds)
     lines = [head, "partial: no goal is judged before every run has finished (then: the comparison's report.md)", "",
