@@ -102,7 +102,7 @@ def _worker(method: str, seed: int, preset: Preset, start: str, run_dir: str, th
         return None, traceback.format_exc()
 
 
-def _progress_of(run_dir: str, budget: int) -> tuple[int, int]:
+def progress_of(run_dir: str, budget: int) -> tuple[int, int]:
     """(generated tokens, step) of a run in another process, read from its metrics log."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
@@ -136,7 +136,7 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
                     outcomes[futures[future]] = future.result()
                 except Exception:  # the worker itself died (killed, out of memory)
                     outcomes[futures[future]] = (None, traceback.format_exc())
-            started = sorted((futures[f], *_progress_of(plan[futures[f]][2], preset.token_budget)) for f in pending)
+            started = sorted((futures[f], *progress_of(plan[futures[f]][2], preset.token_budget)) for f in pending)
             started = [row for row in started if row[1] > 0]  # queued runs have no log yet
             now = preset.token_budget * len(outcomes) + sum(tokens for _, tokens, _ in started)
             bar.update(now - shown)
@@ -158,7 +158,7 @@ def default_start(task: str, progress: bool) -> str:
 def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
                        progress: bool = False) -> dict[str, Any]:
     """Times one step of each method that still has runs to do (compare_eta) and estimates the wall time."""
-    pending = [(spec, seed, preset.token_budget - _progress_of(run_dir, preset.token_budget)[0])
+    pending = [(spec, seed, preset.token_budget - progress_of(run_dir, preset.token_budget)[0])
                for spec, seed, run_dir in plan if not os.path.exists(os.path.join(run_dir, "summary.json"))]
     first_seed: dict[str, int] = {}
     for spec, seed, _ in pending:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from credo.compare import progress_of, run_result
 from credo.compare_presets import Preset, run_dir_name
 from credo.compare_report import points
 from credo.compare_stats import paired, paired_deltas
@@ -20,13 +21,12 @@ from credo.compare_stats import paired, paired_deltas
 
 def run_state(run_dir: str, budget: int, failure_file: str) -> dict[str, Any]:
     """{state: finished | failed | part-way | not started, final_accuracy?, tokens?} of one planned run."""
-    from credo.compare import _progress_of, run_result
     if os.path.exists(os.path.join(run_dir, "summary.json")):
         done = run_result(run_dir)  # its clock without stalled steps (a paused comparison)
         return {"state": "finished", "final_accuracy": done["final_accuracy"], "seconds": done["seconds"]}
     if os.path.exists(failure_file):
         return {"state": "failed"}
-    tokens, step = _progress_of(run_dir, budget)
+    tokens, step = progress_of(run_dir, budget)
     if step > 0:
         return {"state": "part-way", "tokens": tokens, "step": step}
     return {"state": "not started"}
