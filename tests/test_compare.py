@@ -288,6 +288,39 @@ def test_the_estimate_adds_steps_and_evaluations_and_divides_by_jobs():
     assert out["seconds"] == 27 and out["untimed"] == ["ibpo"]
 
 
+def test_a_resumed_comparison_costs_a_method_from_its_finished_runs_not_from_a_timed_step(monkeypatch, tmp_path, saved_policy):
+    """grpo-s0 finished (10 steps, 20 s of its own clock, 1500 tokens): grpo's remaining run is costed at 2 s and
+    150 tokens a step and grpo is not timed again; rredcot, with no finished run, is."""
+    import json
+    import credo.compare_eta as eta
+    from credo.compare import estimate_wall_time
+    from credo.compare_presets import resolve_preset
+    preset = resolve_preset("smoke", ("grpo", "rredcot"), (0, 1), None, None)
+    plan = [(m, s, str(tmp_path / "runs" / f"{m}-s{s}")) for s in (0, 1) for m in ("grpo", "rredcot")]
+    done = tmp_path / "runs" / "grpo-s0"
+    done.mkdir(parents=True)
+    (done / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "tokens_generated": 150 * i, "seconds": 2.0 * i}) + "\n"
+                                                for i in range(1, 11)))
+    (done / "summary.json").write_text(json.dumps({"step": 10, "tokens_generated": 1500, "seconds": 20.0, "final_accuracy": 0.5}))
+    timed = []
+    monkeypatch.setattr(eta, "time_methods", lambda specs, *a, **k: (timed.extend(specs) or
+                                                                     {s: eta.Timing(9.0, 300) for s, _ in specs}, 1.0))
+    out = estimate_wall_time(plan, preset, saved_policy, jobs=1)
+    assert timed == [("rredcot", 0)]
+    assert out["per_method"]["grpo"]["from"] == "finished runs" and out["per_method"]["rredcot"]["from"] == "one timed step"
+    assert (out["per_method"]["grpo"]["seconds_per_step"], out["per_method"]["grpo"]["tokens_per_step"]) == (2.0, 150)
+    # 1500 tokens at 150 a step = 10 steps x 2 s, plus its evaluations at the timed 1 s each
+    evaluations = preset.token_budget // preset.eval_every_tokens + 1 + preset.final_eval_n / preset.eval_n
+    assert out["per_method"]["grpo"]["run_seconds"] == round(20.0 + evaluations * 1.0, 1)
+    # every remaining method costed from finished runs: no step is timed, only one evaluation
+    from credo.compare_presets import run_config
+    assert eta.time_evaluation(run_config("grpo", 1, preset, saved_policy), threads=1) > 0  # the real one runs
+    monkeypatch.setattr(eta, "time_evaluation", lambda config, threads=None: 3.0)
+    timed.clear()
+    out = estimate_wall_time([plan[0], plan[2]], preset, saved_policy, jobs=1)
+    assert timed == [] and out["eval_seconds"] == 3.0 and out["runs"] == 1
+
+
 def test_over_an_hour_needs_yes_or_a_yes_at_the_terminal():
     import pytest
     from credo.compare_eta import confirm

@@ -2,7 +2,11 @@
 
 Before training, `credo compare` times one training step of each method (from the comparison's own
 config: same start, task, budget and schedule) and one curve evaluation, in a scratch directory it removes
-afterwards; those steps are discarded, never reused by the runs. The estimate of a run is
+afterwards; those steps are discarded, never reused by the runs. A method that already has finished runs in
+the comparison (a resumed one) is not timed: its finished runs' own clocks (stalled steps left out) give its
+seconds and generated tokens per step: whole runs, with their drift in completion length and two jobs
+sharing the cores, say what its remaining runs will cost better than one first step timed alone. The
+estimate of a run is
 
     steps = ceil(remaining budget / generated tokens of the timed step)
     seconds = steps x seconds of the timed step + evaluations x seconds of one evaluation
@@ -41,6 +45,38 @@ class Timing:
     tokens_per_step: int
 
 
+def measured_timing(runs: list[dict[str, Any]]) -> Timing | None:
+    """A method's cost per step from its finished runs (compare.run_result dicts): their own clocks, stalled
+    steps left out, over their steps; None without a finished run."""
+    steps = sum(r["steps"] for r in runs)
+    if not runs or steps <= 0:
+        return None
+    return Timing(sum(r["seconds"] for r in runs) / steps, max(int(sum(r["tokens_generated"] for r in runs) / steps), 1))
+
+
+def _evaluation_seconds(trainer: Any) -> float:
+    began = time.perf_counter()
+    trainer.evaluate(trainer.config.eval_n)
+    return time.perf_counter() - began
+
+
+def time_evaluation(config: Any, threads: int | None = None) -> float:
+    """Seconds of one curve evaluation of `config`'s start (every method evaluates the same model on the same
+    problems), from a trainer in a scratch directory removed afterwards; threads as in time_methods."""
+    import torch
+
+    from credo.train import Trainer
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    scratch = tempfile.mkdtemp(prefix="credo-timing-")
+    try:
+        return _evaluation_seconds(Trainer(config, os.path.join(scratch, "run"), progress=False))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        torch.set_num_threads(before)
+
+
 def time_methods(specs: list[tuple[str, int]], config_for: Callable[[str, int], Any],
                  threads: int | None = None, progress: bool = False) -> tuple[dict[str, Timing], float]:
     """({spec: Timing} of one step of each (spec, seed), seconds of one curve evaluation); a method whose
@@ -63,9 +99,7 @@ def time_methods(specs: list[tuple[str, int]], config_for: Callable[[str, int], 
                 config = config_for(spec, seed)
                 trainer = Trainer(config, os.path.join(scratch, f"run-{i}"), progress=False)
                 if not eval_seconds:  # evaluation costs the same for every method (same model, same problems)
-                    began = time.perf_counter()
-                    trainer.evaluate(config.eval_n)
-                    eval_seconds = time.perf_counter() - began
+                    eval_seconds = _evaluation_seconds(trainer)
                 began = time.perf_counter()
                 row = trainer.train_step()
                 timings[spec] = Timing(time.perf_counter() - began, max(int(row["tokens_generated"]), 1))
@@ -89,10 +123,12 @@ def run_seconds(timing: Timing, tokens_left: int, eval_every_tokens: int, eval_s
 
 
 def estimate(pending: list[tuple[str, int]], timings: dict[str, Timing], eval_seconds: float, *,
-             eval_every_tokens: int, final_eval_ratio: float, jobs: int) -> dict[str, Any]:
-    """{seconds, jobs, runs, per_method: {spec: {seconds_per_step, tokens_per_step, run_seconds}}, untimed}
+             eval_every_tokens: int, final_eval_ratio: float, jobs: int,
+             measured: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """{seconds, jobs, runs, per_method: {spec: {seconds_per_step, tokens_per_step, run_seconds, from}}, untimed}
     for the (spec, tokens left) runs still to do; seconds is the wall-clock estimate with `jobs` at once;
-    untimed: the methods whose timing step failed (left out of the estimate)."""
+    untimed: the methods whose timing step failed (left out of the estimate); measured: the specs whose
+    Timing came from finished runs (`from` says which)."""
     total = 0.0
     per_method: dict[str, Any] = {}
     untimed = sorted({spec for spec, _ in pending if spec not in timings})
@@ -103,7 +139,8 @@ def estimate(pending: list[tuple[str, int]], timings: dict[str, Timing], eval_se
         seconds = run_seconds(t, tokens_left, eval_every_tokens, eval_seconds, final_eval_ratio)
         total += seconds
         per_method.setdefault(spec, {"seconds_per_step": round(t.seconds_per_step, 4),
-                                     "tokens_per_step": t.tokens_per_step, "run_seconds": 0.0})
+                                     "tokens_per_step": t.tokens_per_step, "run_seconds": 0.0,
+                                     "from": "finished runs" if spec in measured else "one timed step"})
         per_method[spec]["run_seconds"] = round(per_method[spec]["run_seconds"] + seconds, 1)
     parallel = max(1, min(jobs, len(pending)))
     return {"seconds": total / parallel, "jobs": jobs, "runs": len(pending), "eval_seconds": round(eval_seconds, 3),
