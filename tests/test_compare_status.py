@@ -4,11 +4,11 @@ import os
 from credo.cli import main
 
 
-def _finished(out, name, accuracy):
+def _finished(out, name, accuracy, seconds=1.0):
     run = os.path.join(out, "runs", name)
     os.makedirs(run)
     with open(os.path.join(run, "summary.json"), "w") as f:
-        json.dump({"step": 10, "tokens_generated": 1500, "seconds": 1.0, "final_accuracy": accuracy}, f)
+        json.dump({"step": 10, "tokens_generated": 1500, "seconds": seconds, "final_accuracy": accuracy}, f)
 
 
 def _part_way(out, name, tokens):
@@ -28,17 +28,22 @@ def test_status_shows_each_seed_and_the_paired_difference_so_far_and_writes_noth
     out = str(tmp_path / "cmp")
     for seed, acc in enumerate((0.40, 0.50, 0.45)):
         _finished(out, f"grpo-s{seed}", acc)
-    _finished(out, "rredcot-s0", 0.45)
-    _finished(out, "rredcot-s1", 0.56)
+    _finished(out, "rredcot-s0", 0.45, seconds=100.0)  # 10 s and 150 tokens a step
+    _finished(out, "rredcot-s1", 0.56, seconds=100.0)
     _part_way(out, "rredcot-s2", 750)  # smoke budget 1500 tokens: half-way
     with open(os.path.join(out, "failure-sc_grpo-s0.txt"), "w") as f:
         f.write("Traceback ...\nRuntimeError: boom\n")
+    os.makedirs(os.path.join(out, "runs", "dapo-s0"))  # from another plan
     before = _snapshot(out)
     assert main(["compare", "--preset", "smoke", "--methods", "rredcot,sc_grpo", "--seeds", "0,1,2",
-                 "--status", "--out", out]) == 0
+                 "--status", "--jobs", "2", "--out", out]) == 0
     text = capsys.readouterr().out
     assert _snapshot(out) == before  # read-only beside a running comparison
     assert "5 of 9 runs finished, 1 part-way, 1 failed, 2 not started" in text
+    # rredcot-s2's 750 tokens left = 5 steps x 10 s; sc_grpo has no finished run to cost it; 4 runs left, 2 at once
+    assert ("about 25 s of training left at 2 at a time, from the finished runs' own clocks (evaluations not "
+            "counted); not counting sc_grpo: no finished run yet") in text
+    assert "also in runs/, not in this plan (give the run's --methods/--seeds): dapo-s0" in text
     rows = {line.split()[0]: line.split() for line in text.splitlines() if line.split()[:1] and line.split()[0] in
             ("grpo", "rredcot", "sc_grpo")}
     assert rows["grpo"][1:5] == ["0.400", "0.500", "0.450", "0.450"]
@@ -73,3 +78,22 @@ def test_a_stalled_step_is_left_out_of_the_run_clock_and_the_step_time(tmp_path)
     assert (result["stalled_seconds"], result["stalled_steps"]) == (6130.0, 1)
     text = run_clocks({"methods": {"dapo": {"seeds": {"0": result}}}})
     assert text.startswith(" · the runs' own clocks sum to 25 s (leaving out 102 min of 1 stalled step(s)")
+
+
+def test_a_failed_run_being_retried_is_part_way_and_another_budget_is_refused(tmp_path, capsys):
+    from credo.compare_presets import resolve_preset
+    from credo.compare_status import status_text
+    out = str(tmp_path / "cmp")
+    _finished(out, "grpo-s0", 0.4)
+    (tmp_path / "cmp" / "failure-rredcot-s0.txt").write_text("RuntimeError: boom\n")
+    os.utime(tmp_path / "cmp" / "failure-rredcot-s0.txt", (1, 1))  # failed long ago; the retry is logging now
+    _part_way(out, "rredcot-s0", 300)
+    text = status_text(resolve_preset("smoke", None, None, None, None), out)
+    assert "1 of 2 runs finished, 1 part-way, 0 failed" in text and "(20%)" in text
+    from credo.compare_presets import run_config
+    from credo.config import dump_yaml
+    other_budget = resolve_preset("smoke", None, None, 9000, None)
+    (tmp_path / "cmp" / "runs" / "grpo-s0" / "config.yaml").write_text(dump_yaml(run_config("grpo", 0, other_budget, "")))
+    assert main(["compare", "--preset", "smoke", "--status", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert "runs/grpo-s0 was run with a budget of 9,000 generated tokens, not 1,500" in err and "Traceback" not in err

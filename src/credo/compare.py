@@ -57,8 +57,15 @@ def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on
     return run_result(run_dir)
 
 
+def failure_path(out_dir: str, method: str, seed: int) -> str:
+    """Where a comparison keeps the traceback of a (method, seed) run that failed."""
+    return os.path.join(out_dir, f"failure-{run_dir_name(method, seed)}.txt")
+
+
 def run_result(run_dir: str) -> dict[str, Any]:
-    """One finished training run as results.json records it, read from its run directory."""
+    """One finished training run as results.json records it, read from its run directory. Its `seconds`
+    and `seconds_per_step` leave out stalled steps (compare_stats.stalled_seconds); its curve keeps the
+    training clock as logged."""
     summary = json.load(open(os.path.join(run_dir, "summary.json")))
     rows = MetricsLog(os.path.join(run_dir, "metrics.jsonl")).rows()
     curve = [{"step": r["step"], "tokens_generated": r["tokens_generated"], "seconds": r["seconds"],
@@ -228,7 +235,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
             results["methods"][method]["seeds"][str(seed)] = result
         else:  # reported, never hidden
             results["failures"][f"{method}-s{seed}"] = error.strip().splitlines()[-1]
-            atomic_write_text(os.path.join(out_dir, f"failure-{run_dir_name(method, seed)}.txt"), error)
+            atomic_write_text(failure_path(out_dir, method, seed), error)
     atomic_write_json(os.path.join(out_dir, "results.json"), results)
     bar.close()
     if preset.audit_n > 0:

@@ -62,7 +62,8 @@ def _evaluation_seconds(trainer: Any) -> float:
 
 def time_evaluation(config: Any, threads: int | None = None) -> float:
     """Seconds of one curve evaluation of `config`'s start (every method evaluates the same model on the same
-    problems), from a trainer in a scratch directory removed afterwards; threads as in time_methods."""
+    problems), from a trainer in a scratch directory removed afterwards; threads as in time_methods. 0.0 when
+    it fails: the runs then fail the same way and are reported, as in time_methods."""
     import torch
 
     from credo.train import Trainer
@@ -72,6 +73,8 @@ def time_evaluation(config: Any, threads: int | None = None) -> float:
     scratch = tempfile.mkdtemp(prefix="credo-timing-")
     try:
         return _evaluation_seconds(Trainer(config, os.path.join(scratch, "run"), progress=False))
+    except Exception:
+        return 0.0
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         torch.set_num_threads(before)

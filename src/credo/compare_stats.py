@@ -18,9 +18,9 @@ from credo.credit.registry import parse_spec as parse_method_spec  # noqa: F401 
 
 LEVEL = 0.95
 MAX_SEEDS = 1000  # "seeds needed" above this is reported as "more than MAX_SEEDS"
-# A step that took this many times its run's median step was not computing: the process was stopped (SIGSTOP,
-# a paused comparison) or the machine slept. Real steps vary far less (DAPO's resampled steps and SRPO's
-# resets measured <= 2x their median on arith-long).
+# A step that took this many times its run's median step is assumed not to have been computing: the process
+# was stopped (SIGSTOP, a paused comparison) or the machine slept. Real steps vary far less (DAPO's resampled
+# steps measured <= 2x their median on arith-long); a one-off warm-up that long would also be left out.
 STALL_FACTOR = 20
 
 
@@ -32,6 +32,8 @@ def stalled_seconds(cumulative_seconds: list[float]) -> tuple[float, int]:
     if len(steps) < 3:  # too few steps to know what a normal one takes
         return 0.0, 0
     median = statistics.median(steps)
+    if median <= 0:  # a clock too coarse to tell
+        return 0.0, 0
     stalls = [d - median for d in steps if d > STALL_FACTOR * median]
     return sum(stalls), len(stalls)
 

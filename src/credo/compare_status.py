@@ -1,11 +1,12 @@
 """`credo compare --status`: where a comparison stands, read from its run directory without touching it.
 
-A long comparison (`--preset long`: 60 runs, ~8 h on 2 cores) outlives a terminal and is resumed across
-sessions; before its results.json exists the only record is `runs/<method>-s<seed>/`. This view reads
+A long comparison (`--preset long`: 60 runs, ~8 h or more on 2 cores) outlives a terminal and is resumed
+across sessions; before its results.json exists the only record is `runs/<method>-s<seed>/`. This view reads
 those (summary.json of a finished run, the last metrics row of one part-way, failure-*.txt of a failed one)
 and prints, per method, the final accuracy of each finished seed and the paired difference to GRPO on the
 seeds both finished. It writes nothing, so it is safe beside the running comparison. It judges no goal:
-a partial grid is not the comparison's result (the report of the finished comparison is).
+a partial grid is not the comparison's result (the report of the finished comparison is). It must be given
+the run's own --preset/--methods/--seeds/--budget: a run made with another budget is refused in one line.
 """
 
 from __future__ import annotations
@@ -13,59 +14,68 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from credo.compare import progress_of, run_result
+from credo import compare_eta
+from credo.compare import failure_path, progress_of, run_result
 from credo.compare_presets import Preset, run_dir_name
 from credo.compare_report import points
 from credo.compare_stats import paired, paired_deltas
+from credo.config import ConfigError
+from credo.train_config import config_from_run
 
 
 def run_state(run_dir: str, budget: int, failure_file: str) -> dict[str, Any]:
-    """{state: finished | failed | part-way | not started, final_accuracy?, tokens?} of one planned run."""
+    """{state: finished | failed | part-way | not started, result? (finished), tokens?, step?} of one run."""
     if os.path.exists(os.path.join(run_dir, "summary.json")):
-        done = run_result(run_dir)  # its clock without stalled steps (a paused comparison)
-        return {"state": "finished", "final_accuracy": done["final_accuracy"], "seconds": done["seconds"]}
-    if os.path.exists(failure_file):
-        return {"state": "failed"}
+        return {"state": "finished", "result": run_result(run_dir)}  # its clock without stalled steps
     tokens, step = progress_of(run_dir, budget)
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.exists(failure_file) and not (os.path.exists(metrics) and
+                                             os.path.getmtime(metrics) > os.path.getmtime(failure_file)):
+        return {"state": "failed"}  # (a failed run that a resumed comparison is retrying is part-way)
     if step > 0:
         return {"state": "part-way", "tokens": tokens, "step": step}
     return {"state": "not started"}
 
 
+def check_plan(preset: Preset, out_dir: str) -> None:
+    """The runs on disk were made with the plan's budget (else every percentage would be wrong)."""
+    for method in preset.methods:
+        for seed in preset.seeds:
+            run_dir = os.path.join(out_dir, "runs", run_dir_name(method, seed))
+            if os.path.exists(os.path.join(run_dir, "config.yaml")):
+                budget = config_from_run(run_dir).max_generated_tokens
+                if budget != preset.token_budget:
+                    raise ConfigError(f"{run_dir} was run with a budget of {budget:,} generated tokens, not "
+                                      f"{preset.token_budget:,}: give --status the run's own --preset/--budget")
+
+
 def plan_states(preset: Preset, out_dir: str) -> dict[str, dict[int, dict[str, Any]]]:
     """{method: {seed: run_state}} for every (method, seed) the preset plans."""
-    states: dict[str, dict[int, dict[str, Any]]] = {}
-    for method in preset.methods:
-        states[method] = {}
-        for seed in preset.seeds:
-            name = run_dir_name(method, seed)
-            states[method][seed] = run_state(os.path.join(out_dir, "runs", name), preset.token_budget,
-                                             os.path.join(out_dir, f"failure-{name}.txt"))
-    return states
+    return {method: {seed: run_state(os.path.join(out_dir, "runs", run_dir_name(method, seed)), preset.token_budget,
+                                     failure_path(out_dir, method, seed)) for seed in preset.seeds}
+            for method in preset.methods}
 
 
 def remaining_seconds(states: dict[str, dict[int, dict[str, Any]]], budget: int, jobs: int) -> tuple[float, list[str]]:
-    """Wall seconds the unfinished runs still need at `jobs` at a time, from each method's finished runs' own
-    clocks (a part-way run counts its unfinished share of the budget), and the methods with no finished run
-    yet, whose runs it cannot count."""
-    total, unknown = 0.0, []
+    """Seconds of *training* the unfinished runs still need at `jobs` at a time (evaluations are not in a
+    run's clock, so not here), each method costed from its finished runs (compare_eta.measured_timing; a
+    part-way run counts its unfinished share of the budget, a failed one all of it, since a resume retries
+    it); and the methods with no finished run yet, which it cannot cost."""
+    total, unknown, pending = 0.0, [], 0
     for method, runs in states.items():
-        clocks = [st["seconds"] for st in runs.values() if st["state"] == "finished"]
-        left = [1 - st.get("tokens", 0) / budget for st in runs.values() if st["state"] in ("part-way", "not started")]
-        if left and not clocks:
+        timing = compare_eta.measured_timing([st["result"] for st in runs.values() if st["state"] == "finished"])
+        left = [budget - st.get("tokens", 0) for st in runs.values() if st["state"] != "finished"]
+        pending += len(left)
+        if left and timing is None:
             unknown.append(method)
         elif left:
-            total += sum(left) * sum(clocks) / len(clocks)
-    return total / max(jobs, 1), unknown
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+            total += sum(compare_eta.run_seconds(timing, tokens, budget, 0.0, 0.0) for tokens in left)
+    return total / max(1, min(jobs, pending)), unknown
 
 
 def _cell(state: dict[str, Any], budget: int) -> str:
     if state["state"] == "finished":
-        return f"{state['final_accuracy']:.3f}"
+        return f"{state['result']['final_accuracy']:.3f}"
     if state["state"] == "part-way":
         return f"({100 * state['tokens'] / budget:.0f}%)"
     return "failed" if state["state"] == "failed" else "·"
@@ -73,28 +83,33 @@ def _cell(state: dict[str, Any], budget: int) -> str:
 
 def status_text(preset: Preset, out_dir: str, jobs: int | None = None) -> str:
     """The status table as plain text (a header, one row per method); jobs (default: the preset's) for the
-    time left."""
+    time left. Raises ConfigError when the runs on disk were made with another budget."""
+    check_plan(preset, out_dir)
     states = plan_states(preset, out_dir)
+    jobs = jobs or preset.jobs
     counts = {k: 0 for k in ("finished", "part-way", "failed", "not started")}
     for runs in states.values():
         for state in runs.values():
             counts[state["state"]] += 1
-    total = sum(counts.values())
-    finals = {m: {str(s): {"final_accuracy": st["final_accuracy"]} for s, st in runs.items() if st["state"] == "finished"}
-              for m, runs in states.items()}
-    head = (f"{out_dir}: {counts['finished']} of {total} runs finished, {counts['part-way']} part-way, "
-            f"{counts['failed']} failed, {counts['not started']} not started "
-            f"({preset.token_budget:,} generated tokens a run; (n%) = part-way)")
-    seconds, unknown = remaining_seconds(states, preset.token_budget, jobs or preset.jobs)
-    if counts["part-way"] + counts["not started"]:
-        head += (f"\nabout {_duration(seconds)} left at {jobs or preset.jobs} at a time, from the finished runs' own clocks"
-                 + (f" (not counting {', '.join(unknown)}: no finished run yet)" if unknown else ""))
+    finals = {m: {str(s): st["result"] for s, st in runs.items() if st["state"] == "finished"} for m, runs in states.items()}
+    lines = [f"{out_dir}: {counts['finished']} of {sum(counts.values())} runs finished, {counts['part-way']} part-way, "
+             f"{counts['failed']} failed, {counts['not started']} not started "
+             f"({preset.token_budget:,} generated tokens a run; (n%) = part-way)"]
+    if counts["finished"] < sum(counts.values()):
+        seconds, unknown = remaining_seconds(states, preset.token_budget, jobs)
+        lines.append(f"about {compare_eta.describe(seconds)} of training left at {jobs} at a time, from the finished "
+                     "runs' own clocks (evaluations not counted)"
+                     + (f"; not counting {', '.join(unknown)}: no finished run yet" if unknown else ""))
+    planned = {run_dir_name(m, s) for m in preset.methods for s in preset.seeds}
+    others = sorted(set(os.listdir(os.path.join(out_dir, "runs"))) - planned)
+    if others:
+        lines.append(f"also in runs/, not in this plan (give the run's --methods/--seeds): {', '.join(others)}")
     width = max(len(m) for m in states) + 2
     seeds_header = " ".join(f"{'s' + str(s):>7}" for s in preset.seeds)
-    lines = [head, "partial: no goal is judged before every run has finished (then: the comparison's report.md)", "",
-             f"{'method':<{width}}{seeds_header}   {'mean':>6}   vs grpo, paired on seeds both finished (points, 95% t)"]
+    lines += ["partial: no goal is judged before every run has finished (then: the comparison's report.md)", "",
+              f"{'method':<{width}}{seeds_header}   {'mean':>6}   vs grpo, paired on seeds both finished (points, 95% t)"]
     for method, runs in states.items():
-        done = [st["final_accuracy"] for st in runs.values() if st["state"] == "finished"]
+        done = [r["final_accuracy"] for r in finals[method].values()]
         mean = f"{sum(done) / len(done):.3f}" if done else "—"
         delta = "" if method == "grpo" else points(paired(paired_deltas(
             finals[method], finals["grpo"], lambda run: run["final_accuracy"])))
