@@ -49,7 +49,10 @@ def main() -> None:
         for n in names:
             best[n] = min(best[n], step_seconds(n, args.steps, start))
     rows = [{"method": n, "seconds_per_step": best[n], "ratio_to_grpo": best[n] / best["grpo"]} for n in names]
-    write("overhead", rows, "Default TrainConfig (8 prompts x 8 samples, 2 epochs); best of interleaved rounds.")
+    c = load_train_config(None, [])
+    write("overhead", rows, f"Default TrainConfig ({c.prompts_per_step} prompts x {c.group_size} samples, {c.epochs} "
+          f"epoch(s) x {c.minibatches} mini-batch(es)); {args.steps} steps per method, best of {args.rounds} "
+          "interleaved rounds.")
 
 
 if __name__ == "__main__":
