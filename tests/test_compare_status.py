@@ -41,8 +41,8 @@ def test_status_shows_each_seed_and_the_paired_difference_so_far_and_writes_noth
     assert _snapshot(out) == before  # read-only beside a running comparison
     assert "5 of 9 runs finished, 1 part-way, 1 failed, 2 not started" in text
     # rredcot-s2's 750 tokens left = 5 steps x 10 s; sc_grpo has no finished run to cost it; 4 runs left, 2 at once
-    assert ("about 25 s of training left at 2 at a time, from the finished runs' own clocks (evaluations not "
-            "counted); not counting sc_grpo: no finished run yet") in text
+    assert ("about 25 s of training left at 2 at a time, from the finished runs' own clocks, or the part-way ones' "
+            "(evaluations not counted); not counting sc_grpo: no step logged yet") in text
     assert "also in runs/, not in this plan (give the run's --methods/--seeds): dapo-s0" in text
     rows = {line.split()[0]: line.split() for line in text.splitlines() if line.split()[:1] and line.split()[0] in
             ("grpo", "rredcot", "sc_grpo")}
@@ -87,9 +87,14 @@ def test_a_failed_run_being_retried_is_part_way_and_another_budget_is_refused(tm
     _finished(out, "grpo-s0", 0.4)
     (tmp_path / "cmp" / "failure-rredcot-s0.txt").write_text("RuntimeError: boom\n")
     os.utime(tmp_path / "cmp" / "failure-rredcot-s0.txt", (1, 1))  # failed long ago; the retry is logging now
-    _part_way(out, "rredcot-s0", 300)
+    run = tmp_path / "cmp" / "runs" / "rredcot-s0"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "tokens_generated": 100 * i, "seconds": 2.0 * i}) + "\n"
+                                               for i in (1, 2, 3)))
     text = status_text(resolve_preset("smoke", None, None, None, None), out)
     assert "1 of 2 runs finished, 1 part-way, 0 failed" in text and "(20%)" in text
+    # no finished rredcot run: costed from the part-way one's 2 s and 100 tokens a step -> 1200 tokens left = 24 s
+    assert "about 24 s of training left at 1 at a time" in text and "not counting" not in text
     from credo.compare_presets import run_config
     from credo.config import dump_yaml
     other_budget = resolve_preset("smoke", None, None, 9000, None)

@@ -18,8 +18,9 @@ from credo import compare_eta
 from credo.compare import failure_path, progress_of, run_result
 from credo.compare_presets import Preset, run_dir_name
 from credo.compare_report import points
-from credo.compare_stats import paired, paired_deltas
+from credo.compare_stats import paired, paired_deltas, stalled_seconds
 from credo.config import ConfigError
+from credo.runs import read_jsonl
 from credo.train_config import config_from_run
 
 
@@ -33,8 +34,19 @@ def run_state(run_dir: str, budget: int, failure_file: str) -> dict[str, Any]:
                                              os.path.getmtime(metrics) > os.path.getmtime(failure_file)):
         return {"state": "failed"}  # (a failed run that a resumed comparison is retrying is part-way)
     if step > 0:
-        return {"state": "part-way", "tokens": tokens, "step": step}
+        return {"state": "part-way", "tokens": tokens, "step": step, "clock": _clock_so_far(metrics)}
     return {"state": "not started"}
+
+
+def _clock_so_far(metrics_path: str) -> dict[str, Any] | None:
+    """{steps, seconds, tokens_generated} a part-way run has logged (stalled steps left out), shaped like a
+    run_result for compare_eta.measured_timing; None before its first step."""
+    rows = [r for r in read_jsonl(metrics_path, drop_torn_tail=True) if r.get("step", 0) > 0 and "seconds" in r]
+    if not rows:
+        return None
+    clock = [float(r["seconds"]) for r in rows]
+    return {"steps": int(rows[-1]["step"]), "seconds": clock[-1] - stalled_seconds(clock)[0],
+            "tokens_generated": int(rows[-1].get("tokens_generated", 0))}
 
 
 def check_plan(preset: Preset, out_dir: str) -> None:
@@ -58,12 +70,14 @@ def plan_states(preset: Preset, out_dir: str) -> dict[str, dict[int, dict[str, A
 
 def remaining_seconds(states: dict[str, dict[int, dict[str, Any]]], budget: int, jobs: int) -> tuple[float, list[str]]:
     """Seconds of *training* the unfinished runs still need at `jobs` at a time (evaluations are not in a
-    run's clock, so not here), each method costed from its finished runs (compare_eta.measured_timing; a
-    part-way run counts its unfinished share of the budget, a failed one all of it, since a resume retries
-    it); and the methods with no finished run yet, which it cannot cost."""
+    run's clock, so not here), each method costed from its finished runs, or else from the steps its part-way
+    runs have logged (compare_eta.measured_timing; a part-way run counts its unfinished share of the budget,
+    a failed one all of it, since a resume retries it); and the methods with no step logged yet, which it
+    cannot cost."""
     total, unknown, pending = 0.0, [], 0
     for method, runs in states.items():
-        timing = compare_eta.measured_timing([st["result"] for st in runs.values() if st["state"] == "finished"])
+        timing = (compare_eta.measured_timing([st["result"] for st in runs.values() if st["state"] == "finished"])
+                  or compare_eta.measured_timing([st["clock"] for st in runs.values() if st.get("clock")]))
         left = [budget - st.get("tokens", 0) for st in runs.values() if st["state"] != "finished"]
         pending += len(left)
         if left and timing is None:
@@ -98,8 +112,8 @@ def status_text(preset: Preset, out_dir: str, jobs: int | None = None) -> str:
     if counts["finished"] < sum(counts.values()):
         seconds, unknown = remaining_seconds(states, preset.token_budget, jobs)
         lines.append(f"about {compare_eta.describe(seconds)} of training left at {jobs} at a time, from the finished "
-                     "runs' own clocks (evaluations not counted)"
-                     + (f"; not counting {', '.join(unknown)}: no finished run yet" if unknown else ""))
+                     "runs' own clocks, or the part-way ones' (evaluations not counted)"
+                     + (f"; not counting {', '.join(unknown)}: no step logged yet" if unknown else ""))
     planned = {run_dir_name(m, s) for m in preset.methods for s in preset.seeds}
     others = sorted(set(os.listdir(os.path.join(out_dir, "runs"))) - planned)
     if others:
