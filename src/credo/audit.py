@@ -51,7 +51,7 @@ from credo.policy.base import SamplingConfig
 from credo.probe import Probe
 from credo.rollouts import Rollouts
 from credo.runs import atomic_write_json, atomic_write_text, cache_root
-from credo.segment import default_segmenter, segment_means
+from credo.segment import SEGMENTERS, default_segmenter, segment_means
 from credo.audit_report import (FLOORS, METRICS, Labels, fidelity, first_error_top1, floor_credit,  # noqa: F401
                                 localisable_errors, localiser_table, markdown_table, most_frequent_position,
                                 checked_methods, pairwise_rank, parse_method, plot_audit, score_row,
@@ -95,6 +95,11 @@ class AuditConfig:
     def __post_init__(self) -> None:
         check(self.n >= self.group_size >= 2, f"audit.n must be >= audit.group_size >= 2, got {self.n}/{self.group_size}")
         check(self.k_ref >= 2, f"audit.k_ref must be >= 2, got {self.k_ref}")
+        check(self.temperature > 0, f"audit.temperature must be > 0, got {self.temperature}")
+        check(1 <= self.max_new_tokens <= 4096, f"audit.max_new_tokens must be in 1..4096, got {self.max_new_tokens}")
+        check(self.batch_size >= 1, f"audit.batch_size must be >= 1, got {self.batch_size}")
+        check(self.segmenter == "" or self.segmenter in SEGMENTERS,
+              f"audit.segmenter must be '' (the task's own) or one of {sorted(SEGMENTERS)}, got {self.segmenter!r}")
         from credo.strategies import LOCALISERS
         for name in self.localisers:
             check(name in LOCALISERS.names(), f"audit.localisers: unknown localiser {name!r}; available: {tuple(LOCALISERS.names())}")
@@ -124,7 +129,7 @@ def with_task_segmenter(config: AuditConfig, task: Any) -> AuditConfig:
 
 def build_reference(config: AuditConfig, checkpoint: str, progress: bool = True) -> AuditData:
     """Sample the traces and their MC reference, or load both from the cache."""
-    task = make_task(config.task, config.task_options)
+    task = make_task(config.task, config.task_options, prefix="audit.task_options.")
     config = with_task_segmenter(config, task)
     key = hashlib.sha256(repr((_weights_digest(checkpoint), config.task, sorted(config.task_options.items()),
                                config.seed, config.n, config.group_size, config.k_ref, config.segmenter,
@@ -173,7 +178,7 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
     if not checkpoint:
         from credo.sft import ensure_sft
         checkpoint = ensure_sft(progress=progress, task=config.task)
-    task = make_task(config.task, config.task_options)
+    task = make_task(config.task, config.task_options, prefix="audit.task_options.")
     config = with_task_segmenter(config, task)
     data = build_reference(config, checkpoint, progress)
     rollouts, segment_ids = data.rollouts, data.segment_ids

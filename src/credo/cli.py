@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from credo.cli_config import add_config_options, csv_flags, flag_values, require_out, show_config
+from credo.cli_config import add_config_options, csv_flags, flag_values, input_paths, require_out, show_config
 
 
 def _threads() -> None:
@@ -35,9 +35,11 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from credo.config import load_config, to_dict, user_settings
+    from credo.config import ConfigError, load_config, to_dict, user_settings
     from credo.runs import claim_output
     from credo.sft import SFT_PRESETS, SFTConfig, copy_checkpoint, ensure_sft, sft_config_for
+    if args.eval_n < 1:
+        raise ConfigError(f"sft --eval-n must be >= 1, got {args.eval_n}")
     given = user_settings(args.config, args.set)  # a --config/--set naming a start or a gym/jsonl task: the HF SFT
     named_task = given.get("task") if isinstance(given.get("task"), str) else None  # (the tiny SFT's task is a section)
     if args.start or given.get("start") or (args.task or named_task or "arith") not in SFT_PRESETS:
@@ -46,7 +48,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     config = load_config(SFTConfig, args.config, args.set, prefix="sft.", base=to_dict(sft_config_for(args.task)))
     if args.help_config:
         return show_config(config, "sft")
-    claim_output(require_out(args), "sft", force=args.force)  # before training: refuse a foreign --out up front
+    # before training: refuse a foreign --out up front
+    claim_output(require_out(args), "sft", force=args.force, inputs=input_paths(args.config))
     path = ensure_sft(config, force=args.retrain, progress=not args.quiet)
     copy_checkpoint(path, args.out)
     summary_path = os.path.join(args.out, "sft_summary.json")
@@ -77,7 +80,8 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
                           "trains on gym:<dataset> or jsonl:<path> worked solutions)")
     task = check_sft_inputs(config)  # the task, its worked solutions and the start: before --out is touched
     finished = os.path.isfile(os.path.join(require_out(args), "sft_summary.json"))
-    if claim_output(args.out, "sft", force=args.force) and finished and not args.retrain:
+    if (claim_output(args.out, "sft", force=args.force, inputs=input_paths(args.config, config.start, config.task))
+            and finished and not args.retrain):
         raise ConfigError(f"--out {args.out} already holds an SFT start; pass --retrain to train it again")
     summary = train_hf_sft(config, args.out, progress=not args.quiet, task=task)
     result = evaluate(load_policy(args.out), task, task.heldout_problems(args.eval_n),
@@ -114,8 +118,8 @@ def _resume_config(args: argparse.Namespace):
     if args.out and os.path.abspath(args.out) != os.path.abspath(args.resume):
         raise ConfigError(f"--resume continues {args.resume} in place; --out {args.out} names another directory")
     config = config_from_run(args.resume)
-    if args.steps:
-        config = replace(config, steps=args.steps)  # extending a run is allowed
+    if args.steps is not None:
+        config = replace(config, steps=args.steps)  # extending a run is allowed (range-checked by TrainConfig)
     differences = resume_differences(config, _requested_settings(args))
     if differences:
         raise ConfigError(f"--resume {args.resume}: the command differs from the run's config.yaml: "
@@ -132,6 +136,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         config, run_dir = _resume_config(args), args.resume
         if not os.path.isdir(os.path.join(run_dir, "checkpoints")):
+            from credo.resume_checks import check_restartable
+            check_restartable(run_dir, config)  # a run whose checkpoints were removed is refused, not restarted
             print(f"credo train: {run_dir} never reached a checkpoint; starting it again from step 0", file=sys.stderr)
     else:
         if not args.out:
@@ -139,9 +145,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = load_train_config(args.config, args.set, {**_flag_settings(args), **_steps(args)})
         run_dir = args.out
     trainer = Trainer(config, run_dir, progress=not args.quiet)  # task, start and options checked before --out is touched
-    if not args.resume and _claim_run(run_dir, args.force):
+    inputs = input_paths(args.config, config.start, config.task)
+    if not args.resume and _claim_run(run_dir, args.force, inputs):
         print(f"credo train: {run_dir} holds a run that never reached a checkpoint; replacing it", file=sys.stderr)
-        _claim_run(run_dir, True)
+        _claim_run(run_dir, True, inputs)
     summary = _train_with_guidance(trainer, run_dir)
     rows = trainer.log.rows()
     start = next((r["eval_accuracy"] for r in rows if r.get("step") == 0 and "eval_accuracy" in r), None)
@@ -154,7 +161,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _steps(args: argparse.Namespace) -> dict:
-    return {"steps": args.steps} if args.steps else {}
+    return {"steps": args.steps} if args.steps is not None else {}
 
 
 def _train_with_guidance(trainer, run_dir: str) -> dict:
@@ -173,14 +180,20 @@ def _train_with_guidance(trainer, run_dir: str) -> dict:
         raise type(err)(f"{err} ({hint})") from None
 
 
-def _claim_run(run_dir: str, force: bool) -> bool:
-    """Claim --out for a new training run; True if it holds an earlier run with nothing worth keeping."""
+def _claim_run(run_dir: str, force: bool, inputs: tuple[str, ...]) -> bool:
+    """Claim --out for a new training run; True if it holds an earlier run with nothing worth keeping: one
+    that never reached a checkpoint, is not running, and holds no file credo did not write."""
     from credo.config import ConfigError
-    from credo.runs import claim_output
-    if not claim_output(run_dir, "train", force=force):
+    from credo.runs import claim_output, holds_only_own_files, is_locked
+    if not claim_output(run_dir, "train", force=force, inputs=inputs):
         return False
     if os.path.isdir(os.path.join(run_dir, "checkpoints")) or os.path.exists(os.path.join(run_dir, "final")):
         raise ConfigError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or replace it with --force")
+    if is_locked(run_dir):
+        raise ConfigError(f"{run_dir} holds a run that another credo process is training; nothing was touched")
+    if not holds_only_own_files(run_dir, "train"):
+        raise ConfigError(f"{run_dir} holds a run that never reached a checkpoint, and files credo did not write; "
+                          "nothing was touched (choose another --out, or pass --force to replace it all)")
     return True
 
 
@@ -206,7 +219,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         checkpoint = ensure_sft(progress=not args.quiet, task=config.task)
     elif os.path.isdir(os.path.join(checkpoint, "final")):
         checkpoint = os.path.join(checkpoint, "final")  # a run directory: evaluate its final policy
-    task = make_task(config.task, config.task_options)
+    task = make_task(config.task, config.task_options, prefix="eval.task_options.")
     if os.path.isdir(checkpoint):
         from credo.state_io import check_safetensors
         check_safetensors(checkpoint)
@@ -229,7 +242,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return show_config(config, "audit")
     checked_methods(config.methods)  # unknown estimators and options fail before any sampling starts
     out = require_out(args)
-    claim_output(out, "audit", force=args.force)
+    claim_output(out, "audit", force=args.force, inputs=input_paths(args.config, config.checkpoint, config.task))
     report = run_audit(config, out, progress=not args.quiet)
     print(open(os.path.join(out, "audit.md")).read())
     failures = report["config"].get("failures", {})
@@ -240,13 +253,14 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="RL-train a policy with a credit-assignment method")
     p.add_argument("--method", help="estimator or recipe name (see `credo methods`; default grpo)")
     p.add_argument("--out", help="run directory to create (config, metrics.jsonl, checkpoints, final/)")
-    p.add_argument("--steps", type=int, help="number of optimisation steps")
+    p.add_argument("--steps", type=int, help="optimisation steps (default: train.steps, 150; with --resume it "
+                   "extends the run, never shortens it)")
     p.add_argument("--start", help="policy to start from: a credo checkpoint, a Hugging Face model directory or "
                    "'smollm2-135m' (default: the task's SFT start)")
     p.add_argument("--model", help=argparse.SUPPRESS)  # removed: a one-line error pointing to --start
     p.add_argument("--task", help="task: arith (default), arith-long, gym:<reasoning-gym dataset>, jsonl:<path>; "
                    "the default --start is this task's SFT start")
-    p.add_argument("--seed", type=int, help="random seed of the run")
+    p.add_argument("--seed", type=int, help="random seed of the run, 0..2**32-1 (default 0)")
     p.add_argument("--localiser", help="reset localiser for rrpo/srpo: random, value, prompt, oracle or self (prompt where the task has a localisation request, else value)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint (its "
                    "config.yaml holds the settings; only --steps may change)")

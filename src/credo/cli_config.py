@@ -43,3 +43,10 @@ def require_out(args: argparse.Namespace) -> str:
 def csv_flags(args: argparse.Namespace, *names: str) -> dict:
     """{name: [items]} of the comma-separated flags the user gave (e.g. --methods grpo,rredcot)."""
     return {n: [m for m in getattr(args, n).split(",") if m] for n in names if getattr(args, n) is not None}
+
+
+def input_paths(config_file: str | None, start: str = "", task: str = "") -> tuple[str, ...]:
+    """The files a command reads that `--out --force` must never delete: its --config file, its start or
+    checkpoint directory and a jsonl:<path> task's data (credo.runs.claim_output refuses to replace them)."""
+    data = task[len("jsonl:"):] if task.startswith("jsonl:") else ""
+    return tuple(p for p in (config_file, start, data) if p)

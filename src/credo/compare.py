@@ -39,8 +39,8 @@ from credo.compare_report import goals, plot_curves, report, summarise  # noqa: 
 from credo.compare_presets import (ALL_METHODS, PRESETS, Preset, check_reusable, protocol,  # noqa: F401  (re-exported)
                                    resolve_preset, run_config, run_dir_name)
 from credo.compare_stats import parse_method_spec, stalled_seconds
-from credo.config import ConfigError
-from credo.runs import MetricsLog, atomic_write_json, atomic_write_text
+from credo.config import ConfigError, UserError
+from credo.runs import MetricsLog, atomic_write_json, atomic_write_text, is_locked, run_lock
 from credo.train import Trainer
 
 def _git_commit() -> str:
@@ -212,6 +212,8 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     start = start or default_start(preset.task, progress)
     # seed-major: an interrupted comparison has every method at its first seeds
     plan = [(m, s, os.path.join(out_dir, "runs", run_dir_name(m, s))) for s in preset.seeds for m in preset.methods]
+    if is_locked(out_dir):  # before the timing: run_lock below would refuse it only after
+        raise UserError(f"--out {out_dir} is being written by another credo compare; wait for it or stop it first")
     check_reusable(plan, preset, start)
     results: dict[str, Any] = {"preset": preset_name, "command": command, "start": start or f"the default start of {preset.task}",
                                "task": preset.task, "commit": _git_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -225,23 +227,24 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     elif progress:
         compare_eta.confirm(results["estimate"]["seconds"], yes=True, interactive=False)  # prints it
     os.makedirs(out_dir, exist_ok=True)  # only once confirmed: a refused comparison leaves nothing behind
-    bar = tqdm(total=len(plan) * preset.token_budget, unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True)
-    outcomes = (_run_serial(plan, preset, start, bar) if jobs <= 1
-                else _run_parallel(plan, preset, start, bar, jobs))
-    for method in preset.methods:
-        results["methods"][method] = {"seeds": {}}
-    for (method, seed, _), (result, error) in zip(plan, outcomes):
-        if error is None:
-            results["methods"][method]["seeds"][str(seed)] = result
-        else:  # reported, never hidden
-            results["failures"][f"{method}-s{seed}"] = error.strip().splitlines()[-1]
-            atomic_write_text(failure_path(out_dir, method, seed), error)
-    atomic_write_json(os.path.join(out_dir, "results.json"), results)
-    bar.close()
-    if preset.audit_n > 0:
-        results["audit"] = audit_rows(preset, start, out_dir, progress)
-    results["wall_seconds"] = time.time() - began
-    write_report(results, out_dir)
+    with run_lock(out_dir):  # a second comparison into the same --out is refused, not interleaved
+        bar = tqdm(total=len(plan) * preset.token_budget, unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True)
+        outcomes = (_run_serial(plan, preset, start, bar) if jobs <= 1
+                    else _run_parallel(plan, preset, start, bar, jobs))
+        for method in preset.methods:
+            results["methods"][method] = {"seeds": {}}
+        for (method, seed, _), (result, error) in zip(plan, outcomes):
+            if error is None:
+                results["methods"][method]["seeds"][str(seed)] = result
+            else:  # reported, never hidden
+                results["failures"][f"{method}-s{seed}"] = error.strip().splitlines()[-1]
+                atomic_write_text(failure_path(out_dir, method, seed), error)
+        atomic_write_json(os.path.join(out_dir, "results.json"), results)
+        bar.close()
+        if preset.audit_n > 0:
+            results["audit"] = audit_rows(preset, start, out_dir, progress)
+        results["wall_seconds"] = time.time() - began
+        write_report(results, out_dir)
     return results
 
 
@@ -261,13 +264,24 @@ def rewrite_report(out_dir: str) -> dict[str, Any]:
     path = os.path.join(out_dir, "results.json")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no results.json; run `credo compare --out {out_dir}` first")
-    results = json.load(open(path))
-    for method, entry in results["methods"].items():  # runs still on disk are re-read (newer fields)
-        for seed in entry["seeds"]:
-            run_dir = os.path.join(out_dir, "runs", run_dir_name(method, int(seed)))
-            if os.path.exists(os.path.join(run_dir, "summary.json")):
-                entry["seeds"][seed] = run_result(run_dir)
-    write_report(results, out_dir)
+    try:
+        with open(path) as f:
+            results = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{path} is not valid JSON ({err})") from None
+    methods = results.get("methods") if isinstance(results, dict) else None
+    if not isinstance(methods, dict) or not all(isinstance(e, dict) and isinstance(e.get("seeds"), dict)
+                                                for e in methods.values()):
+        raise UserError(f"{path} is not a credo comparison's results (no 'methods' mapping of per-seed results)")
+    try:
+        for method, entry in methods.items():  # runs still on disk are re-read (newer fields)
+            for seed in entry["seeds"]:
+                run_dir = os.path.join(out_dir, "runs", run_dir_name(method, int(seed)))
+                if os.path.exists(os.path.join(run_dir, "summary.json")):
+                    entry["seeds"][seed] = run_result(run_dir)
+        write_report(results, out_dir)
+    except KeyError as err:  # a hand-edited or truncated results.json (CREDO_DEBUG=1 shows where)
+        raise UserError(f"{path} lacks the field {err} that the report needs") from None
     return results
 
 

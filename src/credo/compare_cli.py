@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from credo.cli_config import add_config_options, csv_flags, flag_values, require_out, show_config
+from credo.cli_config import add_config_options, csv_flags, flag_values, input_paths, require_out, show_config
 from credo.config import ConfigError
 
 
@@ -77,9 +77,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         results = rewrite_report(out)
     else:
         interactive = sys.stdin is not None and sys.stdin.isatty()
+        inputs = input_paths(args.config, config.start, config.task)
         if args.force or _foreign_output(out, "compare"):
             # replaced first (its old runs are neither checked nor reused), or refused untouched
-            claim_output(out, "compare", force=args.force)
+            claim_output(out, "compare", force=args.force, inputs=inputs)
 
         def confirm_then_claim(seconds: float) -> None:
             # otherwise --out is claimed once the run is confirmed: a refused comparison leaves nothing behind
@@ -98,7 +99,8 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     """`credo compare` and its options."""
     p = sub.add_parser("compare", help="train every method from the same start on the same token budget; one report")
     p.add_argument("--preset", help="quick (default; ~15 min, 1 seed, 4 methods), full (3 seeds, every method "
-                   "and the shuffled controls), long (arith-long, 12 methods incl. controls, 5 seeds) or smoke (tests)")
+                   "and the shuffled controls), long (arith-long, 12 methods incl. controls, 5 seeds), smollm2 (SmolLM2-135M on "
+                   "gym:chain_sum, 2 seeds; needs --start) or smoke (tests)")
     p.add_argument("--methods", help="comma-separated methods to run instead of the preset's, each a name or "
                    "name:key=value (e.g. shuffled:of=rredcot); grpo is always added")
     p.add_argument("--seeds", help="comma-separated seeds instead of the preset's, e.g. 0,1,2")

@@ -15,8 +15,8 @@ from typing import Any
 
 from credo import methods as method_registry
 from credo.compare_stats import parse_method_spec
-from credo.config import ConfigError, check, to_dict
-from credo.train_config import config_from_run, load_train_config
+from credo.config import SEED_LIMIT, ConfigError, check, parse_yaml_value, to_dict
+from credo.train_config import config_from_run, flatten_config, load_train_config
 
 ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain", "rredcot", "ibpo", "sc_grpo", "rrpo", "srpo")
 SCHEDULE = ("epochs", "minibatches", "lr")  # the optimiser schedule every method of a comparison shares
@@ -146,9 +146,9 @@ def run_config(spec: str, seed: int, preset: Preset, start: str) -> Any:
     """The TrainConfig of one run: the preset's shared settings and schedule, the method's recipe, and the
     spec's options as the estimator's credit options. The shared schedule goes under the recipe: a recipe
     that sets its own schedule (a paper's setting) keeps it in any comparison."""
-    import yaml
     name, options = parse_method_spec(spec)
-    credit = {**preset.train.get("credit", {}), **{k: yaml.safe_load(v) for k, v in options.items()}}
+    credit = {**preset.train.get("credit", {}), **{k: parse_yaml_value(v, f"method {spec} option {k}")
+                                                   for k, v in options.items()}}
     overrides = {**preset.train, "method": name, "seed": seed, "start": start, "task": preset.task,
                  "steps": 1_000_000, "max_generated_tokens": preset.token_budget,
                  "eval_every_tokens": preset.eval_every_tokens, "eval_n": preset.eval_n,
@@ -182,22 +182,12 @@ def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str)
     for method, seed, run_dir in plan:
         if not os.path.exists(os.path.join(run_dir, "config.yaml")):
             continue
-        old = _flatten(to_dict(config_from_run(run_dir)))
-        new = _flatten(to_dict(run_config(method, seed, preset, start)))
+        old = flatten_config(to_dict(config_from_run(run_dir)))
+        new = flatten_config(to_dict(run_config(method, seed, preset, start)))
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         if changed:
             raise ConfigError(f"{run_dir} was made with a different config ({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "
                              "choose a new --out or remove that run directory")
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def check_method_specs(specs: tuple[str, ...], where: str) -> None:
@@ -223,7 +213,16 @@ def resolve_preset(preset_name: str, methods: tuple[str, ...] | None, seeds: tup
         preset = replace(preset, token_budget=token_budget, eval_every_tokens=max(1, token_budget // 4))
     if not preset.seeds:
         raise ConfigError("seeds: give at least one seed")
+    bad = [s for s in preset.seeds if not 0 <= s < SEED_LIMIT]
+    if bad:
+        raise ConfigError(f"seeds: each must be in 0..{SEED_LIMIT - 1}, got {bad[0]}")
+    if len(set(preset.seeds)) < len(preset.seeds):
+        raise ConfigError(f"seeds: {','.join(map(str, preset.seeds))} names a seed twice (two runs would share one directory)")
     check_method_specs(preset.methods, where="methods")  # unknown names fail before any training
+    folders = [run_dir_name(m, 0) for m in preset.methods]
+    twice = sorted({m for m, f in zip(preset.methods, folders) if folders.count(f) > 1})
+    if twice:
+        raise ConfigError(f"methods: {', '.join(twice)} would share one run directory (a method named twice)")
     if "grpo" not in preset.methods:
         preset = replace(preset, methods=("grpo",) + preset.methods)  # the yardstick is always run
     from credo.tasks import make_task

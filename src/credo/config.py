@@ -39,6 +39,18 @@ class ConfigError(UserError):
     """A config value that cannot be used; the message names the field."""
 
 
+SEED_LIMIT = 2**32
+"""Seeds are 0 <= seed < 2**32, the range every generator credo seeds (torch, Python's random) accepts."""
+
+
+def parse_yaml_value(raw: str, where: str) -> Any:
+    """A `key=value` value parsed as a YAML scalar or flow collection; malformed YAML is an error naming `where`."""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{where}: {raw!r} is not valid YAML ({str(err).splitlines()[0]})") from None
+
+
 def _coerce(value: Any, hint: Any, name: str) -> Any:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
@@ -54,9 +66,15 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{name} must be a mapping of {hint.__name__} fields, got {value!r}")
         return from_dict(hint, value, prefix=name + ".")
+    if hint is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name} must be a mapping (key: value), got {value!r}")
+        return value
     if origin in (tuple, list):
         if isinstance(value, str):
             value = [v for v in value.split(",") if v != ""]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name} must be a list (or a comma-separated string), got {value!r}")
         inner = typing.get_args(hint)[0] if typing.get_args(hint) else str
         return tuple(_coerce(v, inner, f"{name}[{i}]") for i, v in enumerate(value))
     if hint is bool:
@@ -68,20 +86,34 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
     if hint in (int, float):
         if isinstance(value, bool):
             raise ConfigError(f"{name} must be a number, got {value!r}")
+        kind = 'a number' if hint is float else 'an integer'
         try:
             number = float(value) if hint is float else int(str(value), 0) if isinstance(value, str) else value
-        except (TypeError, ValueError):
-            raise ConfigError(f"{name} must be {'a number' if hint is float else 'an integer'}, got {value!r}") from None
-        if isinstance(number, float) and not math.isfinite(number):
-            raise ConfigError(f"{name} must be a finite number, got {value!r}")
-        if hint is int and (not isinstance(number, int) and not float(number).is_integer()):
-            raise ConfigError(f"{name} must be an integer, got {value!r}")
-        return hint(number)
+            if not isinstance(number, (int, float)):
+                raise TypeError
+            if isinstance(number, float) and not math.isfinite(number):
+                raise ConfigError(f"{name} must be a finite number, got {value!r}")
+            if hint is int and (not isinstance(number, int) and not float(number).is_integer()):
+                raise ConfigError(f"{name} must be an integer, got {value!r}")
+            number = hint(number)
+        except (TypeError, ValueError, OverflowError) as err:
+            if isinstance(err, ConfigError):
+                raise
+            raise ConfigError(f"{name} must be {kind}, got {_short(value)}") from None
+        if name.rsplit(".", 1)[-1] == "seed" and not 0 <= number < SEED_LIMIT:
+            # every config's seed: one check here rather than one per class
+            raise ConfigError(f"{name} must be in 0..{SEED_LIMIT - 1}, got {_short(value)}")
+        return number
     if hint is str:
         if not isinstance(value, (str, int, float)):
             raise ConfigError(f"{name} must be a string, got {value!r}")
         return str(value)
     return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def from_dict(cls: type[C], data: dict[str, Any], prefix: str = "") -> C:
@@ -126,7 +158,7 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key=value (e.g. train.lr=1e-5)")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = parse_yaml_value(raw, f"--set {key.strip()}") if raw.strip() else ""
         node = nested
         parts = key.strip().split(".")
         for part in parts[:-1]:

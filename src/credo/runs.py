@@ -7,6 +7,7 @@ once it is complete, so a run killed at any moment leaves its last good state re
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
 import shutil
@@ -82,8 +83,14 @@ class MetricsLog:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def truncate_after(self, step: int) -> None:
+    def truncate_after(self, step: int, must_reach: bool = False) -> None:
+        """Keep the rows up to `step`. With `must_reach` (a resume from step's checkpoint) the log must hold
+        step's own row, which is written before its checkpoint: a log cut shorter lost rows for good."""
         rows = [r for r in read_jsonl(self.path, drop_torn_tail=True) if r.get("step", 0) <= step]
+        if must_reach and step > 0 and not any(r.get("step") == step for r in rows):
+            last = max((r.get("step", 0) for r in rows), default=None)
+            raise UserError(f"{self.path} ends at step {last} but the checkpoint is at step {step}: rows were lost "
+                            "(restore the file, or start a new run)")
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def append(self, row: dict) -> None:
@@ -101,38 +108,90 @@ class MetricsLog:
         return read_jsonl(self.path)
 
 
+class NullLog:
+    """The metrics sink of a data-parallel rank that is not the main one: only the main process writes."""
+
+    def truncate_after(self, step: int, must_reach: bool = False) -> None:
+        pass
+
+    def append(self, row: dict) -> None:
+        pass
+
+    def rows(self) -> list[dict]:
+        return []
+
+
 KIND_MARKER = ".credo-kind"
+RUN_LOCK = ".credo-lock"
 # files that identify a run directory written before the marker existed
 _SIGNATURES = {"train": ("config.yaml", "metrics.jsonl"), "sft": ("sft_config.yaml", "policy.json"),
                "audit": ("audit.json",), "compare": ("results.json",)}
+# every name credo writes into an output of that kind: a directory holding anything else holds a user's
+# files too, and is never taken for (or replaced as) a credo output by its file names alone
+_OWN_NAMES = {"train": ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "final"),
+              "audit": ("audit.json", "localisers.json", "audit.md", "audit.png", "audit.html"),
+              "compare": ("results.json", "report.md", "*.png", "runs", "audit", "failure-*.txt")}
+_ALWAYS_OWN = (KIND_MARKER, RUN_LOCK, ".tmp-*")
+
+
+def holds_only_own_files(path: str, kind: str) -> bool:
+    """Whether every entry of directory `path` is a name credo writes into a `kind` output."""
+    names = _OWN_NAMES.get(kind)
+    if names is None:
+        return True
+    return all(any(fnmatch.fnmatchcase(entry, pattern) for pattern in names + _ALWAYS_OWN)
+               for entry in os.listdir(path))
 
 
 def run_kind(path: str) -> str | None:
-    """'train', 'sft', 'audit' or 'compare' if `path` is a credo output directory of that kind, else None."""
+    """'train', 'sft', 'audit' or 'compare' if `path` is a credo output directory of that kind, else None.
+    Its marker says so; a directory from before the marker counts by its files only when it holds
+    nothing else."""
     marker = os.path.join(path, KIND_MARKER)
     if os.path.isfile(marker):
         with open(marker) as f:
             return f.read().strip() or None
     for kind, files in _SIGNATURES.items():
-        if all(os.path.exists(os.path.join(path, name)) for name in files):
+        if all(os.path.exists(os.path.join(path, name)) for name in files) and holds_only_own_files(path, kind):
             return kind
     runs = os.path.join(path, "runs")  # a comparison stopped before its first result
-    if os.path.isdir(runs) and os.listdir(runs) and all(run_kind(os.path.join(runs, r)) == "train" for r in os.listdir(runs)):
+    if (os.path.isdir(runs) and os.listdir(runs) and holds_only_own_files(path, "compare")
+            and all(run_kind(os.path.join(runs, r)) == "train" for r in os.listdir(runs))):
         return "compare"
     return None
 
 
-def claim_output(path: str, kind: str, force: bool = False) -> bool:
+def _protected(path: str, inputs: tuple[str, ...]) -> str | None:
+    """What replacing directory `path` would delete that the command must not: one of its inputs, the
+    current directory or credo's cache (None if nothing)."""
+    out = os.path.realpath(path).rstrip(os.sep) + os.sep
+    named = [(p, f"the input {p}") for p in inputs if p and os.path.exists(p)]
+    for given, what in named + [(os.getcwd(), "the current directory"), (cache_root(), "credo's cache")]:
+        if (os.path.realpath(given).rstrip(os.sep) + os.sep).startswith(out):
+            return what
+    return None
+
+
+def claim_output(path: str, kind: str, force: bool = False, inputs: tuple[str, ...] = ()) -> bool:
     """Make `path` ready to hold a `kind` output; returns True if it already holds one (to continue or redo).
 
     A missing or empty directory is created and marked. A non-empty directory of another kind (or none)
     is refused, untouched, unless `force`: then it is first renamed aside (one atomic step) and removed,
-    so `path` never holds a half-deleted mix of old and new files.
+    so `path` never holds a half-deleted mix of old and new files. `force` never removes a directory that
+    is or holds one of `inputs` (the command's checkpoint, start, config file or data), the current
+    directory or credo's cache, nor a run another process is writing.
     """
     if os.path.exists(path) and not os.path.isdir(path):
         raise UserError(f"--out {path} is a file, not a directory; nothing was touched")
     if os.path.isdir(path) and os.listdir(path):
         if force:
+            kept = _protected(path, inputs)
+            if kept:
+                raise UserError(f"--out {path} is or holds {kept}, which --force would delete; choose another "
+                                "--out (nothing was touched)")
+            if is_locked(path):
+                raise UserError(f"--out {path} is being written by another credo process; stop it first "
+                                "(nothing was touched)")
             aside = tempfile.mkdtemp(prefix=".replaced-" + os.path.basename(os.path.abspath(path)) + "-",
                                      dir=os.path.dirname(os.path.abspath(path)))
             os.rename(path, os.path.join(aside, "old"))
@@ -147,6 +206,40 @@ def claim_output(path: str, kind: str, force: bool = False) -> bool:
     os.makedirs(path, exist_ok=True)
     atomic_write_text(os.path.join(path, KIND_MARKER), kind + "\n")
     return False
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str) -> Iterator[None]:
+    """Hold an exclusive lock on `run_dir` while a process writes it: a second `credo train` (or a resume, or
+    a --force replacement) of the same directory is refused instead of interleaving with the first. The lock
+    is the kernel's (flock), so a killed process releases it."""
+    import fcntl
+    os.makedirs(run_dir, exist_ok=True)
+    fd = os.open(os.path.join(run_dir, RUN_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"{run_dir} is being written by another credo process; wait for it or stop it first") from None
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def is_locked(run_dir: str) -> bool:
+    """Whether another process holds `run_dir`'s run_lock now."""
+    import fcntl
+    path = os.path.join(run_dir, RUN_LOCK)
+    if not os.path.isfile(path):
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def cache_root() -> str:

@@ -193,7 +193,7 @@ def collect(config: ShowConfig, progress: bool = True) -> Page:
     if not checkpoint:
         from credo.sft import ensure_sft
         checkpoint = ensure_sft(progress=progress, task=config.task)
-    task = make_task(config.task, config.task_options)
+    task = make_task(config.task, config.task_options, prefix="show.task_options.")
     policy = bind_task(load_policy(checkpoint), task)
     policy.model.eval()
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
@@ -293,7 +293,7 @@ def run_show(config: ShowConfig, out_dir: str, terminal: bool = False, progress:
 
 def cmd_show(args: Any) -> int:
     """`credo show ...` (errors are reported by the CLI as one line, exit 2)."""
-    from credo.cli_config import csv_flags, flag_values, require_out, show_config
+    from credo.cli_config import csv_flags, flag_values, input_paths, require_out, show_config
     from credo.config import load_config
     from credo.runs import claim_output
     flags = {**flag_values(args, {"checkpoint": "checkpoint", "task": "task", "n": "n", "k_ref": "k_ref",
@@ -302,7 +302,7 @@ def cmd_show(args: Any) -> int:
     if args.help_config:
         return show_config(config, "show")
     out = require_out(args)
-    claim_output(out, "show", force=args.force)
+    claim_output(out, "show", force=args.force, inputs=input_paths(args.config, config.checkpoint, config.task))
     path = run_show(config, out, terminal=args.terminal, progress=not args.quiet)
     print(f"wrote {path}")
     return 0

@@ -15,6 +15,7 @@ run on CPU ends with the same metrics as one that was never interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ from tqdm import tqdm
 
 from credo import credit as credit_registry
 from credo import strategies
-from credo.config import ConfigError, UserError, dump_yaml
+from credo.config import ConfigError, UserError, dump_yaml, to_dict
 from credo.distributed import DataParallel, Sharded
 from credo.evaluate import evaluate
 from credo.loss import policy_loss
@@ -34,7 +35,8 @@ from credo.policy import bind_task, load_policy
 from credo.policy.base import Policy
 from credo.probe import Probe
 from credo.rollouts import Credit, Rollouts
-from credo.runs import KIND_MARKER, MetricsLog, atomic_directory, atomic_write_text
+from credo.resume_checks import check_restartable, check_resumable, update_config_yaml
+from credo.runs import KIND_MARKER, MetricsLog, NullLog, atomic_directory, atomic_write_text, run_lock
 from credo.state_io import (CorruptStateError, check_safetensors, load_state, optimizer_state, optimizer_state_dict, save_state,
                             verify_manifest, write_manifest)
 from credo.strategies import Collected, SamplingContext, Strategy
@@ -230,7 +232,12 @@ class Trainer:
 
     # --- the loop -------------------------------------------------------------------------------------
     def train(self, stop_after: int | None = None) -> dict[str, Any]:
-        """Run until the step/token budget is spent (or `stop_after` steps in this call, for tests)."""
+        """Run until the step/token budget is spent (or `stop_after` steps in this call, for tests). The main
+        process holds the run directory's lock meanwhile (credo.runs.run_lock)."""
+        with run_lock(self.run_dir) if self.is_main else contextlib.nullcontext():
+            return self._train(stop_after)
+
+    def _train(self, stop_after: int | None) -> dict[str, Any]:
         self.begin()  # config.yaml; resume from the last checkpoint, or evaluate the start (step 0)
         bar, by_tokens = self.progress_bar()
         if self.progress and self.is_main and self.budget_left():
@@ -271,7 +278,9 @@ class Trainer:
         return bar, by_tokens
 
     def begin(self) -> None:
-        """Write config.yaml (a new run), then restore the newest checkpoint or log the step-0 evaluation."""
+        """Write config.yaml (a new run), then restore the newest checkpoint or log the step-0 evaluation.
+        A resumed run's config.yaml is rewritten when it differs from the config it resumes with (a run
+        extended with --steps), so that the file always describes the run."""
         os.makedirs(self.run_dir, exist_ok=True)
         config_path = os.path.join(self.run_dir, "config.yaml")
         if self.is_main and not os.path.exists(config_path):
@@ -279,8 +288,12 @@ class Trainer:
             atomic_write_text(os.path.join(self.run_dir, KIND_MARKER), "train\n")
         resumed = self.restore()
         if not self.is_main:  # only the main process writes the run directory
-            self.log = _NullLog()
+            self.log = NullLog()
+        else:
+            update_config_yaml(config_path, self.config)
         if not resumed:
+            if self.is_main:
+                check_restartable(self.run_dir, self.config)
             self.log.truncate_after(-1)
             self.log.append({"step": 0, "tokens_generated": 0, "seconds": 0.0, "eval_accuracy": self.evaluate(self.config.eval_n)})
 
@@ -351,7 +364,7 @@ class Trainer:
             stream_tensors, stream_states = self.streams.state()
             save_state(tmp, "trainer_state", {**tensors, **stream_tensors}, {
                 "step": self.step, "tokens_generated": self.tokens_generated, "tokens_scored": self.tokens_scored,
-                "seconds": self.seconds, "optimizer": optimizer_meta, **stream_states})
+                "seconds": self.seconds, "optimizer": optimizer_meta, "config": to_dict(self.config), **stream_states})
             write_manifest(tmp)
         existing = sorted(d for d in os.listdir(os.path.join(self.run_dir, "checkpoints")) if d.startswith("step-"))
         for old in existing[:-self.config.keep_checkpoints]:
@@ -378,22 +391,10 @@ class Trainer:
             self.tokens_scored, self.seconds = int(state["tokens_scored"]), float(state["seconds"])
         except (KeyError, ValueError, TypeError, RuntimeError) as err:
             raise CorruptStateError(f"checkpoint {path} does not fit this run ({type(err).__name__}: {err})") from None
-        self.log.truncate_after(self.step)
+        check_resumable(state, self.config, self.step, path)
+        self.log.truncate_after(self.step, must_reach=True)
         return True
 
 
 class TrainingDiverged(UserError):
     """Training produced a non-finite loss or gradient; the message names the step and the last good checkpoint."""
-
-
-class _NullLog:
-    """Metrics sink of non-main data-parallel ranks."""
-
-    def truncate_after(self, step: int) -> None:
-        pass
-
-    def append(self, row: dict) -> None:
-        pass
-
-    def rows(self) -> list[dict]:
-        return []

@@ -109,7 +109,6 @@ class TrainConfig:
     """Seed of every random draw of the run."""
 
     def __post_init__(self) -> None:
-        check(self.steps > 0, f"train.steps must be > 0, got {self.steps}")
         check(self.prompts_per_step > 0, f"train.prompts_per_step must be > 0, got {self.prompts_per_step}")
         check(self.group_size >= 2, f"train.group_size must be >= 2 (group baselines need two samples), got {self.group_size}")
         self._check_sampling()
@@ -124,18 +123,21 @@ class TrainConfig:
               f"got {self.lora_r}/{self.lora_alpha}")
         check(self.overlong_penalty >= 0, f"train.overlong_penalty must be >= 0, got {self.overlong_penalty}")
         check(self.reset.prompt_temperature > 0, f"train.reset.prompt_temperature must be > 0, got {self.reset.prompt_temperature}")
-        check(self.epochs > 0 and self.minibatches > 0, "train.epochs and train.minibatches must be > 0")
+        check(self.epochs > 0 and self.minibatches > 0,
+              f"train.epochs and train.minibatches must be > 0, got {self.epochs} and {self.minibatches}")
         check(self.strategy in STRATEGIES.names(), f"train.strategy must be one of {tuple(STRATEGIES.names())}, got {self.strategy!r}")
         check(0 <= self.overlong_buffer < self.sampling.max_new_tokens,
               f"train.overlong_buffer must be in [0, max_new_tokens), got {self.overlong_buffer}")
-        check(self.eval_every > 0 and self.eval_n > 0 and self.final_eval_n >= 0, "train.eval_every/eval_n must be > 0")
-        check(self.eval_every_tokens >= 0 and self.max_generated_tokens >= 0, "train.eval_every_tokens/max_generated_tokens must be >= 0")
-        check(self.checkpoint_every > 0 and self.keep_checkpoints > 0, "train.checkpoint_every/keep_checkpoints must be > 0")
+        for name in ("steps", "eval_every", "eval_n", "checkpoint_every", "keep_checkpoints"):
+            check(getattr(self, name) > 0, f"train.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("final_eval_n", "eval_every_tokens", "max_generated_tokens"):
+            check(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
         check(not self.data_parallel or self.strategy == "plain",
               f"train.data_parallel supports strategy 'plain' only, got {self.strategy!r}")
         estimator = credit_registry.get(resolve_method(self.method).estimator)
         if not isinstance(self.credit, estimator.config_cls):  # a mapping (or another estimator's config)
             options = to_dict(self.credit) if is_dataclass(self.credit) else self.credit
+            check(isinstance(options, dict), f"train.credit must be a mapping of {estimator.name}'s options, got {options!r}")
             object.__setattr__(self, "credit", estimator.make_config(options, prefix="train.credit."))
         object.__setattr__(self, "_estimator", estimator.name)  # frozen: set once, here
 
@@ -246,11 +248,12 @@ def nest_sampling(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return {**rest, "sampling": {**nested, **{k: data[k] for k in moved}}}, moved
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'loss.eps_low': 0.2, ...}: a config dict's fields by dotted path (task_options and empty sections whole)."""
     flat: dict[str, Any] = {}
     for key, value in tree.items():
         if isinstance(value, dict) and value and key != "task_options":
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten_config(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
@@ -277,7 +280,7 @@ def resume_differences(run: TrainConfig, requested: dict[str, Any]) -> list[str]
     if requested.get("method", run.method) != run.method:
         del base["credit"]  # another method's estimator has other options: the method is the difference
     merged = train_config_from_dict(merge(base, nest_sampling(requested)[0]))
-    old, new = _flatten(to_dict(run)), _flatten(to_dict(merged))
+    old, new = flatten_config(to_dict(run)), flatten_config(to_dict(merged))
     return [f"train.{k}: run has {old.get(k)!r}, command asks {new.get(k)!r}"
             for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 
-from credo.policy.base import Policy, SamplingConfig, Samples  # noqa: F401
+from credo.policy.base import Policy, SamplingConfig, Samples, read_policy_meta  # noqa: F401
 from credo.policy.tiny import TinyPolicy  # noqa: F401
 
 
@@ -15,21 +14,33 @@ def load_policy(path: str, device: str = "cpu", lora_r: int = 0, lora_alpha: int
     from credo.policy.smollm import ALIASES, ensure_smollm2
     if path in ALIASES:
         path = ensure_smollm2()
-    meta_path = os.path.join(path, "policy.json")
-    backend = json.load(open(meta_path)).get("backend") if os.path.exists(meta_path) else None
+    backend = read_policy_meta(path).get("backend")
     if backend == "tiny":
         if lora_r:
             from credo.config import ConfigError
             raise ConfigError(f"train.lora_r={lora_r}: LoRA needs a Hugging Face model; {path} is a tiny policy, "
                               "which trains in full (set lora_r=0)")
-        return TinyPolicy.load(path, device)
+        return _checked_load(TinyPolicy.load, path, device)
     if os.path.isfile(os.path.join(path, "config.json")):
         from credo.policy.hf import HFPolicy
-        policy = HFPolicy.load(path, device)
+        policy = _checked_load(HFPolicy.load, path, device)
         if lora_r:
             policy.add_lora(lora_r, lora_alpha, lora_targets)
         return policy
     raise FileNotFoundError(f"{path} is neither a credo checkpoint (policy.json) nor a Hugging Face model (config.json)")
+
+
+def _checked_load(load, path: str, device: str) -> "Policy":
+    """`load(path, device)`; a checkpoint whose files do not fit together (a missing key, a shape that differs
+    from its config, a config transformers cannot read) is an error naming the directory, not a traceback."""
+    from credo.config import UserError
+    try:
+        return load(path, device)
+    except UserError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError, OSError) as err:
+        first = " ".join(str(err).split())[:200]
+        raise UserError(f"{path}: cannot load the checkpoint ({type(err).__name__}: {first})") from None
 
 
 def bind_task(policy: "Policy", task: object) -> "Policy":

@@ -7,12 +7,15 @@ A Policy turns prompts into completions (`sample`) and scores given completions 
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from credo.config import UserError
 from credo.rollouts import Prompt
 
 
@@ -206,3 +209,18 @@ def score_branches_by_rescoring(policy: "Policy", prompt_ids: torch.Tensor, prom
         out.extend(logprobs[i, :len(t)] for i, (_, _, t) in enumerate(part))
         forwarded += int(p_mask.sum() + b_mask.sum())
     return out, forwarded
+
+
+def read_policy_meta(path: str) -> dict:
+    """The checkpoint's policy.json ({} when it has none); a corrupt one is an error naming the file."""
+    meta_path = os.path.join(path, "policy.json")
+    if not os.path.exists(meta_path):
+        return {}
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{meta_path} is not valid JSON ({err}); the checkpoint is corrupt") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{meta_path} must hold a JSON object, got {type(meta).__name__}; the checkpoint is corrupt")
+    return meta

@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, generate, left_pad, render_plain,
-                               right_pad, score_branches_by_rescoring)
+                               read_policy_meta, right_pad, score_branches_by_rescoring)
 from credo.rollouts import Prompt
 from credo.runs import atomic_directory
 
@@ -233,8 +233,7 @@ class HFPolicy(CompletionScoring):
 
     @classmethod
     def load(cls, directory: str, device: str = "cpu") -> "HFPolicy":
-        meta_path = os.path.join(directory, "policy.json")
-        meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+        meta = read_policy_meta(directory)
         policy = cls.from_pretrained(directory, device, meta.get("chat"))
         policy.system_prompt = meta.get("system_prompt")
         return policy

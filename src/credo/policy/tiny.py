@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, generate, left_pad, render_plain, right_pad,
-                               score_branches_by_rescoring)
+                               read_policy_meta, score_branches_by_rescoring)
 from credo.policy.gpt import GPT, GPTConfig
 from credo.policy.tokenizer import CharTokenizer
 from credo.rollouts import Prompt
@@ -156,11 +156,9 @@ class TinyPolicy(CompletionScoring):
 
     @classmethod
     def load(cls, directory: str, device: str = "cpu") -> "TinyPolicy":
-        meta_path = os.path.join(directory, "policy.json")
-        if not os.path.exists(meta_path):
+        if not os.path.exists(os.path.join(directory, "policy.json")):
             raise FileNotFoundError(f"{directory} is not a credo tiny-policy checkpoint (no policy.json)")
-        with open(meta_path) as f:
-            meta = json.load(f)
+        meta = read_policy_meta(directory)
         model = GPT(GPTConfig(**meta["model"]))
         model.load_state_dict(load_file(os.path.join(directory, "model.safetensors")))
         return cls(model, CharTokenizer.from_state(meta["tokenizer"]), device)

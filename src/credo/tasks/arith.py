@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from credo.config import check
+from credo.config import UserError, check
 from credo.tasks.base import HELDOUT_SEED, Problem, StepTruth, in_heldout_split
 
 ALPHABET = "0123456789+-*=#\n ?|"
@@ -35,6 +35,7 @@ PROBE_MARKER = "?"
 REFERENCE_SEPARATOR = "|"
 STEP_RE = re.compile(r"^(\d+)([+\-*])(\d+)=(-?\d+)$")
 ANSWER_RE = re.compile(r"^####\s*(-?\d+)$")
+MAX_MISSES = 100_000  # draws in a row without a new problem after which a problem space counts as used up
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class ArithTask:
         self.config = config or PRESETS[name]
         self.name = name
         self._heldout_cache: list[Problem] = []
+        self._heldout_exhausted = False
 
     # --- problems and splits --------------------------------------------------------------------
     def _random_problem(self, rng: random.Random) -> Problem:
@@ -111,24 +113,41 @@ class ArithTask:
     def train_problems(self, n: int, generator: torch.Generator) -> list[Problem]:
         """n training problems drawn with `generator` (never from the held-out split)."""
         rng = random.Random(int(torch.randint(0, 2**62, (1,), generator=generator)))
-        out = []
+        out, misses = [], 0
         while len(out) < n:
             p = self._random_problem(rng)
             if not self.is_heldout(p):
                 out.append(p)
+                misses = 0
+            else:
+                misses += 1
+                if misses > MAX_MISSES:
+                    raise UserError(f"task {self.name}: its options leave no training problems outside the held-out "
+                                    "split (lower task.heldout_permille or widen task.digits/min_terms/max_terms/ops)")
         return out
 
     def heldout_problems(self, n: int) -> list[Problem]:
-        """The first n problems of the fixed held-out sequence (the same on every machine)."""
-        if len(self._heldout_cache) < n:
+        """The first n problems of the fixed held-out sequence (the same on every machine); fewer when the
+        task's options leave fewer distinct held-out problems than n."""
+        if len(self._heldout_cache) < n and not self._heldout_exhausted:
             rng = random.Random(HELDOUT_SEED)
             seen: set[str] = set()
             out: list[Problem] = []
+            misses = 0
             while len(out) < n:
                 p = self._random_problem(rng)
                 if self.is_heldout(p) and p.key not in seen:
                     seen.add(p.key)
                     out.append(p)
+                    misses = 0
+                else:
+                    misses += 1
+                    if misses > MAX_MISSES:  # a small problem space: every held-out problem has been drawn
+                        self._heldout_exhausted = True
+                        break
+            if not out:
+                raise UserError(f"task {self.name}: its options leave no held-out problems (raise task.heldout_permille "
+                                "or widen task.digits/min_terms/max_terms/ops)")
             self._heldout_cache = out
         return self._heldout_cache[:n]
 

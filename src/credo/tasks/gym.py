@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from credo.config import ConfigError
+from credo.config import ConfigError, UserError
 from credo.tasks.base import HELDOUT_SEED, Problem
 from credo.tasks.chat import FreeFormTask
 
@@ -71,9 +71,14 @@ class GymTask(FreeFormTask):
     def train_problems(self, n: int, generator: torch.Generator) -> list[Problem]:
         held = {p.key for p in self.heldout_problems(self.heldout_size)}
         out: list[Problem] = []
+        draws = 0
         while len(out) < n:
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
             out.extend(p for p in self._problems(seed, n) if p.key not in held)
+            draws += 1
+            if draws >= 100 and not out:  # every problem the options allow is held out: it would loop for ever
+                raise UserError(f"task gym:{self.dataset_name}: 100 draws of {n} problems found none outside the "
+                                "held-out split (its options leave too few distinct problems)")
         return out[:n]
 
     def extract_answer(self, completion: str) -> str | None:

@@ -1,0 +1,65 @@
+"""What a run directory must satisfy before training continues in it, or starts in it again.
+
+A checkpoint records the config it was trained with; a resume is refused when config.yaml has changed since
+(only `steps` may grow), when `--steps` would end the run before its checkpoint, and (credo.runs.MetricsLog)
+when metrics.jsonl lost rows. A run without a checkpoint starts again from step 0 only when it cannot have
+had one: not when it finished or logged past the first checkpoint's step (its checkpoints were removed).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from credo.config import ConfigError, dump_yaml, to_dict
+from credo.runs import atomic_write_text, read_jsonl
+from credo.state_io import CorruptStateError
+from credo.train_config import TrainConfig, flatten_config
+
+
+def config_changes(saved: dict[str, Any] | None, config: TrainConfig) -> list[str]:
+    """The fields (but steps) whose value in `config` differs from `saved`, the config a checkpoint recorded
+    (None: a checkpoint from before configs were recorded, nothing to compare). A field only one side has
+    (one added to TrainConfig since) is not a difference."""
+    if saved is None:
+        return []
+    old, new = flatten_config(saved), flatten_config(to_dict(config))
+    return [f"train.{k}: checkpoint {old[k]!r}, now {new[k]!r}" for k in sorted(set(old) & set(new))
+            if k != "steps" and old[k] != new[k]]
+
+
+def check_resumable(state: dict[str, Any], config: TrainConfig, step: int, checkpoint: str) -> None:
+    """Refuse to continue from `checkpoint` (its trainer state `state`, at `step`) with `config` when the
+    config changed since the checkpoint was written, or its steps end before `step`."""
+    changed = config_changes(state.get("config"), config)
+    if changed:
+        raise CorruptStateError(f"the config differs from the one checkpoint {checkpoint} was trained with "
+                                f"({'; '.join(changed)}); only train.steps may change on resume (restore "
+                                "config.yaml, or start a new run)")
+    if step > config.steps:
+        raise ConfigError(f"train.steps={config.steps} is below step {step}, where the run's last checkpoint is; "
+                          "--steps can only extend a run")
+
+
+def check_restartable(run_dir: str, config: TrainConfig) -> None:
+    """Refuse to start `run_dir` again from step 0 when it must have had a checkpoint (it finished, or its
+    metrics log passed the first checkpoint's step): its checkpoints were removed, and a restart would
+    overwrite what is left of it."""
+    if os.path.exists(os.path.join(run_dir, "summary.json")) or os.path.isdir(os.path.join(run_dir, "final")):
+        raise CorruptStateError(f"{run_dir} finished, but its checkpoints/ is missing: nothing to resume from "
+                                "(start a new run with --out)")
+    rows = read_jsonl(os.path.join(run_dir, "metrics.jsonl"), drop_torn_tail=True)
+    last = max((int(r.get("step", 0)) for r in rows), default=0)
+    if last > config.checkpoint_every:  # step checkpoint_every's checkpoint was written before step +1 was logged
+        raise CorruptStateError(f"{run_dir}: metrics.jsonl reaches step {last}, past the checkpoint of step "
+                                f"{config.checkpoint_every}, but checkpoints/ holds none: nothing to resume from "
+                                "(start a new run with --out)")
+
+
+def update_config_yaml(path: str, config: TrainConfig) -> None:
+    """Rewrite config.yaml (atomically) when it no longer describes the run: a run extended with --steps."""
+    text = dump_yaml(config)
+    with open(path) as f:
+        if f.read() == text:
+            return
+    atomic_write_text(path, text)

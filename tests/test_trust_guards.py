@@ -1,0 +1,224 @@
+"""Guards found missing by a trust review: what --force may delete, runs in use, resume against a changed or
+damaged run directory, and inputs that used to end in a traceback or a hang instead of one line (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+
+from credo.audit import AuditConfig
+from credo.cli import main
+from credo.compare import rewrite_report
+from credo.compare_presets import resolve_preset
+from credo.config import ConfigError, UserError, load_config, parse_overrides
+from credo.evaluate import EvalConfig
+from credo.policy import load_policy
+from credo.runs import claim_output, is_locked, run_kind, run_lock
+from credo.tasks import make_task
+from credo.train import Trainer
+from credo.train_config import load_train_config
+from trust_helpers import FAST, killed_run, one_line_error, snapshot, train_config
+
+FAST_SET = sum((["--set", s] for s in FAST), [])
+
+
+# --- what --out may take and what --force may delete ------------------------------------------------------
+
+def test_a_folder_with_run_file_names_and_other_files_is_not_a_run(tmp_path, capsys, saved_policy):
+    out = tmp_path / "z"
+    out.mkdir()
+    (out / "config.yaml").write_text("mine: 1\n")
+    (out / "metrics.jsonl").write_text('{"mine": 1}\n')
+    (out / "precious.txt").write_text("keep me")
+    assert run_kind(str(out)) is None
+    before = snapshot(str(out))
+    line = one_line_error(capsys, ["train", "--steps", "1", "--start", saved_policy, "--out", str(out), "--quiet"])
+    assert "not a credo output directory" in line and "nothing was touched" in line
+    assert snapshot(str(out)) == before
+    os.remove(out / "precious.txt")  # the same two names alone: an old run directory from before the marker
+    assert run_kind(str(out)) == "train"
+
+
+def test_a_run_before_its_first_checkpoint_is_replaced_only_when_it_holds_nothing_else(tmp_path, capsys, saved_policy):
+    out = tmp_path / "run"
+    trainer = Trainer(train_config(saved_policy), str(out), progress=False)
+    trainer.train(stop_after=1)  # step 1 of checkpoint_every=2: no checkpoint yet
+    assert not (out / "checkpoints").exists()
+    (out / "notes.txt").write_text("mine")
+    before = snapshot(str(out))
+    line = one_line_error(capsys, ["train", "--steps", "1", "--start", saved_policy, "--out", str(out), "--quiet", *FAST_SET])
+    assert "files credo did not write" in line
+    assert snapshot(str(out)) == before
+    os.remove(out / "notes.txt")
+    with run_lock(str(out)):  # another process training it
+        line = one_line_error(capsys, ["train", "--steps", "1", "--start", saved_policy, "--out", str(out), "--quiet",
+                                       *FAST_SET])
+        assert "another credo process" in line
+    assert main(["train", "--steps", "1", "--start", saved_policy, "--out", str(out), "--quiet", *FAST_SET]) == 0
+
+
+@pytest.mark.parametrize("where", ["same", "inside"])
+def test_force_never_deletes_the_commands_own_input(tmp_path, capsys, saved_policy, where):
+    checkpoint = saved_policy if where == "same" else str(tmp_path)  # tmp_path holds the start
+    before = snapshot(saved_policy)
+    line = one_line_error(capsys, ["audit", "--checkpoint", saved_policy, "--out", checkpoint, "--force", "--n", "4",
+                                   "--group-size", "2", "--k-ref", "2", "--quiet"])
+    assert f"the input {saved_policy}" in line and "nothing was touched" in line
+    assert snapshot(saved_policy) == before
+
+
+def test_force_never_deletes_the_current_directory_or_a_locked_run(tmp_path, monkeypatch):
+    out = tmp_path / "here"
+    out.mkdir()
+    (out / "a.txt").write_text("x")
+    monkeypatch.chdir(out)
+    with pytest.raises(UserError, match="the current directory"):
+        claim_output(".", "audit", force=True)
+    monkeypatch.chdir(tmp_path)
+    with run_lock(str(out)):
+        assert is_locked(str(out))
+        with pytest.raises(UserError, match="another credo process"):
+            claim_output(str(out), "audit", force=True)
+        with pytest.raises(UserError, match="another credo process"):
+            with run_lock(str(out)):
+                pass
+    assert not is_locked(str(out))
+    assert (out / "a.txt").read_text() == "x"
+    claim_output(str(out), "audit", force=True)
+    assert not (out / "a.txt").exists()
+
+
+# --- resume verifies the run directory ------------------------------------------------------------------
+
+def test_resume_refuses_a_config_yaml_changed_since_the_checkpoint(tmp_path, capsys, saved_policy):
+    run = str(tmp_path / "run")
+    killed_run(saved_policy, run)
+    path = os.path.join(run, "config.yaml")
+    data = yaml.safe_load(open(path))
+    data["lr"] = 0.5
+    open(path, "w").write(yaml.safe_dump(data, sort_keys=False))
+    line = one_line_error(capsys, ["train", "--resume", run, "--quiet"])
+    assert "train.lr: checkpoint 0.001, now 0.5" in line
+
+
+def test_resume_with_more_steps_rewrites_config_yaml_and_fewer_is_refused(tmp_path, capsys, saved_policy):
+    run = str(tmp_path / "run")
+    killed_run(saved_policy, run)  # steps=4, checkpoint at step 2
+    assert main(["train", "--resume", run, "--steps", "5", "--quiet"]) == 0
+    assert yaml.safe_load(open(os.path.join(run, "config.yaml")))["steps"] == 5
+    assert json.load(open(os.path.join(run, "summary.json")))["step"] == 5
+    line = one_line_error(capsys, ["train", "--resume", run, "--steps", "3", "--quiet"])
+    assert "train.steps=3 is below step 4" in line  # the last checkpoint (checkpoint_every=2) is step 4
+    line = one_line_error(capsys, ["train", "--resume", run, "--steps", "0", "--quiet"])
+    assert "train.steps must be > 0, got 0" in line
+
+
+def test_resume_refuses_a_metrics_log_cut_short(tmp_path, capsys, saved_policy):
+    run = str(tmp_path / "run")
+    killed_run(saved_policy, run)  # rows for steps 0..3, checkpoint at step 2
+    path = os.path.join(run, "metrics.jsonl")
+    rows = open(path).read().splitlines()
+    open(path, "w").write(rows[0] + "\n")  # only step 0 left
+    line = one_line_error(capsys, ["train", "--resume", run, "--quiet"])
+    assert "ends at step 0 but the checkpoint is at step 2" in line
+    assert open(path).read() == rows[0] + "\n"
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_resume_refuses_a_run_whose_checkpoints_were_removed(tmp_path, capsys, saved_policy, finished):
+    import shutil
+    run = str(tmp_path / "run")
+    if finished:
+        assert main(["train", "--method", "grpo", "--steps", "4", "--start", saved_policy, "--out", run, "--quiet",
+                     *FAST_SET]) == 0
+    else:
+        killed_run(saved_policy, run, stop_after=3)  # logged step 3, past the checkpoint of step 2
+    shutil.rmtree(os.path.join(run, "checkpoints"))
+    before = snapshot(run)
+    line = one_line_error(capsys, ["train", "--resume", run, "--quiet"])
+    assert "nothing to resume from" in line
+    assert snapshot(run) == before
+
+
+# --- one line instead of a traceback or a hang -----------------------------------------------------------
+
+@pytest.mark.parametrize("override, expect", [
+    ("lr=[", "--set lr: '[' is not valid YAML"),
+    ("lr=" + "9" * 400, "train.lr must be a number"),
+    ("seed=99999999999999999999999", "train.seed must be in 0..4294967295"),
+    ("seed=-1", "train.seed must be in 0..4294967295"),
+    ("credit=5", "train.credit must be a mapping"),
+    ("lora_targets=5", "train.lora_targets must be a list"),
+    ("lora_targets={a: 1}", "train.lora_targets must be a list"),
+    ("task_options=5", "train.task_options must be a mapping"),
+    ("eval_n=0", "train.eval_n must be > 0, got 0"),
+])
+def test_bad_overrides_name_their_field(override, expect):
+    with pytest.raises(ConfigError) as err:
+        load_train_config(None, [override])
+    assert expect in str(err.value)
+
+
+def test_parse_overrides_keeps_valid_yaml_values():
+    assert parse_overrides(["a.b=[1, 2]", "c=0.5"]) == {"a": {"b": [1, 2]}, "c": 0.5}
+
+
+@pytest.mark.parametrize("content, expect", [
+    ("{bad", "is not valid JSON"),
+    ("[1]", "must hold a JSON object"),
+    ('{"backend": "tiny"}', "cannot load the checkpoint (KeyError"),
+])
+def test_corrupt_policy_json_is_one_line(saved_policy, content, expect):
+    with open(os.path.join(saved_policy, "policy.json"), "w") as f:
+        f.write(content)
+    with pytest.raises(UserError) as err:
+        load_policy(saved_policy)
+    assert expect in str(err.value) and saved_policy in str(err.value)
+
+
+@pytest.mark.parametrize("content, expect", [("{bad", "is not valid JSON"), ("{}", "no 'methods' mapping"),
+                                             ('{"methods": {"grpo": {"seeds": {}}}}', "lacks the field")])
+def test_report_only_on_a_damaged_results_json(tmp_path, content, expect):
+    (tmp_path / "results.json").write_text(content)
+    with pytest.raises(UserError, match=expect):
+        rewrite_report(str(tmp_path))
+
+
+@pytest.mark.parametrize("override, expect", [
+    ("batch_size=0", "audit.batch_size must be >= 1"), ("temperature=0", "audit.temperature must be > 0"),
+    ("max_new_tokens=0", "audit.max_new_tokens must be in 1..4096"), ("segmenter=bogus", "audit.segmenter must be"),
+])
+def test_audit_numbers_are_range_checked(override, expect):
+    with pytest.raises(ConfigError, match=expect):
+        load_config(AuditConfig, None, [override], prefix="audit.")
+
+
+def test_a_small_problem_space_ends_the_held_out_list_instead_of_hanging():
+    task = make_task("arith", {"digits": 1, "min_terms": 2, "max_terms": 2, "ops": "+", "heldout_permille": 50})
+    held = task.heldout_problems(10_000)  # 100 distinct problems, about 5 of them held out
+    assert 0 < len(held) < 100 and len({p.key for p in held}) == len(held)
+    assert task.heldout_problems(10_000) == held  # the exhausted list is kept, not searched again
+
+
+def test_task_option_errors_name_the_users_key(capsys):
+    line = one_line_error(capsys, ["eval", "--set", "task_options.digits=0", "--quiet"])
+    assert "eval.task_options.digits must be in 1..4" in line
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(EvalConfig, None, ["task_options=5"], prefix="eval.")
+
+
+@pytest.mark.parametrize("seeds, methods, expect", [((0, 0), None, "names a seed twice"),
+                                                    ((0,), ("rredcot", "rredcot"), "share one run directory"),
+                                                    ((-1,), None, "must be in 0..")])
+def test_compare_refuses_duplicate_runs(seeds, methods, expect):
+    with pytest.raises(ConfigError, match=expect):
+        resolve_preset("smoke", methods, seeds, None, None)
+
+
+def test_sft_eval_n_is_range_checked(tmp_path, capsys):
+    line = one_line_error(capsys, ["sft", "--eval-n", "-5", "--out", str(tmp_path / "s"), "--quiet"])
+    assert "sft --eval-n must be >= 1, got -5" in line
+    assert not (tmp_path / "s").exists()
