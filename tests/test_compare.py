@@ -2,12 +2,7 @@ import json
 import os
 
 from credo.compare import compare
-
-BEST = ("the best credit method reaches GRPO's final accuracy with <= 0.5x the generated tokens and ends >= +5 points "
-        "above it (interval above 0)")
-SC = "SC-GRPO ends above GRPO (interval above 0)"
-SRPO = "SRPO reaches GRPO's final accuracy sooner than RRPO and sooner than GRPO (intervals below 0)"
-CONTROLS = "every credit method ends above its shuffled control (interval above 0)"
+from credo.compare_goals import BEST, CONTROLS, SC, SRPO
 
 
 def test_compare_smoke_writes_results_report_and_plots(saved_policy, tmp_path):
@@ -93,7 +88,8 @@ def _synthetic(finals: dict[str, list[float]], reach_at: dict[str, list[int | No
             curve.append({"step": 10, "tokens_generated": at or 100_000, "seconds": 1,
                           "accuracy": 0.99 if at else 0.0})
             curve.append({"step": 20, "tokens_generated": 200_000, "seconds": 2, "accuracy": final, "final": True})
-            seeds[str(i)] = {"curve": curve, "final_accuracy": final, "seconds_per_step": 0.1, "steps": 20}
+            seeds[str(i)] = {"curve": curve, "final_accuracy": final, "seconds_per_step": 0.1, "steps": 20,
+                             "tokens_generated": 200_000}
         methods[name] = {"seeds": seeds}
     return {"methods": methods, "token_budget": 200_000, "failures": {}}
 
@@ -107,8 +103,9 @@ def test_goal_checks_follow_their_rules():
     summarise(results)
     checks = {g["goal"]: g["holds"] for g in goals(results)}
     assert checks[SC] is True          # +3.3 points, paired sd 0.6: interval [+1.9, +4.8]
-    assert checks[SRPO] is True        # 40k tokens vs rrpo 200k/150k/200k and grpo 100k on every seed
-    assert checks[BEST] is True        # srpo: +8.7 [+4.4, +13.0] points at 0.4x GRPO's tokens on every seed
+    assert checks[SRPO] is True        # 40k tokens vs rrpo 250k/150k/250k (never: 200k + one 50k interval) and grpo 100k
+    # srpo, the best of 3 credit methods: +8.7 points, its interval at 1 - 0.05/3 above 0; at 0.2x GRPO's 200k tokens
+    assert checks[BEST] is True
     results["methods"]["sc_grpo"]["seeds"]["1"]["final_accuracy"] = 0.30  # one bad seed: spread swamps the mean
     summarise(results)
     assert {g["goal"]: g["holds"] for g in goals(results)}[SC] is False
@@ -135,26 +132,28 @@ def test_a_goal_holds_only_where_its_interval_excludes_zero():
 
 
 def test_paired_interval_and_seeds_needed_match_hand_computed_values():
-    from credo.compare_stats import half_width, paired, seeds_needed
+    from credo.compare_stats import detectable, paired, seeds_needed
     p = paired([0.03, 0.05, 0.01, 0.04])
     # mean 0.0325; sd sqrt(8.75e-4 / 3) = 0.0170783; t(0.975, 3) = 3.182446 -> half-width 0.0271752
     assert p["n"] == 4 and abs(p["mean"] - 0.0325) < 1e-12 and abs(p["sd"] - 0.0170783) < 1e-6
     assert abs(p["ci"][0] - 0.0053248) < 1e-6 and abs(p["ci"][1] - 0.0596752) < 1e-6
-    # n = 3: 4.302653 * 0.0170783 / sqrt(3) = 0.04243 >= 0.0325; n = 4: 0.02718 < 0.0325
-    assert p["seeds_needed"] == 4
+    # 80% power: n = 4: (3.182446 + 0.978472) * 0.0170783 / 2 = 0.035531 >= 0.0325;
+    # n = 5: (2.776445 + 0.940965) * 0.0170783 / sqrt(5) = 0.028392 < 0.0325
+    assert p["seeds_needed"] == 5
     assert paired([0.02, 0.02])["ci"] == [0.02, 0.02] and paired([0.02, 0.02])["seeds_needed"] == 2
     one = paired([0.1])
     assert one["ci"] is None and one["seeds_needed"] is None and one["mean"] == 0.1
     assert seeds_needed(0.0, 0.01) is None and seeds_needed(0.001, 1.0) is None  # never resolved (cap 1000)
-    n = seeds_needed(0.01, 0.05)  # the smallest n: resolved at n, not at n - 1
-    assert half_width(0.05, n) < 0.01 <= half_width(0.05, n - 1) and 90 < n < 110
+    n = seeds_needed(0.01, 0.05)  # the smallest n: resolved at n, not at n - 1 (about twice the 50%-power count)
+    assert detectable(0.05, n) < 0.01 <= detectable(0.05, n - 1) and 190 < n < 210
 
 
 def _curve_run(points: list[tuple[int, float]], final: float) -> dict:
     curve = [{"step": s, "tokens_generated": 1000 * s, "seconds": s, "accuracy": a} for s, a in points]
     curve.append({"step": points[-1][0], "tokens_generated": 1000 * points[-1][0], "seconds": 1, "accuracy": final,
                   "final": True})
-    return {"curve": curve, "final_accuracy": final, "seconds_per_step": 0.1, "steps": points[-1][0]}
+    return {"curve": curve, "final_accuracy": final, "seconds_per_step": 0.1, "steps": points[-1][0],
+            "tokens_generated": 1000 * points[-1][0]}
 
 
 def test_equal_updates_table_interpolates_on_the_curve_set_and_pairs_by_seed():
@@ -207,10 +206,10 @@ def test_each_control_is_paired_with_its_method_and_judged():
     check = {g["goal"]: g for g in goals(results)}[CONTROLS]
     assert check["holds"] is False and "missing" in check["evidence"]
     text = report(results)
-    assert "| rredcot | shuffled:of=rredcot | +5.3 [+3.9, +6.8] | 2 |" in text
+    assert "| rredcot | shuffled:of=rredcot | +5.3 [+3.9, +6.8] | 3 |" in text
     assert "| vineppo | shuffled:of=vineppo | method not in this comparison | — |" in text
     # the controls are no credit methods of their own: the best credit method is rredcot
-    assert "best credit method rredcot" in {g["goal"]: g for g in goals(results)}[BEST]["evidence"]
+    assert "best of 2 credit methods by Δ vs GRPO: rredcot" in {g["goal"]: g for g in goals(results)}[BEST]["evidence"]
     del results["methods"]["shuffled:of=vineppo"], results["methods"]["shuffled:of=sc_grpo"]
     summarise(results)
     assert {g["goal"]: g["holds"] for g in goals(results)}[CONTROLS] is True

@@ -14,10 +14,9 @@ from typing import Any
 from credo import methods as method_registry
 from credo.compare_eta import describe
 from credo.compare_plots import plot_curves  # noqa: F401  (re-exported)
-from credo.compare_stats import (MAX_SEEDS, STALL_FACTOR, control_pairs, control_target, equal_updates, excludes_zero,
-                                 paired, paired_deltas, parse_method_spec)
-
-BASELINES = ("grpo", "dr_grpo", "rloo", "dapo", "gspo")
+from credo.compare_goals import goals, grpo_tokens_used, points  # noqa: F401  (goals, points re-exported)
+from credo.compare_stats import (MAX_SEEDS, POWER, STALL_FACTOR, control_pairs, equal_updates, paired, paired_deltas,
+                                 parse_method_spec)
 
 
 def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
@@ -34,10 +33,10 @@ def summarise(results: dict[str, Any]) -> None:
     grpo = results["methods"].get("grpo", {}).get("seeds", {})
     grpo_finals = [r["final_accuracy"] for r in grpo.values()]
     target = statistics.mean(grpo_finals) if grpo_finals else math.nan
-    grpo_tokens = [tokens_to_reach(r["curve"], target) for r in grpo.values()]
-    grpo_tokens_mean = statistics.mean([t for t in grpo_tokens if t]) if any(grpo_tokens) else math.nan
+    grpo_tokens = grpo_tokens_used(results)  # GRPO's final is measured at the end of its run: the whole run
     grpo_step = statistics.mean([r["seconds_per_step"] for r in grpo.values()]) if grpo else math.nan
     results["grpo_final_target"] = target
+    results["grpo_tokens_used"] = grpo_tokens
     for name, entry in results["methods"].items():
         runs = entry["seeds"]
         finals = [r["final_accuracy"] for r in runs.values()]
@@ -52,25 +51,21 @@ def summarise(results: dict[str, Any]) -> None:
         entry["delta_vs_grpo_mean"] = delta["mean"]
         entry["delta_vs_grpo_std"] = delta["sd"] if delta["n"] > 1 else 0.0 if delta["n"] else None
         entry["seeds_reaching_grpo_final"] = len(reached)
-        # the mean over the seeds that got there; `seeds_reaching_grpo_final` says how many did
-        entry["tokens_to_grpo_final_ratio"] = (statistics.mean(reached) / grpo_tokens_mean
-                                               if reached and grpo_tokens_mean == grpo_tokens_mean else None)
+        # the mean over the seeds that got there (`seeds_reaching_grpo_final` says how many), in GRPO's runs
+        entry["tokens_to_grpo_final_ratio"] = statistics.mean(reached) / grpo_tokens if reached and grpo_tokens else None
+        entry["tokens_used"] = statistics.mean([r["tokens_generated"] for r in runs.values()]) if runs else None
         entry["step_time_ratio"] = (statistics.mean([r["seconds_per_step"] for r in runs.values()]) / grpo_step
                                     if runs and grpo_step == grpo_step else None)
+        # the same ratio seed by seed: runs share the machine with other work, and this shows how much that moved it
+        per_seed = [r["seconds_per_step"] / grpo[s]["seconds_per_step"] for s, r in runs.items()
+                    if s in grpo and grpo[s].get("seconds_per_step")]
+        entry["step_time_ratio_range"] = [min(per_seed), max(per_seed)] if per_seed else None
     results["equal_updates"] = equal_updates(results)
     results["controls"] = control_pairs(results)
 
 
 def _fmt(value: Any, pattern: str = "{:.3f}") -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else pattern.format(value)
-
-
-def points(interval: dict[str, Any] | None) -> str:
-    """'+3.3 [+1.9, +4.8]' (accuracy differences in points, with the 95% interval when there is one)."""
-    if not interval or interval.get("mean") is None:
-        return "—"
-    text = f"{100 * interval['mean']:+.1f}"
-    return text + (f" [{100 * interval['ci'][0]:+.1f}, {100 * interval['ci'][1]:+.1f}]" if interval.get("ci") else "")
 
 
 def _seeds_needed(interval: dict[str, Any] | None) -> str:
@@ -99,10 +94,11 @@ def _updates(entry: dict[str, Any]) -> str:
 
 
 def main_table(results: dict[str, Any]) -> list[str]:
-    lines = ["| method | final accuracy (mean ± std) | Δ vs GRPO, points [95% interval], paired by seed | seeds to resolve Δ "
-             "| tokens to GRPO's mean final (their mean over the seeds reaching it ÷ GRPO's; seeds reaching) | updates in budget | step time (× GRPO) "
-             "| audit spearman | audit first_error_top1 | audit cost (× trace) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | final accuracy (mean ± std) | Δ vs GRPO, points [95% interval], paired by seed "
+             f"| seeds to resolve Δ ({100 * POWER:.0f}% power) | tokens to GRPO's mean final (÷ GRPO's run; mean over "
+             "the seeds reaching it; seeds reaching) | tokens used | updates in budget | step time (× GRPO; per-seed "
+             "range) | audit spearman | audit first_error_top1 | audit cost (× trace) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in results["methods"].items():
         a = _audit_row(results, name)
         n = len(entry["seeds"])
@@ -113,11 +109,15 @@ def main_table(results: dict[str, Any]) -> list[str]:
             delta = "—" if name == "grpo" else points(entry.get("delta_vs_grpo"))
             needed = "—" if name == "grpo" else _seeds_needed(entry.get("delta_vs_grpo"))
             reach = f"{_fmt(entry.get('tokens_to_grpo_final_ratio'), '{:.2f}')} ({entry['seeds_reaching_grpo_final']}/{n})"
-        lines.append(f"| {name} | {final} | {delta} | {needed} | {reach} | {_updates(entry)} | "
-                     f"{_fmt(entry.get('step_time_ratio'), '{:.2f}')} | {_fmt(a.get('spearman'))} | "
-                     f"{_fmt(a.get('first_error_top1'))} | {_fmt(a.get('cost_vs_grpo_step'), '{:.2f}')} |")
+        spread = entry.get("step_time_ratio_range")
+        step = _fmt(entry.get("step_time_ratio"), "{:.2f}") + (
+            f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread and name != "grpo" and len(entry["seeds"]) > 1 else "")
+        used = _fmt(entry.get("tokens_used"), "{:,.0f}")
+        lines.append(f"| {name} | {final} | {delta} | {needed} | {reach} | {used} | {_updates(entry)} | {step} | "
+                     f"{_fmt(a.get('spearman'))} | {_fmt(a.get('first_error_top1'))} | "
+                     f"{_fmt(a.get('cost_vs_grpo_step'), '{:.2f}')} |")
     for run, why in results["failures"].items():
-        lines.append(f"| {run} | failed: {why} | | | | | | | | |")
+        lines.append(f"| {run} | failed: {why} | | | | | | | | | |")
     return lines
 
 
@@ -154,7 +154,7 @@ def equal_updates_lines(results: dict[str, Any]) -> list[str]:
              "seed, [95% interval]. "
              f"{levels[0]} is the fewest updates any run made"
              + (f"; {levels[1]} the fewest GRPO made (— where a run of the method stopped earlier)." if len(levels) > 1
-                else "."), "",
+                else ".") + _interpolated_from_start(results, levels), "",
              f"| method | {head} |", "|---|" + "---|---|" * len(levels)]
     for name, row in table["methods"].items():
         cells = []
@@ -165,6 +165,19 @@ def equal_updates_lines(results: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _interpolated_from_start(results: dict[str, Any], levels: list[int]) -> str:
+    """A warning for the counts at which GRPO had not been evaluated yet on some seed: its value there is a
+    straight line from its start (step 0) to its first evaluation, not a measurement."""
+    firsts = [min((p["step"] for p in r.get("curve", []) if p.get("step", 0) > 0 and not p.get("final")), default=0)
+              for r in results["methods"].get("grpo", {}).get("seeds", {}).values()]
+    early = [u for u in levels if any(f > u for f in firsts)]
+    if not early:
+        return ""
+    return (f" At {', '.join(map(str, early))} update(s) GRPO had not been evaluated yet on some seed (its first "
+            f"evaluation came at step {min(f for f in firsts if f)}-{max(firsts)}): its value there is a straight line "
+            "from its start, so a Δ there compares against a guess, not a measurement.")
+
+
 def controls_lines(results: dict[str, Any]) -> list[str]:
     pairs = results.get("controls") or []
     if not pairs:
@@ -172,7 +185,7 @@ def controls_lines(results: dict[str, Any]) -> list[str]:
     lines = ["## Credit methods against their shuffled controls", "",
              "The control trains on the method's own credit permuted among the segments of each trace: same "
              "magnitudes, no structure. Δ = method − control, final accuracy, points, paired by seed [95% interval].", "",
-             "| method | control | Δ vs control | seeds to resolve Δ |", "|---|---|---|---|"]
+             f"| method | control | Δ vs control | seeds to resolve Δ ({100 * POWER:.0f}% power) |", "|---|---|---|---|"]
     for p in pairs:
         delta = points(p["delta"]) if p["delta"] is not None else "method not in this comparison"
         lines.append(f"| {p['method']} | {p['control']} | {delta} | {_seeds_needed(p['delta'])} |")
@@ -212,72 +225,6 @@ def run_clocks(results: dict[str, Any]) -> str:
                "times)" if stalled_steps else ""))
 
 
-def _credit_methods(entries: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in entries.items() if k not in BASELINES and control_target(k) is None}
-
-
-def _tokens_to_target(results: dict[str, Any]) -> Any:
-    budget = results["token_budget"]
-    return lambda run: run.get("tokens_to_grpo_final") or budget  # never reaching counts as the whole budget
-
-
-def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The seed papers' claims, checked at our scale: each {goal, holds, evidence}. A difference counts
-    only when its 95% interval over seeds excludes 0 in the claimed direction; holds is None with fewer
-    than 2 seeds (no spread to weigh a difference against)."""
-    entries = {k: v for k, v in results["methods"].items() if v.get("final_mean") is not None}
-    out: list[dict[str, Any]] = []
-    credit_methods = _credit_methods(entries)
-    if "grpo" in entries and credit_methods:
-        name, best = max(credit_methods.items(), key=lambda kv: kv[1]["final_mean"])
-        ratio, n, delta = best.get("tokens_to_grpo_final_ratio"), len(best["seeds"]), best["delta_vs_grpo"]
-        above = excludes_zero(delta, +1)
-        holds = (ratio is not None and best["seeds_reaching_grpo_final"] == n and ratio <= 0.5
-                 and delta["mean"] >= 0.05 and bool(above))
-        out.append({"goal": "the best credit method reaches GRPO's final accuracy with <= 0.5x the generated tokens "
-                            "and ends >= +5 points above it (interval above 0)", "holds": holds,
-                    "evidence": f"best credit method {name}: {points(delta)} points vs GRPO, tokens to GRPO's final "
-                                f"{_fmt(ratio, '{:.2f}')}x on average ({best['seeds_reaching_grpo_final']}/{n} seeds reach it)"})
-    if "grpo" in entries and "sc_grpo" in entries:
-        delta = entries["sc_grpo"]["delta_vs_grpo"]
-        out.append({"goal": "SC-GRPO ends above GRPO (interval above 0)", "holds": bool(excludes_zero(delta, +1)),
-                    "evidence": f"sc_grpo {points(delta)} points vs GRPO (paired over {delta['n']} seeds)"})
-    if {"srpo", "rrpo", "grpo"} <= set(entries):
-        out.append(_srpo_sooner(results, entries))
-    pairs = [p for p in results.get("controls") or control_pairs(results) if p["method"] in credit_methods
-             or p["method"] not in entries]
-    if pairs:
-        above = [p["delta"] is not None and bool(excludes_zero(p["delta"], +1)) for p in pairs]
-        out.append({"goal": "every credit method ends above its shuffled control (interval above 0)",
-                    "holds": all(above), "evidence": "; ".join(
-                        f"{p['method']} − {p['control']}: " + (f"{points(p['delta'])} points" if p["delta"] else "missing")
-                        for p in pairs)})
-    if min((len(v["seeds"]) for v in entries.values()), default=0) < 2:
-        for check in out:
-            check["holds"] = None
-    return out
-
-
-def _srpo_sooner(results: dict[str, Any], entries: dict[str, Any]) -> dict[str, Any]:
-    """SRPO reaches GRPO's final sooner than RRPO and than GRPO: per-seed differences in generated tokens
-    to GRPO's mean final accuracy (the whole budget when never reached), each interval below 0."""
-    tokens = _tokens_to_target(results)
-    srpo = entries["srpo"]["seeds"]
-    vs_rrpo = paired(paired_deltas(srpo, entries["rrpo"]["seeds"], tokens))
-    vs_grpo = paired(paired_deltas(srpo, entries["grpo"]["seeds"], tokens))
-
-    def k(iv: dict[str, Any]) -> str:
-        if iv["mean"] is None:
-            return "—"
-        return f"{iv['mean'] / 1e3:+,.0f}k" + (f" [{iv['ci'][0] / 1e3:+,.0f}k, {iv['ci'][1] / 1e3:+,.0f}k]" if iv["ci"] else "")
-
-    return {"goal": "SRPO reaches GRPO's final accuracy sooner than RRPO and sooner than GRPO (intervals below 0)",
-            "holds": bool(excludes_zero(vs_rrpo, -1)) and bool(excludes_zero(vs_grpo, -1)),
-            "evidence": f"generated tokens to GRPO's final (budget when never), paired by seed: srpo − rrpo {k(vs_rrpo)}, "
-                        f"srpo − grpo {k(vs_grpo)}; seeds reaching: srpo {entries['srpo']['seeds_reaching_grpo_final']}/"
-                        f"{len(srpo)}, rrpo {entries['rrpo']['seeds_reaching_grpo_final']}/{len(entries['rrpo']['seeds'])}"}
-
-
 def reading(results: dict[str, Any]) -> str:
     entries = {k: v for k, v in results["methods"].items() if v.get("final_mean") is not None}
     if "grpo" not in entries:
@@ -286,12 +233,15 @@ def reading(results: dict[str, Any]) -> str:
     best = max(entries.items(), key=lambda kv: kv[1]["final_mean"])
     seeds = max(len(v["seeds"]) for v in entries.values())
     parts = [f"GRPO ends at {g['final_mean']:.3f}. The best final accuracy is {best[0]}'s {best[1]['final_mean']:.3f} "
-             f"({best[1]['final_mean'] - g['final_mean']:+.3f})."]
+             f"({100 * (best[1]['final_mean'] - g['final_mean']):+.1f} points)."]
+    own = g.get("tokens_to_grpo_final_ratio")  # GRPO's own runs cross their mean final early too: noise
     faster = [k for k, v in entries.items() if k != "grpo" and v.get("tokens_to_grpo_final_ratio") is not None
-              and v["seeds_reaching_grpo_final"] == len(v["seeds"]) and v["tokens_to_grpo_final_ratio"] < 0.995]
+              and own is not None and v["seeds_reaching_grpo_final"] == len(v["seeds"])
+              and v["tokens_to_grpo_final_ratio"] < 0.995 * own]
     if faster:
-        parts.append("Reached GRPO's mean final accuracy on every seed, with fewer generated tokens on average (a seed's "
-                     "count is the first evaluation at or above it, so it moves in steps of the eval interval): " + ", ".join(
+        parts.append(f"GRPO's own curves first reach its mean final accuracy at {own:.2f}x of their tokens on average "
+                     "(a seed's count is its first evaluation at or above it, so it moves in steps of the eval interval, "
+                     "and noise lets a curve cross early). Sooner than that, on every seed: " + ", ".join(
             f"{k} ({entries[k]['tokens_to_grpo_final_ratio']:.2f}x)" for k in faster) + ".")
     n_eval = results.get("final_eval_n", 500)
     se = (0.25 / n_eval) ** 0.5
@@ -299,11 +249,13 @@ def reading(results: dict[str, Any]) -> str:
                  + (f"with {seeds} seed(s) there is no interval, and differences under ~{2 * se * 2 ** 0.5:.2f} are not "
                     "evidence; run at least 2 seeds (the `full` preset has 3) before drawing conclusions." if seeds < 2 else
                     "a difference is read as real only where its 95% interval over seeds excludes 0; "
-                    "'seeds to resolve Δ' is how many seeds that would take if the mean and spread stayed as observed."))
+                    f"'seeds to resolve Δ' is how many seeds a rerun would need to resolve it {100 * POWER:.0f}% of the "
+                    "time if the mean and spread are as observed. Step times share the machine with whatever else ran "
+                    "(the per-seed range shows how much that moved them)."))
     text = " ".join(parts)
     checks = goals(results)
     if checks:
         text += "\n\n## Goals (the seed papers' claims at our scale)\n\n| goal | holds | evidence |\n|---|---|---|\n"
-        verdict = {True: "yes", False: "no", None: "not judged (needs >= 2 seeds)"}
+        verdict = {True: "yes", False: "no", None: "not judged"}
         text += "\n".join(f"| {c['goal']} | {verdict[c['holds']]} | {c['evidence']} |" for c in checks)
     return text

@@ -17,6 +17,7 @@ from scipy import stats as scipy_stats
 from credo.credit.registry import parse_spec as parse_method_spec  # noqa: F401  (one parser for "name:key=value")
 
 LEVEL = 0.95
+POWER = 0.8  # "seeds needed": the seeds at which a rerun would resolve the observed difference 4 times in 5
 MAX_SEEDS = 1000  # "seeds needed" above this is reported as "more than MAX_SEEDS"
 # A step that took this many times its run's median step is assumed not to have been computing: the process
 # was stopped (SIGSTOP, a paused comparison) or the machine slept. Real steps vary far less (DAPO's resampled
@@ -43,14 +44,22 @@ def half_width(sd: float, n: int, level: float = LEVEL) -> float:
     return float(scipy_stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
 
 
-def seeds_needed(mean: float, sd: float, level: float = LEVEL, cap: int = MAX_SEEDS) -> int | None:
-    """The fewest seeds n >= 2 whose t interval of the mean difference excludes 0, if the mean and the
-    paired sd stay as observed: the smallest n with t_{n-1} * sd / sqrt(n) < |mean|. None when no
-    n <= cap does (including a zero mean)."""
+def detectable(sd: float, n: int, level: float = LEVEL, power: float = POWER) -> float:
+    """The smallest mean difference that n paired seeds with sample sd resolve (interval excluding 0) with
+    probability `power`: (t_{level} + t_{power}) * sd / sqrt(n), both t quantiles with n - 1 degrees of freedom."""
+    t = scipy_stats.t
+    return float(t.ppf(0.5 + level / 2, n - 1) + t.ppf(power, n - 1)) * sd / math.sqrt(n)
+
+
+def seeds_needed(mean: float, sd: float, level: float = LEVEL, cap: int = MAX_SEEDS, power: float = POWER) -> int | None:
+    """The fewest seeds n >= 2 at which a rerun resolves the difference (its interval excludes 0) with
+    probability `power` (80%), if the true mean and the paired sd are as observed: the smallest n with
+    detectable(sd, n) < |mean|. (n with only t_{n-1} * sd / sqrt(n) < |mean| resolves it half the time.)
+    None when no n <= cap does (including a zero mean)."""
     if mean == 0 or math.isnan(mean):
         return None
     for n in range(2, cap + 1):
-        if half_width(sd, n, level) < abs(mean):
+        if detectable(sd, n, level, power) < abs(mean):
             return n
     return None
 

@@ -1,0 +1,167 @@
+"""The seed papers' claims, judged on a comparison's results (docs/methods.md, "How a comparison judges").
+
+Each goal is {goal, holds, evidence}; holds is True or False only when every method the goal needs has
+finished on >= 2 seeds (else None, "not judged", with the reason in the evidence). A difference counts only
+where its interval over seeds excludes 0 in the claimed direction. Decided before the decisive comparison
+finished, and applied to every comparison alike:
+
+1. The best credit method is the one with the largest mean paired difference to GRPO, chosen after the fact
+   among k candidates; its interval is therefore widened to the 1 - 0.05/k level (Bonferroni), and goal
+   (1) needs that interval above 0, a mean of >= +5 points, and GRPO's mean final accuracy reached on every
+   seed with, on average, <= 0.5x the generated tokens GRPO's runs used (GRPO's final is measured at the end
+   of its run, so its tokens are the whole run).
+3. "Sooner" compares generated tokens to GRPO's mean final; a run that never reaches it counts as its own
+   tokens plus one evaluation interval (it could have reached it at the next evaluation, no sooner).
+4. "Every credit method" can only mean those with a `shuffled` control in the grid; the others are listed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from credo.compare_stats import LEVEL, control_pairs, control_target, excludes_zero, paired, paired_deltas
+
+BASELINES = ("grpo", "dr_grpo", "rloo", "dapo", "gspo")
+BEST = ("the best credit method ends >= +5 points above GRPO (selection-adjusted interval above 0) and reaches "
+        "GRPO's final accuracy on every seed with <= 0.5x GRPO's generated tokens")
+SC = "SC-GRPO ends above GRPO (interval above 0)"
+SRPO = "SRPO reaches GRPO's final accuracy sooner than RRPO and sooner than GRPO (intervals below 0)"
+CONTROLS = "every credit method with a shuffled control in the grid ends above it (interval above 0)"
+
+
+def points(interval: dict[str, Any] | None) -> str:
+    """'+3.3 [+1.9, +4.8]' (accuracy differences in points, with the interval when there is one)."""
+    if not interval or interval.get("mean") is None:
+        return "—"
+    text = f"{100 * interval['mean']:+.1f}"
+    return text + (f" [{100 * interval['ci'][0]:+.1f}, {100 * interval['ci'][1]:+.1f}]" if interval.get("ci") else "")
+
+
+def credit_methods(names: Any) -> list[str]:
+    """The compared methods that assign credit: neither a baseline nor a shuffled control."""
+    return [k for k in names if k not in BASELINES and control_target(k) is None]
+
+
+def _final(run: dict[str, Any]) -> Any:
+    return run.get("final_accuracy")
+
+
+def _unjudged(goal: str, results: dict[str, Any], needs: list[str]) -> dict[str, Any] | None:
+    """A 'not judged' row when a method the goal needs has fewer than 2 finished seeds, else None."""
+    short = [m for m in needs if len(results["methods"].get(m, {}).get("seeds", {})) < 2]
+    if not short:
+        return None
+    return {"goal": goal, "holds": None,
+            "evidence": "not judged: " + ", ".join(f"{m} has {len(results['methods'].get(m, {}).get('seeds', {}))} "
+                                                   "finished seed(s)" for m in short)}
+
+
+def _best_credit(results: dict[str, Any]) -> dict[str, Any]:
+    credit = credit_methods(results["methods"])
+    # a method paired with GRPO on fewer than 2 seeds has no interval: it cannot be judged the best
+    candidates = [m for m in credit if (results["methods"][m].get("delta_vs_grpo") or {}).get("n", 0) >= 2]
+    unjudged = _unjudged(BEST, results, ["grpo"])
+    if unjudged or not candidates:
+        return unjudged or {"goal": BEST, "holds": None, "evidence": "not judged: no credit method has 2 seeds paired with GRPO"}
+    left_out = [m for m in credit if m not in candidates]
+    grpo = results["methods"]["grpo"]["seeds"]
+    name = max(candidates, key=lambda m: results["methods"][m]["delta_vs_grpo"]["mean"])
+    entry, k = results["methods"][name], len(candidates)
+    adjusted = paired(paired_deltas(entry["seeds"], grpo, _final), level=1 - (1 - LEVEL) / k)
+    n, reached = len(entry["seeds"]), entry["seeds_reaching_grpo_final"]
+    ratio = entry.get("tokens_to_grpo_final_ratio")
+    holds = (adjusted["mean"] >= 0.05 and bool(excludes_zero(adjusted, +1)) and reached == n
+             and ratio is not None and ratio <= 0.5)
+    return {"goal": BEST, "holds": holds,
+            "evidence": (f"best of {k} credit methods by Δ vs GRPO: {name}, {points(entry['delta_vs_grpo'])} points "
+                         f"(95%), [{100 * adjusted['ci'][0]:+.1f}, {100 * adjusted['ci'][1]:+.1f}] at "
+                         f"{100 * (1 - (1 - LEVEL) / k):.1f}% for the choice among {k}" if k > 1 else
+                         f"the only credit method, {name}: {points(entry['delta_vs_grpo'])} points (95%)")
+                        + f"; reaches GRPO's mean final on {reached}/{n} seeds, after " + _ratio(ratio)
+                        + " GRPO's generated tokens on average (GRPO's own curves: "
+                        + _ratio(results["methods"]["grpo"].get("tokens_to_grpo_final_ratio")) + ")"
+                        + (f" (left out, fewer than 2 seeds: {', '.join(left_out)})" if left_out else "")}
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:.2f}x" if value is not None else "—"
+
+
+def _sc_above(results: dict[str, Any]) -> dict[str, Any]:
+    unjudged = _unjudged(SC, results, ["grpo", "sc_grpo"])
+    if unjudged:
+        return unjudged
+    delta = results["methods"]["sc_grpo"]["delta_vs_grpo"]
+    return {"goal": SC, "holds": bool(excludes_zero(delta, +1)),
+            "evidence": f"sc_grpo {points(delta)} points vs GRPO (paired over {delta['n']} seeds)"}
+
+
+def _tokens_to_target(results: dict[str, Any]) -> Any:
+    every = (results.get("protocol") or {}).get("eval_every_tokens") or results["token_budget"] // 4
+
+    def tokens(run: dict[str, Any]) -> int:  # never reached: no sooner than the evaluation after its last
+        reached = run.get("tokens_to_grpo_final")
+        return reached if reached else run.get("tokens_generated", results["token_budget"]) + every
+    return tokens
+
+
+def _srpo_sooner(results: dict[str, Any]) -> dict[str, Any]:
+    """SRPO reaches GRPO's final sooner than RRPO and than GRPO: per-seed differences in generated tokens
+    to GRPO's mean final accuracy, each interval below 0."""
+    unjudged = _unjudged(SRPO, results, ["grpo", "rrpo", "srpo"])
+    if unjudged:
+        return unjudged
+    tokens, m = _tokens_to_target(results), results["methods"]
+    vs_rrpo = paired(paired_deltas(m["srpo"]["seeds"], m["rrpo"]["seeds"], tokens))
+    vs_grpo = paired(paired_deltas(m["srpo"]["seeds"], m["grpo"]["seeds"], tokens))
+
+    def k(iv: dict[str, Any]) -> str:
+        return f"{iv['mean'] / 1e3:+,.0f}k" + (f" [{iv['ci'][0] / 1e3:+,.0f}k, {iv['ci'][1] / 1e3:+,.0f}k]" if iv["ci"] else "")
+
+    return {"goal": SRPO, "holds": bool(excludes_zero(vs_rrpo, -1)) and bool(excludes_zero(vs_grpo, -1)),
+            "evidence": f"generated tokens to GRPO's mean final (never reached: the run's tokens + one evaluation "
+                        f"interval), paired by seed: srpo − rrpo {k(vs_rrpo)}, srpo − grpo {k(vs_grpo)}; seeds "
+                        f"reaching: srpo {m['srpo']['seeds_reaching_grpo_final']}/{len(m['srpo']['seeds'])}, rrpo "
+                        f"{m['rrpo']['seeds_reaching_grpo_final']}/{len(m['rrpo']['seeds'])}"}
+
+
+def _controls(results: dict[str, Any], pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    credit = credit_methods(results["methods"])
+    pairs = [p for p in pairs if p["method"] in credit or p["method"] not in results["methods"]]
+    uncontrolled = [m for m in credit if m not in {p["method"] for p in pairs}]
+    note = f" (no control in the grid: {', '.join(uncontrolled)})" if uncontrolled else ""
+    unjudged = _unjudged(CONTROLS, results, [m for p in pairs for m in (p["method"], p["control"])
+                                             if m in results["methods"]])
+    if unjudged:
+        return {**unjudged, "evidence": unjudged["evidence"] + note}
+    above = [p["delta"] is not None and bool(excludes_zero(p["delta"], +1)) for p in pairs]
+    return {"goal": CONTROLS, "holds": all(above), "evidence": "; ".join(
+        f"{p['method']} − {p['control']}: " + (f"{points(p['delta'])} points" if p["delta"] else "missing")
+        for p in pairs) + note}
+
+
+def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The goals whose methods the comparison planned (a planned method that failed on every seed leaves
+    its goal 'not judged', never absent). Needs summarise() to have run."""
+    planned = set(results["methods"])
+    if "grpo" not in planned:
+        return []
+    out = []
+    if credit_methods(planned):
+        out.append(_best_credit(results))
+    if "sc_grpo" in planned:
+        out.append(_sc_above(results))
+    if {"srpo", "rrpo"} <= planned:
+        out.append(_srpo_sooner(results))
+    pairs = results.get("controls") or control_pairs(results)
+    if pairs:
+        out.append(_controls(results, pairs))
+    return out
+
+
+def grpo_tokens_used(results: dict[str, Any]) -> float | None:
+    """Mean generated tokens of GRPO's runs: what GRPO spent to reach its final accuracy."""
+    runs = results["methods"].get("grpo", {}).get("seeds", {})
+    used = [r["tokens_generated"] for r in runs.values() if r.get("tokens_generated")]
+    return statistics.mean(used) if used else None

@@ -1,0 +1,112 @@
+"""How a comparison judges the seed papers' claims (credo.compare_goals): the choice of the best credit method
+is paid for, GRPO's tokens are its whole run, a run that never reaches counts later than one that does, and a
+goal whose methods failed reads 'not judged' instead of vanishing."""
+
+from __future__ import annotations
+
+from credo.compare_goals import BEST, CONTROLS, SC, SRPO, goals
+from credo.compare_report import report, summarise
+
+
+def _run(final: float, reach_at: int | None, tokens: int = 200_000, step_seconds: float = 0.1) -> dict:
+    """One run: a curve point at `reach_at` tokens scoring 0.99 (or 0.0 at 100k when None), then the final."""
+    curve = [{"step": 0, "tokens_generated": 0, "seconds": 0, "accuracy": 0.3},
+             {"step": 10, "tokens_generated": reach_at or 100_000, "seconds": 1, "accuracy": 0.99 if reach_at else 0.0},
+             {"step": 20, "tokens_generated": tokens, "seconds": 2, "accuracy": final, "final": True}]
+    return {"curve": curve, "final_accuracy": final, "seconds_per_step": step_seconds, "steps": 20,
+            "tokens_generated": tokens}
+
+
+def _results(methods: dict[str, list[dict]]) -> dict:
+    results = {"methods": {m: {"seeds": {str(i): r for i, r in enumerate(runs)}} for m, runs in methods.items()},
+               "token_budget": 200_000, "failures": {}, "preset": "t", "start": "s", "commit": "c", "date": "d",
+               "machine": "m", "protocol": None}
+    summarise(results)
+    return results
+
+
+def _goal(results: dict, goal: str) -> dict:
+    return {g["goal"]: g for g in goals(results)}[goal]
+
+
+GRPO = [_run(0.40, 100_000), _run(0.42, 100_000), _run(0.44, 100_000)]
+
+
+def test_the_best_of_several_credit_methods_needs_its_interval_widened_for_the_choice():
+    # rredcot +6, +7, +6.5 points: the 95% interval is [+5.3, +7.7], the one at 1 - 0.05/4 [+3.9, +9.1]...
+    rredcot = [_run(0.46, 50_000), _run(0.49, 50_000), _run(0.505, 50_000)]
+    others = {m: [_run(0.40, None), _run(0.42, None), _run(0.44, None)] for m in ("sc_grpo", "ibpo", "vineppo")}
+    results = _results({"grpo": GRPO, "rredcot": rredcot, **others})
+    best = _goal(results, BEST)
+    assert "best of 4 credit methods by Δ vs GRPO: rredcot" in best["evidence"]
+    assert "at 98.8% for the choice among 4" in best["evidence"] and best["holds"] is True
+    # ...a wider spread leaves the plain 95% interval above 0 but not the one paid for the choice among 4
+    rredcot = [_run(0.45, 50_000), _run(0.48, 50_000), _run(0.515, 50_000)]  # +5, +6, +7.5: [+3.0, +9.3] at 95%
+    results = _results({"grpo": GRPO, "rredcot": rredcot, **others})
+    delta = results["methods"]["rredcot"]["delta_vs_grpo"]
+    assert delta["ci"][0] > 0 and delta["mean"] >= 0.05
+    assert _goal(results, BEST)["holds"] is False
+
+
+def test_grpos_tokens_are_its_whole_run():
+    """GRPO's runs cross their own mean final at 100k of 200k (noise): 0.5x of GRPO's tokens is 100k, not 50k."""
+    at = {90_000: True, 110_000: False}
+    for reach, holds in at.items():
+        rredcot = [_run(0.50, reach), _run(0.52, reach), _run(0.54, reach)]  # +10 points on every seed
+        results = _results({"grpo": GRPO, "rredcot": rredcot})
+        assert abs(results["methods"]["rredcot"]["tokens_to_grpo_final_ratio"] - reach / 200_000) < 1e-12
+        assert results["methods"]["grpo"]["tokens_to_grpo_final_ratio"] == 0.5
+        assert _goal(results, BEST)["holds"] is holds
+    rredcot = [_run(0.50, 90_000), _run(0.52, 90_000), _run(0.54, None)]  # one seed never reaches it
+    assert _goal(_results({"grpo": GRPO, "rredcot": rredcot}), BEST)["holds"] is False
+
+
+def test_a_run_that_never_reaches_counts_later_than_one_that_reaches_at_its_end():
+    """srpo reaches on its last evaluations (200k, 200k, 190k); rrpo never does (its finals are below GRPO's mean
+    final, 0.43): each of its seeds counts as 200k + one 50k interval, so srpo − rrpo is -50k, -50k, -60k.
+    (Counted as the budget, 200k, reaching at the end looked slower than never reaching.)"""
+    srpo = [_run(0.41, 200_000), _run(0.43, 200_000), _run(0.45, 190_000)]
+    rrpo = [_run(0.40, None), _run(0.40, None), _run(0.40, None)]
+    grpo = [_run(0.41, None), _run(0.43, None), _run(0.45, None)]  # seeds 1 and 2 reach on their final (200k)
+    goal = _goal(_results({"grpo": grpo, "rrpo": rrpo, "srpo": srpo}), SRPO)
+    assert "srpo − rrpo -53k [-68k, -39k]" in goal["evidence"]
+    assert "srpo − grpo -20k" in goal["evidence"] and goal["holds"] is False  # -50k, 0, -10k: not below 0
+
+
+def test_a_goal_whose_method_failed_reads_not_judged_and_other_goals_are_still_judged():
+    results = _results({"grpo": GRPO, "sc_grpo": [], "rredcot": [_run(0.50, 50_000), _run(0.52, 50_000),
+                                                                  _run(0.54, 50_000)],
+                        "shuffled:of=rredcot": [_run(0.40, None)]})
+    sc = _goal(results, SC)
+    assert sc["holds"] is None and "sc_grpo has 0 finished seed(s)" in sc["evidence"]
+    controls = _goal(results, CONTROLS)
+    assert controls["holds"] is None and "shuffled:of=rredcot has 1 finished seed(s)" in controls["evidence"]
+    best = _goal(results, BEST)  # rredcot and GRPO have 3 seeds: judged, whatever the control did
+    assert best["holds"] is True and "sc_grpo" in best["evidence"]  # left out, fewer than 2 seeds
+    assert "| SC-GRPO ends above GRPO (interval above 0) | not judged |" in report(results)
+
+
+def test_every_credit_method_means_those_with_a_control_and_the_others_are_named():
+    rredcot = [_run(0.50, None), _run(0.52, None), _run(0.54, None)]
+    control = [_run(0.40, None), _run(0.42, None), _run(0.44, None)]
+    results = _results({"grpo": GRPO, "rredcot": rredcot, "shuffled:of=rredcot": control, "vineppo": control})
+    goal = _goal(results, CONTROLS)
+    assert goal["holds"] is True and "(no control in the grid: vineppo)" in goal["evidence"]
+
+
+def test_step_time_ratios_show_their_spread_over_seeds():
+    slow = [_run(0.40, None, step_seconds=0.2), _run(0.42, None, step_seconds=0.1), _run(0.44, None, step_seconds=0.3)]
+    results = _results({"grpo": GRPO, "sc_grpo": slow})
+    entry = results["methods"]["sc_grpo"]
+    assert abs(entry["step_time_ratio"] - 2.0) < 1e-12
+    assert [round(x, 9) for x in entry["step_time_ratio_range"]] == [1.0, 3.0]
+    assert "| 2.00 (1.00-3.00) |" in report(results)
+
+
+def test_equal_updates_warn_where_grpo_is_interpolated_from_its_start():
+    results = _results({"grpo": GRPO, "vineppo": [_run(0.40, None), _run(0.42, None), _run(0.44, None)]})
+    for runs in results["methods"]["vineppo"]["seeds"].values():  # vineppo stops after 4 updates
+        runs["curve"] = [dict(p, step=min(p["step"], 4)) for p in runs["curve"]]
+    summarise(results)
+    text = report(results)
+    assert "At 4 update(s) GRPO had not been evaluated yet on some seed (its first evaluation came at step 10-10)" in text
