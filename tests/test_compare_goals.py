@@ -34,30 +34,33 @@ GRPO = [_run(0.40, 100_000), _run(0.42, 100_000), _run(0.44, 100_000)]
 
 def test_the_best_of_several_credit_methods_needs_its_interval_widened_for_the_choice():
     # rredcot +6, +7, +6.5 points: the 95% interval is [+5.3, +7.7], the one at 1 - 0.05/4 [+3.9, +9.1]...
-    rredcot = [_run(0.46, 50_000), _run(0.49, 50_000), _run(0.505, 50_000)]
+    rredcot = [_run(0.46, 40_000), _run(0.49, 40_000), _run(0.505, 40_000)]
     others = {m: [_run(0.40, None), _run(0.42, None), _run(0.44, None)] for m in ("sc_grpo", "ibpo", "vineppo")}
     results = _results({"grpo": GRPO, "rredcot": rredcot, **others})
     best = _goal(results, BEST)
     assert "best of 4 credit methods by Δ vs GRPO: rredcot" in best["evidence"]
     assert "at 98.8% for the choice among 4" in best["evidence"] and best["holds"] is True
     # ...a wider spread leaves the plain 95% interval above 0 but not the one paid for the choice among 4
-    rredcot = [_run(0.45, 50_000), _run(0.48, 50_000), _run(0.515, 50_000)]  # +5, +6, +7.5: [+3.0, +9.3] at 95%
+    rredcot = [_run(0.45, 40_000), _run(0.48, 40_000), _run(0.515, 40_000)]  # +5, +6, +7.5: [+3.0, +9.3] at 95%
     results = _results({"grpo": GRPO, "rredcot": rredcot, **others})
     delta = results["methods"]["rredcot"]["delta_vs_grpo"]
     assert delta["ci"][0] > 0 and delta["mean"] >= 0.05
     assert _goal(results, BEST)["holds"] is False
 
 
-def test_grpos_tokens_are_its_whole_run():
-    """GRPO's runs cross their own mean final at 100k of 200k (noise): 0.5x of GRPO's tokens is 100k, not 50k."""
-    at = {90_000: True, 110_000: False}
-    for reach, holds in at.items():
+def test_tokens_are_compared_with_grpos_own_counted_the_same_way():
+    """GRPO's curves reach its mean final at 100k: 0.5x is 50k. (Dividing by GRPO's whole 200k-token run would
+    let GRPO's own noisy early crossing pass the bar: 0.5x of its run.)"""
+    for reach, holds in {45_000: True, 60_000: False}.items():
         rredcot = [_run(0.50, reach), _run(0.52, reach), _run(0.54, reach)]  # +10 points on every seed
         results = _results({"grpo": GRPO, "rredcot": rredcot})
-        assert abs(results["methods"]["rredcot"]["tokens_to_grpo_final_ratio"] - reach / 200_000) < 1e-12
-        assert results["methods"]["grpo"]["tokens_to_grpo_final_ratio"] == 0.5
-        assert _goal(results, BEST)["holds"] is holds
-    rredcot = [_run(0.50, 90_000), _run(0.52, 90_000), _run(0.54, None)]  # one seed never reaches it
+        assert abs(results["methods"]["rredcot"]["tokens_to_grpo_final_ratio"] - reach / 100_000) < 1e-12
+        assert results["methods"]["grpo"]["tokens_to_grpo_final_ratio"] == 1.0
+        goal = _goal(results, BEST)
+        assert goal["holds"] is holds
+        # the earliest evaluation of any run bounds what can be seen: here rredcot's own, at `reach`
+        assert f"floor of {reach / 100_000:.2f}x" in goal["evidence"]
+    rredcot = [_run(0.50, 45_000), _run(0.52, 45_000), _run(0.54, None)]  # one seed never reaches it
     assert _goal(_results({"grpo": GRPO, "rredcot": rredcot}), BEST)["holds"] is False
 
 
@@ -73,17 +76,22 @@ def test_a_run_that_never_reaches_counts_later_than_one_that_reaches_at_its_end(
     assert "srpo − grpo -20k" in goal["evidence"] and goal["holds"] is False  # -50k, 0, -10k: not below 0
 
 
-def test_a_goal_whose_method_failed_reads_not_judged_and_other_goals_are_still_judged():
-    results = _results({"grpo": GRPO, "sc_grpo": [], "rredcot": [_run(0.50, 50_000), _run(0.52, 50_000),
-                                                                  _run(0.54, 50_000)],
+def test_a_goal_whose_methods_share_under_2_seeds_reads_not_judged_and_other_goals_are_still_judged():
+    results = _results({"grpo": GRPO, "sc_grpo": [], "rredcot": [_run(0.50, 40_000), _run(0.52, 40_000),
+                                                                  _run(0.54, 40_000)],
                         "shuffled:of=rredcot": [_run(0.40, None)]})
     sc = _goal(results, SC)
-    assert sc["holds"] is None and "sc_grpo has 0 finished seed(s)" in sc["evidence"]
+    assert sc["holds"] is None and "sc_grpo and grpo share 0 finished seed(s)" in sc["evidence"]
     controls = _goal(results, CONTROLS)
-    assert controls["holds"] is None and "shuffled:of=rredcot has 1 finished seed(s)" in controls["evidence"]
-    best = _goal(results, BEST)  # rredcot and GRPO have 3 seeds: judged, whatever the control did
+    assert controls["holds"] is None and "rredcot and shuffled:of=rredcot share 1 finished seed(s)" in controls["evidence"]
+    best = _goal(results, BEST)  # rredcot and GRPO share 3 seeds: judged, whatever the control did
     assert best["holds"] is True and "sc_grpo" in best["evidence"]  # left out, fewer than 2 seeds
     assert "| SC-GRPO ends above GRPO (interval above 0) | not judged |" in report(results)
+    # finished on 2 seeds each, but not the same 2: no paired interval, so no verdict (not a "no")
+    results = _results({"grpo": GRPO[:2], "sc_grpo": [_run(0.60, None), _run(0.60, None)]})
+    results["methods"]["sc_grpo"]["seeds"] = {"1": results["methods"]["sc_grpo"]["seeds"]["1"], "2": _run(0.6, None)}
+    summarise(results)
+    assert _goal(results, SC)["holds"] is None
 
 
 def test_every_credit_method_means_those_with_a_control_and_the_others_are_named():

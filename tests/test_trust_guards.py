@@ -111,7 +111,7 @@ def test_resume_with_more_steps_rewrites_config_yaml_and_fewer_is_refused(tmp_pa
     assert yaml.safe_load(open(os.path.join(run, "config.yaml")))["steps"] == 5
     assert json.load(open(os.path.join(run, "summary.json")))["step"] == 5
     line = one_line_error(capsys, ["train", "--resume", run, "--steps", "3", "--quiet"])
-    assert "train.steps=3 is below step 4" in line  # the last checkpoint (checkpoint_every=2) is step 4
+    assert "train.steps=3 is below the 5 steps the run was trained towards (its last checkpoint is at step 4)" in line
     line = one_line_error(capsys, ["train", "--resume", run, "--steps", "0", "--quiet"])
     assert "train.steps must be > 0, got 0" in line
 
@@ -222,3 +222,55 @@ def test_sft_eval_n_is_range_checked(tmp_path, capsys):
     line = one_line_error(capsys, ["sft", "--eval-n", "-5", "--out", str(tmp_path / "s"), "--quiet"])
     assert "sft --eval-n must be >= 1, got -5" in line
     assert not (tmp_path / "s").exists()
+
+
+def test_a_file_system_without_locks_trains_unlocked_with_a_warning(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    run = str(tmp_path / "run")
+    with pytest.warns(UserWarning, match="gives no lock"):
+        with run_lock(run):
+            assert not is_locked(run)
+    claim_output(run, "train", force=True)  # no lock to ask for: replaced as before locks existed
+
+
+def test_a_readme_or_desktop_file_beside_an_old_output_does_not_hide_it_but_is_never_deleted(tmp_path, capsys, saved_policy):
+    out = tmp_path / "run"
+    killed_run(saved_policy, str(out), stop_after=1)  # no checkpoint yet
+    os.remove(out / ".credo-kind")  # as written before the marker existed
+    (out / ".DS_Store").write_text("")
+    assert run_kind(str(out)) == "train"
+    (out / "README.md").write_text("how I made this")
+    assert run_kind(str(out)) == "train"  # still recognised...
+    line = one_line_error(capsys, ["train", "--steps", "1", "--start", saved_policy, "--out", str(out), "--quiet", *FAST_SET])
+    assert "files credo did not write" in line  # ...but not replaced with the README in it
+    assert (out / "README.md").read_text() == "how I made this"
+
+
+def test_a_new_run_into_a_run_whose_checkpoints_were_removed_is_refused(tmp_path, capsys, saved_policy):
+    import shutil
+    run = str(tmp_path / "run")
+    killed_run(saved_policy, run, stop_after=3)  # logged step 3, past the checkpoint of step 2
+    shutil.rmtree(os.path.join(run, "checkpoints"))
+    before = snapshot(run)
+    line = one_line_error(capsys, ["train", "--steps", "4", "--start", saved_policy, "--out", run, "--quiet", *FAST_SET])
+    assert "nothing to resume from" in line
+    assert snapshot(run) == before
+
+
+def test_resume_may_change_what_does_not_change_training_but_never_shorten_it(tmp_path, capsys, saved_policy):
+    run = str(tmp_path / "run")
+    killed_run(saved_policy, run, "steps=6", stop_after=3)  # trained towards 6 steps, checkpoint at step 2
+    path = os.path.join(run, "config.yaml")
+    data = yaml.safe_load(open(path))
+    data["keep_checkpoints"], data["final_eval_n"] = 1, 2
+    open(path, "w").write(yaml.safe_dump(data, sort_keys=False))
+    line = one_line_error(capsys, ["train", "--resume", run, "--steps", "5", "--quiet"])
+    assert "train.steps=5 is below the 6 steps the run was trained towards" in line
+    assert main(["train", "--resume", run, "--quiet"]) == 0
+    assert json.load(open(os.path.join(run, "summary.json")))["final_eval_n"] == 2
+    assert len(os.listdir(os.path.join(run, "checkpoints"))) == 1

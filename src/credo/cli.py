@@ -146,9 +146,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_dir = args.out
     trainer = Trainer(config, run_dir, progress=not args.quiet)  # task, start and options checked before --out is touched
     inputs = input_paths(args.config, config.start, config.task)
-    if not args.resume and _claim_run(run_dir, args.force, inputs):
+    if not args.resume and _claim_run(run_dir, args.force, inputs, config):
         print(f"credo train: {run_dir} holds a run that never reached a checkpoint; replacing it", file=sys.stderr)
-        _claim_run(run_dir, True, inputs)
+        _claim_run(run_dir, True, inputs, config)
     summary = _train_with_guidance(trainer, run_dir)
     rows = trainer.log.rows()
     start = next((r["eval_accuracy"] for r in rows if r.get("step") == 0 and "eval_accuracy" in r), None)
@@ -180,10 +180,12 @@ def _train_with_guidance(trainer, run_dir: str) -> dict:
         raise type(err)(f"{err} ({hint})") from None
 
 
-def _claim_run(run_dir: str, force: bool, inputs: tuple[str, ...]) -> bool:
+def _claim_run(run_dir: str, force: bool, inputs: tuple[str, ...], config) -> bool:
     """Claim --out for a new training run; True if it holds an earlier run with nothing worth keeping: one
-    that never reached a checkpoint, is not running, and holds no file credo did not write."""
+    that never reached a checkpoint (not one whose checkpoints were removed), is not running, and holds no
+    file credo did not write."""
     from credo.config import ConfigError
+    from credo.resume_checks import check_restartable
     from credo.runs import claim_output, holds_only_own_files, is_locked
     if not claim_output(run_dir, "train", force=force, inputs=inputs):
         return False
@@ -194,6 +196,7 @@ def _claim_run(run_dir: str, force: bool, inputs: tuple[str, ...]) -> bool:
     if not holds_only_own_files(run_dir, "train"):
         raise ConfigError(f"{run_dir} holds a run that never reached a checkpoint, and files credo did not write; "
                           "nothing was touched (choose another --out, or pass --force to replace it all)")
+    check_restartable(run_dir, config)  # a run whose checkpoints were removed is not "nothing worth keeping"
     return True
 
 

@@ -282,6 +282,8 @@ def rewrite_report(out_dir: str) -> dict[str, Any]:
         write_report(results, out_dir)
     except KeyError as err:  # a hand-edited or truncated results.json (CREDO_DEBUG=1 shows where)
         raise UserError(f"{path} lacks the field {err} that the report needs") from None
+    except (ValueError, TypeError, AttributeError) as err:
+        raise UserError(f"{path} holds a value the report cannot read ({type(err).__name__}: {err})") from None
     return results
 
 

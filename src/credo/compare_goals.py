@@ -1,15 +1,16 @@
 """The seed papers' claims, judged on a comparison's results (docs/methods.md, "How a comparison judges").
 
 Each goal is {goal, holds, evidence}; holds is True or False only when every method the goal needs has
-finished on >= 2 seeds (else None, "not judged", with the reason in the evidence). A difference counts only
+finished on >= 2 shared seeds (else None, "not judged", with the reason in the evidence). A difference counts only
 where its interval over seeds excludes 0 in the claimed direction. Decided before the decisive comparison
 finished, and applied to every comparison alike:
 
 1. The best credit method is the one with the largest mean paired difference to GRPO, chosen after the fact
    among k candidates; its interval is therefore widened to the 1 - 0.05/k level (Bonferroni), and goal
    (1) needs that interval above 0, a mean of >= +5 points, and GRPO's mean final accuracy reached on every
-   seed with, on average, <= 0.5x the generated tokens GRPO's runs used (GRPO's final is measured at the end
-   of its run, so its tokens are the whole run).
+   seed with, on average, <= 0.5x the tokens GRPO's own curves took to reach it (both counted the same way:
+   the first evaluation at or above it; the first evaluation puts a floor under the ratio, which the
+   evidence states).
 3. "Sooner" compares generated tokens to GRPO's mean final; a run that never reaches it counts as its own
    tokens plus one evaluation interval (it could have reached it at the next evaluation, no sooner).
 4. "Every credit method" can only mean those with a `shuffled` control in the grid; the others are listed.
@@ -17,14 +18,13 @@ finished, and applied to every comparison alike:
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from credo.compare_stats import LEVEL, control_pairs, control_target, excludes_zero, paired, paired_deltas
 
 BASELINES = ("grpo", "dr_grpo", "rloo", "dapo", "gspo")
 BEST = ("the best credit method ends >= +5 points above GRPO (selection-adjusted interval above 0) and reaches "
-        "GRPO's final accuracy on every seed with <= 0.5x GRPO's generated tokens")
+        "GRPO's final accuracy on every seed with <= 0.5x the tokens GRPO took to reach it")
 SC = "SC-GRPO ends above GRPO (interval above 0)"
 SRPO = "SRPO reaches GRPO's final accuracy sooner than RRPO and sooner than GRPO (intervals below 0)"
 CONTROLS = "every credit method with a shuffled control in the grid ends above it (interval above 0)"
@@ -47,23 +47,27 @@ def _final(run: dict[str, Any]) -> Any:
     return run.get("final_accuracy")
 
 
-def _unjudged(goal: str, results: dict[str, Any], needs: list[str]) -> dict[str, Any] | None:
-    """A 'not judged' row when a method the goal needs has fewer than 2 finished seeds, else None."""
-    short = [m for m in needs if len(results["methods"].get(m, {}).get("seeds", {})) < 2]
+def _unjudged(goal: str, pairs: list[tuple[str, str, int]]) -> dict[str, Any] | None:
+    """A 'not judged' row when two methods the goal compares share fewer than 2 finished seeds (no interval),
+    else None. pairs: (method, other, seeds both finished)."""
+    short = [(a, b, n) for a, b, n in pairs if n < 2]
     if not short:
         return None
     return {"goal": goal, "holds": None,
-            "evidence": "not judged: " + ", ".join(f"{m} has {len(results['methods'].get(m, {}).get('seeds', {}))} "
-                                                   "finished seed(s)" for m in short)}
+            "evidence": "not judged: " + "; ".join(f"{a} and {b} share {n} finished seed(s)" for a, b, n in short)}
+
+
+def _shared(results: dict[str, Any], a: str, b: str) -> tuple[str, str, int]:
+    seeds = [set(results["methods"].get(m, {}).get("seeds", {})) for m in (a, b)]
+    return a, b, len(seeds[0] & seeds[1])
 
 
 def _best_credit(results: dict[str, Any]) -> dict[str, Any]:
     credit = credit_methods(results["methods"])
     # a method paired with GRPO on fewer than 2 seeds has no interval: it cannot be judged the best
     candidates = [m for m in credit if (results["methods"][m].get("delta_vs_grpo") or {}).get("n", 0) >= 2]
-    unjudged = _unjudged(BEST, results, ["grpo"])
-    if unjudged or not candidates:
-        return unjudged or {"goal": BEST, "holds": None, "evidence": "not judged: no credit method has 2 seeds paired with GRPO"}
+    if not candidates:
+        return {"goal": BEST, "holds": None, "evidence": "not judged: no credit method shares 2 finished seeds with grpo"}
     left_out = [m for m in credit if m not in candidates]
     grpo = results["methods"]["grpo"]["seeds"]
     name = max(candidates, key=lambda m: results["methods"][m]["delta_vs_grpo"]["mean"])
@@ -73,14 +77,15 @@ def _best_credit(results: dict[str, Any]) -> dict[str, Any]:
     ratio = entry.get("tokens_to_grpo_final_ratio")
     holds = (adjusted["mean"] >= 0.05 and bool(excludes_zero(adjusted, +1)) and reached == n
              and ratio is not None and ratio <= 0.5)
+    floor = results.get("tokens_ratio_floor")
     return {"goal": BEST, "holds": holds,
             "evidence": (f"best of {k} credit methods by Δ vs GRPO: {name}, {points(entry['delta_vs_grpo'])} points "
                          f"(95%), [{100 * adjusted['ci'][0]:+.1f}, {100 * adjusted['ci'][1]:+.1f}] at "
                          f"{100 * (1 - (1 - LEVEL) / k):.1f}% for the choice among {k}" if k > 1 else
                          f"the only credit method, {name}: {points(entry['delta_vs_grpo'])} points (95%)")
-                        + f"; reaches GRPO's mean final on {reached}/{n} seeds, after " + _ratio(ratio)
-                        + " GRPO's generated tokens on average (GRPO's own curves: "
-                        + _ratio(results["methods"]["grpo"].get("tokens_to_grpo_final_ratio")) + ")"
+                        + f"; reaches GRPO's mean final on {reached}/{n} seeds, with " + _ratio(ratio)
+                        + " the tokens GRPO's curves took to reach it, on average"
+                        + (f" (the first evaluation puts a floor of {floor:.2f}x under this ratio)" if floor else "")
                         + (f" (left out, fewer than 2 seeds: {', '.join(left_out)})" if left_out else "")}
 
 
@@ -89,7 +94,7 @@ def _ratio(value: float | None) -> str:
 
 
 def _sc_above(results: dict[str, Any]) -> dict[str, Any]:
-    unjudged = _unjudged(SC, results, ["grpo", "sc_grpo"])
+    unjudged = _unjudged(SC, [_shared(results, "sc_grpo", "grpo")])
     if unjudged:
         return unjudged
     delta = results["methods"]["sc_grpo"]["delta_vs_grpo"]
@@ -109,7 +114,7 @@ def _tokens_to_target(results: dict[str, Any]) -> Any:
 def _srpo_sooner(results: dict[str, Any]) -> dict[str, Any]:
     """SRPO reaches GRPO's final sooner than RRPO and than GRPO: per-seed differences in generated tokens
     to GRPO's mean final accuracy, each interval below 0."""
-    unjudged = _unjudged(SRPO, results, ["grpo", "rrpo", "srpo"])
+    unjudged = _unjudged(SRPO, [_shared(results, "srpo", "rrpo"), _shared(results, "srpo", "grpo")])
     if unjudged:
         return unjudged
     tokens, m = _tokens_to_target(results), results["methods"]
@@ -128,17 +133,18 @@ def _srpo_sooner(results: dict[str, Any]) -> dict[str, Any]:
 
 def _controls(results: dict[str, Any], pairs: list[dict[str, Any]]) -> dict[str, Any]:
     credit = credit_methods(results["methods"])
-    pairs = [p for p in pairs if p["method"] in credit or p["method"] not in results["methods"]]
+    orphans = [p["control"] for p in pairs if p["method"] not in results["methods"]]  # nothing to be above
+    pairs = [p for p in pairs if p["method"] in credit]
     uncontrolled = [m for m in credit if m not in {p["method"] for p in pairs}]
-    note = f" (no control in the grid: {', '.join(uncontrolled)})" if uncontrolled else ""
-    unjudged = _unjudged(CONTROLS, results, [m for p in pairs for m in (p["method"], p["control"])
-                                             if m in results["methods"]])
+    note = ("".join([f" (no control in the grid: {', '.join(uncontrolled)})" if uncontrolled else "",
+                     f" (controls without their method, left out: {', '.join(orphans)})" if orphans else ""]))
+    if not pairs:
+        return {"goal": CONTROLS, "holds": None, "evidence": "not judged: no credit method has its control" + note}
+    unjudged = _unjudged(CONTROLS, [_shared(results, p["method"], p["control"]) for p in pairs])
     if unjudged:
         return {**unjudged, "evidence": unjudged["evidence"] + note}
-    above = [p["delta"] is not None and bool(excludes_zero(p["delta"], +1)) for p in pairs]
-    return {"goal": CONTROLS, "holds": all(above), "evidence": "; ".join(
-        f"{p['method']} − {p['control']}: " + (f"{points(p['delta'])} points" if p["delta"] else "missing")
-        for p in pairs) + note}
+    return {"goal": CONTROLS, "holds": all(bool(excludes_zero(p["delta"], +1)) for p in pairs), "evidence": "; ".join(
+        f"{p['method']} − {p['control']}: {points(p['delta'])} points" for p in pairs) + note}
 
 
 def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -160,8 +166,3 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def grpo_tokens_used(results: dict[str, Any]) -> float | None:
-    """Mean generated tokens of GRPO's runs: what GRPO spent to reach its final accuracy."""
-    runs = results["methods"].get("grpo", {}).get("seeds", {})
-    used = [r["tokens_generated"] for r in runs.values() if r.get("tokens_generated")]
-    return statistics.mean(used) if used else None

@@ -1,8 +1,9 @@
 """What a run directory must satisfy before training continues in it, or starts in it again.
 
 A checkpoint records the config it was trained with; a resume is refused when config.yaml has changed since
-(only `steps` may grow), when `--steps` would end the run before its checkpoint, and (credo.runs.MetricsLog)
-when metrics.jsonl lost rows. A run without a checkpoint starts again from step 0 only when it cannot have
+(but for fields that do not change training: `steps` may grow, `keep_checkpoints` and `final_eval_n` may
+change), when `--steps` would shorten the run, and (credo.runs.MetricsLog) when metrics.jsonl lost rows.
+Checkpoints written before configs were recorded are resumed unchecked. A run without a checkpoint starts again from step 0 only when it cannot have
 had one: not when it finished or logged past the first checkpoint's step (its checkpoints were removed).
 """
 
@@ -17,15 +18,19 @@ from credo.state_io import CorruptStateError
 from credo.train_config import TrainConfig, flatten_config
 
 
+# fields a resume may change in config.yaml: none of them changes what training does
+MAY_CHANGE = ("steps", "keep_checkpoints", "final_eval_n")
+
+
 def config_changes(saved: dict[str, Any] | None, config: TrainConfig) -> list[str]:
-    """The fields (but steps) whose value in `config` differs from `saved`, the config a checkpoint recorded
-    (None: a checkpoint from before configs were recorded, nothing to compare). A field only one side has
-    (one added to TrainConfig since) is not a difference."""
+    """The fields (but MAY_CHANGE) whose value in `config` differs from `saved`, the config a checkpoint
+    recorded (None: a checkpoint from before configs were recorded, nothing to compare). A field only one
+    side has (one added to TrainConfig since) is not a difference."""
     if saved is None:
         return []
     old, new = flatten_config(saved), flatten_config(to_dict(config))
     return [f"train.{k}: checkpoint {old[k]!r}, now {new[k]!r}" for k in sorted(set(old) & set(new))
-            if k != "steps" and old[k] != new[k]]
+            if k not in MAY_CHANGE and old[k] != new[k]]
 
 
 def check_resumable(state: dict[str, Any], config: TrainConfig, step: int, checkpoint: str) -> None:
@@ -34,11 +39,12 @@ def check_resumable(state: dict[str, Any], config: TrainConfig, step: int, check
     changed = config_changes(state.get("config"), config)
     if changed:
         raise CorruptStateError(f"the config differs from the one checkpoint {checkpoint} was trained with "
-                                f"({'; '.join(changed)}); only train.steps may change on resume (restore "
-                                "config.yaml, or start a new run)")
-    if step > config.steps:
-        raise ConfigError(f"train.steps={config.steps} is below step {step}, where the run's last checkpoint is; "
-                          "--steps can only extend a run")
+                                f"({'; '.join(changed)}); on resume only {', '.join('train.' + f for f in MAY_CHANGE)} "
+                                "may change (restore config.yaml, or start a new run)")
+    recorded = (state.get("config") or {}).get("steps", step)
+    if config.steps < max(step, recorded):
+        raise ConfigError(f"train.steps={config.steps} is below the {max(step, recorded)} steps the run was "
+                          f"trained towards (its last checkpoint is at step {step}); --steps can only extend a run")
 
 
 def check_restartable(run_dir: str, config: TrainConfig) -> None:

@@ -7,6 +7,7 @@ once it is complete, so a run killed at any moment leaves its last good state re
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import json
 import os
@@ -131,16 +132,20 @@ _SIGNATURES = {"train": ("config.yaml", "metrics.jsonl"), "sft": ("sft_config.ya
 _OWN_NAMES = {"train": ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "final"),
               "audit": ("audit.json", "localisers.json", "audit.md", "audit.png", "audit.html"),
               "compare": ("results.json", "report.md", "*.png", "runs", "audit", "failure-*.txt")}
-_ALWAYS_OWN = (KIND_MARKER, RUN_LOCK, ".tmp-*")
+# credo's bookkeeping, and what file systems and desktops leave in any folder (NFS's silly-renamed files,
+# macOS's .DS_Store): none of it is a user's work
+_ALWAYS_OWN = (KIND_MARKER, RUN_LOCK, ".tmp-*", ".DS_Store", ".nfs*")
+NOTES = ("README*",)  # a note beside an output: does not make it someone else's folder, but is never deleted
 
 
-def holds_only_own_files(path: str, kind: str) -> bool:
-    """Whether every entry of directory `path` is a name credo writes into a `kind` output."""
+def holds_only_own_files(path: str, kind: str, notes: bool = False) -> bool:
+    """Whether every entry of directory `path` is a name credo writes into a `kind` output (with `notes`,
+    a README beside them too: enough to recognise an output, not to delete the folder)."""
     names = _OWN_NAMES.get(kind)
     if names is None:
         return True
-    return all(any(fnmatch.fnmatchcase(entry, pattern) for pattern in names + _ALWAYS_OWN)
-               for entry in os.listdir(path))
+    allowed = names + _ALWAYS_OWN + (NOTES if notes else ())
+    return all(any(fnmatch.fnmatchcase(entry, pattern) for pattern in allowed) for entry in os.listdir(path))
 
 
 def run_kind(path: str) -> str | None:
@@ -152,10 +157,10 @@ def run_kind(path: str) -> str | None:
         with open(marker) as f:
             return f.read().strip() or None
     for kind, files in _SIGNATURES.items():
-        if all(os.path.exists(os.path.join(path, name)) for name in files) and holds_only_own_files(path, kind):
+        if all(os.path.exists(os.path.join(path, name)) for name in files) and holds_only_own_files(path, kind, notes=True):
             return kind
     runs = os.path.join(path, "runs")  # a comparison stopped before its first result
-    if (os.path.isdir(runs) and os.listdir(runs) and holds_only_own_files(path, "compare")
+    if (os.path.isdir(runs) and os.listdir(runs) and holds_only_own_files(path, "compare", notes=True)
             and all(run_kind(os.path.join(runs, r)) == "train" for r in os.listdir(runs))):
         return "compare"
     return None
@@ -208,36 +213,66 @@ def claim_output(path: str, kind: str, force: bool = False, inputs: tuple[str, .
     return False
 
 
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EBADF, errno.EACCES, errno.EROFS)
+
+
+def _warn_unlocked(run_dir: str, err: OSError) -> None:
+    import warnings
+    warnings.warn(f"{run_dir}: this file system gives no lock ({err.strerror}); a second process writing the same "
+                  "directory would not be stopped", stacklevel=3)
+
+
 @contextlib.contextmanager
 def run_lock(run_dir: str) -> Iterator[None]:
     """Hold an exclusive lock on `run_dir` while a process writes it: a second `credo train` (or a resume, or
     a --force replacement) of the same directory is refused instead of interleaving with the first. The lock
-    is the kernel's (flock), so a killed process releases it."""
+    is the kernel's (flock), so a killed process releases it. On a file system without locks (some NFS
+    mounts) the directory is written unlocked, with a warning, as before locks existed."""
     import fcntl
     os.makedirs(run_dir, exist_ok=True)
-    fd = os.open(os.path.join(run_dir, RUN_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(os.path.join(run_dir, RUN_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        if err.errno not in _NO_LOCKS:
+            raise
+        _warn_unlocked(run_dir, err)
+        yield
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise UserError(f"{run_dir} is being written by another credo process; wait for it or stop it first") from None
+        except OSError as err:
+            if err.errno not in _NO_LOCKS:
+                raise
+            _warn_unlocked(run_dir, err)
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
 
 
 def is_locked(run_dir: str) -> bool:
-    """Whether another process holds `run_dir`'s run_lock now."""
+    """Whether another process holds `run_dir`'s run_lock now (False where the file system has no locks)."""
     import fcntl
     path = os.path.join(run_dir, RUN_LOCK)
     if not os.path.isfile(path):
         return False
-    fd = os.open(path, os.O_RDONLY)
+    try:
+        fd = os.open(path, os.O_RDWR)  # NFS emulates flock with POSIX locks, which need a writable descriptor
+    except OSError as err:
+        if err.errno in _NO_LOCKS:
+            return False
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return False
     except BlockingIOError:
         return True
+    except OSError as err:
+        if err.errno in _NO_LOCKS:
+            return False
+        raise
     finally:
         os.close(fd)
 

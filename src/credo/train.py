@@ -286,14 +286,14 @@ class Trainer:
         if self.is_main and not os.path.exists(config_path):
             atomic_write_text(config_path, dump_yaml(self.config))
             atomic_write_text(os.path.join(self.run_dir, KIND_MARKER), "train\n")
-        resumed = self.restore()
         if not self.is_main:  # only the main process writes the run directory
             self.log = NullLog()
-        else:
+        resumed = self.restore()
+        if not resumed:  # every rank checks: a refusal on the main one alone would leave the others waiting
+            check_restartable(self.run_dir, self.config)
+        if self.is_main:  # the checks passed: config.yaml describes the run (an extended --steps included)
             update_config_yaml(config_path, self.config)
         if not resumed:
-            if self.is_main:
-                check_restartable(self.run_dir, self.config)
             self.log.truncate_after(-1)
             self.log.append({"step": 0, "tokens_generated": 0, "seconds": 0.0, "eval_accuracy": self.evaluate(self.config.eval_n)})
 
