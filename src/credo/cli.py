@@ -184,7 +184,7 @@ def _claim_run(run_dir: str, force: bool, inputs: tuple[str, ...], config) -> bo
     """Claim --out for a new training run; True if it holds an earlier run with nothing worth keeping: one
     that never reached a checkpoint (not one whose checkpoints were removed), is not running, and holds no
     file credo did not write."""
-    from credo.config import ConfigError
+    from credo.config import ConfigError, UserError
     from credo.resume_checks import check_restartable
     from credo.runs import claim_output, holds_only_own_files, is_locked
     if not claim_output(run_dir, "train", force=force, inputs=inputs):
@@ -196,7 +196,12 @@ def _claim_run(run_dir: str, force: bool, inputs: tuple[str, ...], config) -> bo
     if not holds_only_own_files(run_dir, "train"):
         raise ConfigError(f"{run_dir} holds a run that never reached a checkpoint, and files credo did not write; "
                           "nothing was touched (choose another --out, or pass --force to replace it all)")
-    check_restartable(run_dir, config)  # a run whose checkpoints were removed is not "nothing worth keeping"
+    try:  # the earlier run's own checkpoint_every says when it must have written a checkpoint
+        from credo.train_config import config_from_run
+        earlier = config_from_run(run_dir)
+    except (UserError, ValueError):
+        earlier = config
+    check_restartable(run_dir, earlier)  # a run whose checkpoints were removed is not "nothing worth keeping"
     return True
 
 
