@@ -274,3 +274,9 @@ def test_resume_may_change_what_does_not_change_training_but_never_shorten_it(tm
     assert main(["train", "--resume", run, "--quiet"]) == 0
     assert json.load(open(os.path.join(run, "summary.json")))["final_eval_n"] == 2
     assert len(os.listdir(os.path.join(run, "checkpoints"))) == 1
+
+
+def test_a_zero_head_count_is_named_not_divided_by():
+    from credo.sft import SFTConfig
+    with pytest.raises(ConfigError, match="sft.model.n_head must be positive, got 0"):
+        load_config(SFTConfig, None, ["model.n_head=0"], prefix="sft.")

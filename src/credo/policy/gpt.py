@@ -25,11 +25,11 @@ class GPTConfig:
     max_len: int = 256
 
     def __post_init__(self) -> None:
-        if self.d_model % self.n_head:
-            raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_head={self.n_head}")
-        for name in ("vocab_size", "n_layer", "d_model", "n_head", "max_len"):
+        for name in ("vocab_size", "n_layer", "d_model", "n_head", "max_len"):  # before the division below
             if getattr(self, name) <= 0:
                 raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_head={self.n_head}")
 
 
 class KVCache:
