@@ -94,3 +94,35 @@ def test_two_processes_give_one_process_advantages_and_update(tmp_path):
         assert r["max_abs_advantage"] > 0.1, credit  # a real signal, not all zeros
         assert r["advantages_max_abs_diff"] <= 1e-6, (credit, r)
         assert r["update_max_abs"] > 1e-3 and r["update_relative_l2_diff"] <= 1e-3, (credit, r)
+
+
+@pytest.mark.parametrize("setting, value", [("scale_rewards", "none"), ("scale_rewards", "batch"),
+                                            ("multi_objective_aggregation", "normalize_then_sum")])
+def test_trl_advantage_settings_credo_would_ignore_are_refused(tmp_path, setting, value):
+    from trl import GRPOConfig
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, report_to=[],
+                      use_cpu=True, bf16=False, **{setting: value})
+    with pytest.raises(ValueError, match=f"GRPOConfig.{setting}={value!r}"):
+        CreditGRPOTrainer(model=None, reward_funcs=reward_len, args=args, credit="grpo")  # refused before any model
+
+
+def test_spo_chain_scores_the_old_log_probs_trl_leaves_out_on_policy(tmp_path):
+    """On-policy TRL returns no old_per_token_logps; read as zeros (p_old = 1) SPO-chain finds no cut point and
+    trains nothing. Scored instead, its advantages are non-zero wherever TRL's are."""
+    trainer = make_trainer(tmp_path, "spo_chain")
+    trainer.model.train()
+    inputs = [trainer.train_dataset[i] for i in (0, 0, 0, 0)]
+    for seed in range(8):  # a batch where the rewards differ (else every advantage is 0 by construction)
+        torch.manual_seed(seed)
+        out = trainer._generate_and_score_completions(inputs)
+        if trainer._credo_rewards.std() > 0:
+            break
+    assert "old_per_token_logps" not in out
+    assert trainer._credo_rewards.std() > 0 and out["advantages"].abs().max() > 0
+
+
+def test_a_dataset_without_answers_is_refused_not_scored_as_all_wrong(tmp_path):
+    trainer = make_trainer(tmp_path, "rredcot")
+    trainer.model.train()
+    with pytest.raises(ValueError, match="'answer' column"):
+        trainer._generate_and_score_completions([{"prompt": trainer.train_dataset[0]["prompt"]}] * 4)

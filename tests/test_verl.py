@@ -41,6 +41,20 @@ def test_credo_grpo_estimator_equals_verls_grpo(seed, norm):
     assert (ours - theirs).abs().max() <= 1e-6 and torch.equal(ours, ret)
 
 
+def test_credo_grpo_reads_the_std_flag_from_the_algorithm_config_as_verl_calls_it():
+    """verl passes norm_adv_by_std_in_grpo to its own GRPO only; a registered estimator gets `config`."""
+    from omegaconf import OmegaConf
+    g = torch.Generator().manual_seed(0)
+    mask = torch.ones(8, 3)
+    rewards = torch.zeros(8, 3)
+    rewards[:, -1] = torch.randint(0, 2, (8,), generator=g).float()
+    index = np.array([f"uid-{i // 4}" for i in range(8)], dtype=object)
+    config = OmegaConf.create({"norm_adv_by_std_in_grpo": False})
+    ours, _ = make_verl_estimator("grpo")(token_level_rewards=rewards, response_mask=mask, index=index, config=config)
+    theirs, _ = core_algos.compute_grpo_outcome_advantage(rewards.clone(), mask, index, 1e-6, False)
+    assert (ours - theirs).abs().max() <= 1e-6
+
+
 def test_model_estimators_refused_by_the_reward_only_signature():
     with pytest.raises(ValueError, match="needs the model"):
         make_verl_estimator("rredcot")

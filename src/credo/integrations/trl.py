@@ -17,6 +17,11 @@ group ids are global and batch-wide statistics (RREDCoT's z, SC-GRPO's quantile)
 all processes (Probe.gather), so N processes give the advantages of one process on the same rollouts.
 TRL's logged advantages are replaced by the per-sequence means of credo's advantages.
 For `grpo` the subclass reproduces TRL's own advantages (sample std + 1e-4, as TRL computes them).
+TRL settings that only shape TRL's own advantages (`scale_rewards` other than "group",
+`multi_objective_aggregation` other than "sum_then_normalize") are refused at construction: credo's
+estimator would silently replace them. On-policy TRL returns no old log-probs; estimators that probe the
+model get them scored (SPO-chain's cut points read p_old). Rows need the dataset's `answer` column when a
+task is given.
 
 With TRL's vLLM generation (`use_vllm=True`) only sampling moves to vLLM: the Probe still scores (and,
 for MC estimators, samples continuations) with the training model as it is on this process, so credit
@@ -61,7 +66,7 @@ class CreditGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args: Any, credit: str = "grpo", credit_config: dict | None = None, task: Any = None,
                  sampling: SamplingConfig | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        # everything credo can check is checked before TRL loads models and reference models
         self.credit_spec = credit_registry.get(credit)
         options = dict(credit_config or {})
         if credit == "grpo":
@@ -69,6 +74,15 @@ class CreditGRPOTrainer(GRPOTrainer):
         self.credit_options = self.credit_spec.make_config(options)
         if self.credit_spec.uses_model and task is None:
             raise ValueError(f"estimator {credit!r} probes the model: pass task=credo.tasks.make_task(...)")
+        args_ = kwargs.get("args", args[2] if len(args) > 2 else None)  # GRPOTrainer(model, reward_funcs, args, ...)
+        if args_ is not None:
+            _check_trl_settings(args_, credit)
+        super().__init__(*args, **kwargs)
+        per_process = self.args.per_device_train_batch_size * self.args.steps_per_generation
+        if per_process % self.num_generations:
+            raise ValueError(f"credo credit needs whole groups on each process: per_device_train_batch_size x "
+                             f"steps_per_generation ({per_process}) must be a multiple of num_generations "
+                             f"({self.num_generations})")
         self.credit_task = task
         self.credit_sampling = sampling or SamplingConfig(max_new_tokens=self.max_completion_length)
         self.credit_generator = torch.Generator().manual_seed(self.args.seed)
@@ -88,9 +102,9 @@ class CreditGRPOTrainer(GRPOTrainer):
         if not self.model.training:
             return output
         started = time.perf_counter()
-        rollouts = self._rollouts(output)
         gather = process_group_gather() if self.accelerator.num_processes > 1 else None
         probe = Probe(self._probe_policy(), self.credit_task, self.credit_sampling, self.credit_generator, gather=gather)
+        rollouts = self._rollouts(output, probe)
         result = self.credit_spec(rollouts, probe, self.credit_options)
         advantages = result.advantages
         if result.weights is not None:
@@ -115,7 +129,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         rewards = torch.nan_to_num((rpf * weights).nansum(dim=1), nan=0.0)
         return rewards, self.accelerator.process_index * n
 
-    def _rollouts(self, output: dict) -> Rollouts:
+    def _rollouts(self, output: dict, probe: Probe) -> Rollouts:
         completion_ids, completion_mask = output["completion_ids"], output["completion_mask"].bool()
         B = completion_ids.shape[0]
         if B % self.num_generations:
@@ -129,13 +143,24 @@ class CreditGRPOTrainer(GRPOTrainer):
         texts = [tokenizer.decode(row[m], skip_special_tokens=True) for row, m in zip(completion_ids, completion_mask)]
         problems = []
         for x in self._credo_inputs:
+            if self.credit_task is not None and "answer" not in x:  # else every row would count as wrong
+                raise ValueError("credo credit with a task reads each row's gold answer from the dataset's 'answer' "
+                                 f"column; this dataset's rows have {sorted(x)}")
             prompt = x["prompt"] if isinstance(x["prompt"], str) else x["prompt"][-1]["content"]
             problems.append(Problem(key=prompt, prompt=prompt, answer=str(x.get("answer", "")), data=dict(x)))
         task = self.credit_task
         correct = torch.tensor([bool(task.is_correct(p, t)) if task is not None else float(r) >= 1.0
                                 for p, t, r in zip(problems, texts, rewards)])
         old = output.get("old_per_token_logps")
-        old = old.detach().float().cpu() if old is not None else torch.zeros(completion_ids.shape)
+        if old is not None:
+            old = old.detach().float().cpu()
+        elif self.credit_spec.uses_model:
+            # on-policy TRL returns none (its loss then takes the current log-probs as the old ones): score them,
+            # since SPO-chain's cut points and the cutpoints segmenter read p_old (zeros read as p = 1 everywhere)
+            old, _ = probe.score(output["prompt_ids"].cpu(), output["prompt_mask"].bool().cpu(), completion_ids.cpu(),
+                                 completion_mask.cpu())
+        else:
+            old = torch.zeros(completion_ids.shape)  # a group estimator never reads them
         return Rollouts(prompt_ids=output["prompt_ids"].cpu(), prompt_mask=output["prompt_mask"].bool().cpu(),
                         completion_ids=completion_ids.cpu(), completion_mask=completion_mask.cpu(), group=group,
                         rewards=rewards, old_logprobs=old * completion_mask.cpu(), correct=correct, problems=problems,
@@ -154,3 +179,18 @@ class CreditGRPOTrainer(GRPOTrainer):
         for _ in range(min(len(gathered), len(logged))):
             logged.pop()
         logged.extend(gathered.tolist())
+
+
+def _check_trl_settings(args: Any, credit: str) -> None:
+    """Refuse TRL advantage settings that credo's estimator would silently replace: credo computes the
+    advantages itself, so TRL's reward scaling and multi-reward aggregation never reach them."""
+    scale = {True: "group", False: "none"}.get(getattr(args, "scale_rewards", "group"), getattr(args, "scale_rewards", "group"))
+    if scale != "group":
+        hint = " (credit='dr_grpo' does not divide by the std)" if scale == "none" else ""
+        raise ValueError(f"GRPOConfig.scale_rewards={scale!r}: credo's {credit!r} estimator computes the advantages, "
+                         f"so TRL's reward scaling would be ignored; keep scale_rewards='group' and choose the "
+                         f"normalisation with credit/credit_config{hint}")
+    aggregation = getattr(args, "multi_objective_aggregation", "sum_then_normalize")
+    if aggregation != "sum_then_normalize":
+        raise ValueError(f"GRPOConfig.multi_objective_aggregation={aggregation!r}: credo's estimators read the weighted "
+                         "sum of the rewards (sum_then_normalize); other aggregations would be ignored")

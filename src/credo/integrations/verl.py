@@ -44,6 +44,15 @@ def _singletons(group: torch.Tensor) -> torch.Tensor:
     return counts[inverse] == 1
 
 
+def _config_value(config: Any, key: str) -> Any:
+    """config[key] of a dict, DictConfig or dataclass config (None when absent)."""
+    if config is None:
+        return None
+    if hasattr(config, "get"):
+        return config.get(key)
+    return getattr(config, key, None)
+
+
 def make_verl_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """A verl-signature wrapper of credo's reward-only estimator `name`."""
     if name not in REWARD_ONLY:
@@ -52,6 +61,9 @@ def make_verl_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Te
 
     def estimator(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, epsilon: float = 1e-6,
                   norm_adv_by_std_in_grpo: bool = True, config: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        # verl hands its own GRPO the flag, but a registered estimator only `config` (algorithm config)
+        from_config = _config_value(config, "norm_adv_by_std_in_grpo")
+        norm_adv_by_std_in_grpo = norm_adv_by_std_in_grpo if from_config is None else bool(from_config)
         scores = token_level_rewards.sum(-1).float()
         group = _group_ids(index).to(scores.device)
         if name == "rloo":
