@@ -126,3 +126,14 @@ def test_a_dataset_without_answers_is_refused_not_scored_as_all_wrong(tmp_path):
     trainer.model.train()
     with pytest.raises(ValueError, match="'answer' column"):
         trainer._generate_and_score_completions([{"prompt": trainer.train_dataset[0]["prompt"]}] * 4)
+
+
+def test_the_probe_samples_with_trls_temperature_and_top_p(tmp_path):
+    from trl import GRPOConfig
+    tokenizer = build_tokenizer()
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
+                      report_to=[], use_cpu=True, bf16=False, temperature=0.7, top_p=0.9)
+    trainer = CreditGRPOTrainer(model=tiny_model(tokenizer), processing_class=tokenizer, reward_funcs=reward_len,
+                                args=args, train_dataset=datasets.Dataset.from_list([{"prompt": "1+1", "answer": "2"}] * 4),
+                                credit="vineppo", task=make_task("gym:chain_sum"))
+    assert (trainer.credit_sampling.temperature, trainer.credit_sampling.top_p) == (0.7, 0.9)

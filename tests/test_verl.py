@@ -258,6 +258,27 @@ def test_worker_mixin_scores_with_a_streamed_copy_of_the_actor(setup):
     assert (out.batch["advantages"] - expected).abs().max() <= 1e-6 and expected.abs().max() > 0.5
 
 
+def test_a_weight_stream_whose_names_do_not_match_is_refused_not_scored_with_random_weights(setup):
+    from types import SimpleNamespace
+    from credo.integrations.verl_worker import CredoCreditWorkerMixin
+    policy, _, _ = setup
+
+    class Prefixed(FakeEngine):  # e.g. an engine that streams "module."-prefixed names
+        def get_per_tensor_param(self):
+            return ((f"module.{n}", t.detach().clone()) for n, t in self.model.state_dict().items()), None
+
+    class Worker(CredoCreditWorkerMixin):
+        credo_module_dtype = torch.float32
+
+    worker = Worker()
+    worker.actor = SimpleNamespace(engine=Prefixed(policy.model),
+                                   model_config=SimpleNamespace(tokenizer=policy.tokenizer, hf_config=policy.model.config))
+    with pytest.raises(RuntimeError, match="got no streamed weights"):
+        worker._credo_synced_module()
+    worker.actor.engine = FakeEngine(policy.model)
+    assert worker._credo_synced_module() is worker._credo_module  # the matching stream passes
+
+
 def test_dataset_rows_survive_parquet_and_score_with_the_tasks_verifier(setup, tmp_path):
     import pandas as pd
     from credo.integrations.verl_credit import compute_score, problems_from_batch

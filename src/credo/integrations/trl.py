@@ -84,7 +84,9 @@ class CreditGRPOTrainer(GRPOTrainer):
                              f"steps_per_generation ({per_process}) must be a multiple of num_generations "
                              f"({self.num_generations})")
         self.credit_task = task
-        self.credit_sampling = sampling or SamplingConfig(max_new_tokens=self.max_completion_length)
+        # an MC estimator's continuations come from the policy TRL samples from: its temperature and top_p
+        self.credit_sampling = sampling or SamplingConfig(temperature=self.args.temperature, top_p=self.args.top_p,
+                                                          max_new_tokens=self.max_completion_length)
         self.credit_generator = torch.Generator().manual_seed(self.args.seed)
         self._credo_rewards: torch.Tensor | None = None
         self._credo_inputs: list[dict] = []

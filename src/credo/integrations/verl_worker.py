@@ -31,6 +31,7 @@ class CredoCreditWorkerMixin:
     credo_module_dtype: torch.dtype = torch.bfloat16  # the scoring copy's dtype
     _credo_module: torch.nn.Module | None = None
     _credo_tasks: dict | None = None
+    _credo_synced_once: bool = False
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def credo_compute_advantage(self, data: DataProto) -> DataProto:
@@ -70,7 +71,24 @@ class CredoCreditWorkerMixin:
                 self._credo_module = AutoModelForCausalLM.from_config(hf_config, torch_dtype=self.credo_module_dtype)
             self._credo_module.eval().requires_grad_(False)
         state = self._credo_module.state_dict()
+        updated = set()
         for name, tensor in params:
             if name in state:
                 state[name].copy_(tensor.to(state[name].device, state[name].dtype))
+                updated.add(name)
+        if not self._credo_synced_once:  # a naming mismatch would leave random weights scoring the credit
+            _check_all_synced(self._credo_module, updated)
+            self._credo_synced_once = True
         return self._credo_module
+
+
+def _check_all_synced(module: torch.nn.Module, updated: set[str]) -> None:
+    """Every parameter of the scoring copy must have come from the engine's weight stream: a name that did not
+    match (a prefix, an unfused layer) would leave the copy's random initialisation scoring the credit. A
+    parameter tied to one that was updated (tied embeddings) shares its storage and counts as updated."""
+    updated_storage = {p.data_ptr() for n, p in module.named_parameters() if n in updated}
+    missed = [n for n, p in module.named_parameters(remove_duplicate=False)
+              if n not in updated and p.data_ptr() not in updated_storage]
+    if missed:
+        raise RuntimeError(f"credo's scoring copy of the actor got no streamed weights for {len(missed)} parameter(s) "
+                           f"(e.g. {missed[:3]}): the engine's parameter names do not match the HF model's")
