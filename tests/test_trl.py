@@ -137,3 +137,24 @@ def test_the_probe_samples_with_trls_temperature_and_top_p(tmp_path):
                                 args=args, train_dataset=datasets.Dataset.from_list([{"prompt": "1+1", "answer": "2"}] * 4),
                                 credit="vineppo", task=make_task("gym:chain_sum"))
     assert (trainer.credit_sampling.temperature, trainer.credit_sampling.top_p) == (0.7, 0.9)
+
+
+def test_a_loss_mask_reaches_trls_loss_as_its_tool_mask(tmp_path):
+    """SPO-chain trains only its cut segments: the mask goes to TRL as tool_mask (honoured by the loss, the KL
+    term and num_items_in_batch) instead of zeroed advantages, which left the masked tokens in the denominators."""
+    trainer = make_trainer(tmp_path, "spo_chain")
+    trainer.model.train()
+    torch.manual_seed(0)
+    out = trainer._generate_and_score_completions([trainer.train_dataset[i] for i in (0, 0, 0, 0)])
+    assert "tool_mask" in out  # the estimator's mask went to TRL
+    mask = torch.ones_like(out["completion_mask"])
+    mask[:, ::2] = 0  # every other token masked out
+    trainer._apply_loss_mask(out, mask.bool())
+    kept = int((mask * out["completion_mask"]).sum())
+    assert int(out["num_items_in_batch"]) == kept and torch.equal(out["tool_mask"], mask.int())
+    # a masked token's advantage, however large, does not move the loss
+    trainer.current_gradient_accumulation_steps = 1  # set by TRL's training_step, which this test bypasses
+    out["advantages"] = torch.where(mask.bool(), torch.full_like(out["advantages"], 0.5), torch.zeros_like(out["advantages"]))
+    base = trainer.compute_loss(trainer.model, dict(out))
+    out["advantages"] = torch.where(mask.bool(), out["advantages"], torch.full_like(out["advantages"], 1e3))
+    assert torch.allclose(trainer.compute_loss(trainer.model, dict(out)), base)

@@ -9,7 +9,8 @@ prompts and right-padded completions, group = position // num_generations, rewar
 weighted reward sum), runs the named credo estimator through a Probe backed by the trainer's own
 model, and replaces TRL's per-sequence advantages with the estimator's `(B, T)` advantages, which
 TRL's loss accepts as they are. Token weights (SC-GRPO) are folded into the advantages (the clipped
-surrogate is linear in a non-negative weight); a loss mask (SPO-chain) zeroes advantages outside it.
+surrogate is linear in a non-negative weight); a loss mask (SPO-chain) becomes TRL's `tool_mask`, so the
+masked tokens leave TRL's loss, its KL term and its token count.
 Across processes (accelerate/DeepSpeed): each process runs the estimator on its own rows, which must
 be whole groups (TRL deals the generation batch out in contiguous slices, so the per-process batch,
 per_device_train_batch_size * steps_per_generation, must be a multiple of num_generations; checked);
@@ -112,7 +113,8 @@ class CreditGRPOTrainer(GRPOTrainer):
         if result.weights is not None:
             advantages = advantages * result.weights
         if result.loss_mask is not None:
-            advantages = advantages * result.loss_mask
+            self._apply_loss_mask(output, result.loss_mask)
+            advantages = advantages * result.loss_mask  # for the logged means only: the mask already drops them
         output["advantages"] = advantages.to(output["completion_ids"].device)
         self._replace_logged_advantages(advantages, rollouts.completion_mask)
         self.credit_cost_total["tokens_scored"] += result.cost.tokens_scored
@@ -124,6 +126,19 @@ class CreditGRPOTrainer(GRPOTrainer):
         return output
 
     # --- building blocks ------------------------------------------------------------------------------
+    def _apply_loss_mask(self, output: dict, loss_mask: torch.Tensor) -> None:
+        """An estimator's loss mask (SPO-chain trains only its cut segments) as TRL's own `tool_mask`, which
+        TRL's loss, KL and entropy terms and its token count (`num_items_in_batch`) all honour. Zeroing the
+        advantages instead would leave the masked tokens in the loss's denominators and its KL term."""
+        device = output["completion_ids"].device
+        mask = loss_mask.to(device).int()
+        if output.get("tool_mask") is not None:
+            mask = mask * output["tool_mask"]
+        output["tool_mask"] = mask
+        counted = output["completion_mask"] * mask
+        output["num_items_in_batch"] = self.accelerator.gather(counted.sum()).sum()
+
+
     def _local_rewards(self, n: int) -> tuple[torch.Tensor, int]:
         """TRL's gathered rewards (weighted sum over reward functions) and this process's first row."""
         rpf = self._credo_rewards
