@@ -158,3 +158,61 @@ def test_a_loss_mask_reaches_trls_loss_as_its_tool_mask(tmp_path):
     base = trainer.compute_loss(trainer.model, dict(out))
     out["advantages"] = torch.where(mask.bool(), out["advantages"], torch.full_like(out["advantages"], 1e3))
     assert torch.allclose(trainer.compute_loss(trainer.model, dict(out)), base)
+
+
+def conversational_trainer(tmp_path, credit="sc_grpo"):
+    """A TRL dataset of conversations: a system message, an earlier exchange, then the problem."""
+    from trl import GRPOConfig
+    tokenizer = build_tokenizer()
+    task = make_task("gym:chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
+    rows = [{"prompt": [{"role": "system", "content": "Think step by step."},
+                        {"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"},
+                        {"role": "user", "content": p.prompt}], "answer": p.answer} for p in task.heldout_problems(4)]
+    args = GRPOConfig(output_dir=str(tmp_path / credit), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=8, report_to=[], use_cpu=True, bf16=False, seed=0, save_strategy="no")
+    trainer = CreditGRPOTrainer(model=tiny_model(tokenizer), processing_class=tokenizer, reward_funcs=reward_len,
+                                args=args, train_dataset=datasets.Dataset.from_list(rows), credit=credit, task=task)
+    return trainer, task
+
+
+def probe_prompt_ids(trainer, rows):
+    """The ids the Probe's policy gives each row's problem prompt, and the ids TRL sampled from."""
+    trainer._credo_inputs = rows
+    policy = trainer._probe_policy()
+    texts = [r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"] for r in rows]
+    ids, mask = policy.encode_prompts(texts)
+    ours = [row[m].tolist() for row, m in zip(ids, mask)]
+    theirs = [list(x) for x in trainer._tokenize_prompts([r["prompt"] for r in rows])[0]]
+    return policy, ours, theirs
+
+
+def test_the_probe_renders_text_prompts_as_trl_does_without_a_chat_template(tmp_path):
+    """TRL tokenises a text prompt as it is, even when the tokenizer has a chat template; a teacher prompt
+    wrapped in the template would differ from the student's in format, and SC-GRPO would read that as credit."""
+    trainer = make_trainer(tmp_path, "sc_grpo")
+    assert trainer.processing_class.chat_template  # the template exists: TRL still does not use it here
+    policy, ours, theirs = probe_prompt_ids(trainer, [trainer.train_dataset[i] for i in range(4)])
+    assert ours == theirs and not policy.chat
+
+
+def test_the_probe_renders_conversations_as_trl_does_whole(tmp_path):
+    trainer, task = conversational_trainer(tmp_path)
+    rows = [trainer.train_dataset[i] for i in range(4)]
+    policy, ours, theirs = probe_prompt_ids(trainer, rows)
+    assert ours == theirs and policy.chat
+    # SC-GRPO's teacher: the row's whole conversation, the reference joined to its system message
+    from credo.tasks.base import Problem
+    problem_text = rows[0]["prompt"][-1]["content"]
+    teacher = policy.format_prompt(task.reference_prompt(Problem(key=problem_text, prompt=problem_text,
+                                                                 answer=rows[0]["answer"]), "REFERENCE-42"))
+    assert teacher.startswith("<|system|>Think step by step.\n\n") and "REFERENCE-42" in teacher
+    assert "<|user|>1+1\n<|assistant|>2\n" in teacher and teacher.endswith(f"<|user|>{problem_text}\n<|assistant|>")
+
+
+def test_sc_grpo_gives_advantages_on_conversational_rows(tmp_path):
+    trainer, _ = conversational_trainer(tmp_path)
+    trainer.model.train()
+    torch.manual_seed(0)
+    out = trainer._generate_and_score_completions([trainer.train_dataset[i] for i in (0, 0, 0, 0)])
+    mask = out["completion_mask"].bool()
+    assert out["advantages"].shape == mask.shape and (out["advantages"][~mask] == 0).all()

@@ -312,3 +312,25 @@ def test_credo_spec_reads_the_estimator_and_the_top_level_credo_key():
     assert credo_spec(OmegaConf.create({"algorithm": {"adv_estimator": "grpo"}})) is None
     with pytest.raises(ValueError, match=r"\+credo.task"):
         credo_spec(OmegaConf.create({"algorithm": {"adv_estimator": "credo:sc_grpo"}}))
+
+
+@pytest.mark.parametrize("method", ["rredcot", "sc_grpo"])
+def test_multi_turn_tool_tokens_stay_in_the_scored_context_and_get_no_advantage(setup, method):
+    """verl's multi-turn rollouts mark tool/environment tokens 0 in response_mask and 1 in attention_mask.
+    The model read them while it wrote, so the credit must score them as context (the same credit as the
+    same tokens in a single-turn batch) and give them no advantage (response_mask is the loss mask)."""
+    policy, task, r = setup
+    order = torch.arange(r.batch_size)
+    single = apply_credit(to_dataproto(r, task, order), method, module=policy.model, tokenizer=policy.tokenizer,
+                          task=task, seed=3).batch["advantages"]
+    multi = to_dataproto(r, task, order)
+    tool = torch.zeros_like(multi.batch["response_mask"], dtype=torch.bool)
+    long_rows = (r.completion_mask.sum(1) >= 6).nonzero().flatten()
+    assert len(long_rows) >= 4
+    tool[long_rows, 2:4] = True  # two tool tokens inside each long response
+    multi.batch["response_mask"] = multi.batch["response_mask"] * (~tool).long()
+    ours = apply_credit(multi, method, module=policy.model, tokenizer=policy.tokenizer, task=task,
+                        seed=3).batch["advantages"]
+    assert single[tool].abs().max() > 0  # the same tokens had credit as the model's own
+    assert (ours[tool] == 0).all()
+    assert (ours - single * (~tool)).abs().max() <= 1e-6

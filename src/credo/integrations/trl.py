@@ -22,7 +22,8 @@ TRL settings that only shape TRL's own advantages (`scale_rewards` other than "g
 `multi_objective_aggregation` other than "sum_then_normalize") are refused at construction: credo's
 estimator would silently replace them. On-policy TRL returns no old log-probs; estimators that probe the
 model get them scored (SPO-chain's cut points read p_old). Rows need the dataset's `answer` column when a
-task is given.
+task is given. Prompts the Probe builds itself (SC-GRPO's teacher) render as TRL rendered the batch's
+(`TRLPromptPolicy`): a difference in format alone would otherwise read as credit.
 
 With TRL's vLLM generation (`use_vllm=True`) only sampling moves to vLLM: the Probe still scores (and,
 for MC estimators, samples continuations) with the training model as it is on this process, so credit
@@ -51,7 +52,8 @@ if trl.__version__ != SUPPORTED_TRL:
 
 from credo import credit as credit_registry  # noqa: E402
 from credo.integrations.shards import process_group_gather  # noqa: E402
-from credo.policy.base import SamplingConfig  # noqa: E402
+from credo.policy.base import SamplingConfig, as_prompt, render_plain  # noqa: E402
+from credo.policy.hf import HFPolicy  # noqa: E402
 from credo.probe import Probe  # noqa: E402
 from credo.rollouts import Rollouts  # noqa: E402
 from credo.tasks.base import Problem  # noqa: E402
@@ -163,7 +165,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             if self.credit_task is not None and "answer" not in x:  # else every row would count as wrong
                 raise ValueError("credo credit with a task reads each row's gold answer from the dataset's 'answer' "
                                  f"column; this dataset's rows have {sorted(x)}")
-            prompt = x["prompt"] if isinstance(x["prompt"], str) else x["prompt"][-1]["content"]
+            prompt = x["prompt"] if isinstance(x["prompt"], str) else _last_text(x["prompt"])
             problems.append(Problem(key=prompt, prompt=prompt, answer=str(x.get("answer", "")), data=dict(x)))
         task = self.credit_task
         correct = torch.tensor([bool(task.is_correct(p, t)) if task is not None else float(r) >= 1.0
@@ -184,10 +186,18 @@ class CreditGRPOTrainer(GRPOTrainer):
                         completions=texts)
 
     def _probe_policy(self) -> Any:
-        from credo.policy.hf import HFPolicy
+        """The trainer's model behind credo's Policy interface, rendering the Probe's own prompts (SC-GRPO's
+        teacher) as TRL rendered this batch's (`TRLPromptPolicy`)."""
+        from trl.data_utils import is_conversational
         model = self.accelerator.unwrap_model(self.model)
-        policy = HFPolicy(model, self.processing_class, device=model.device, chat=None, cast=False)
-        return policy
+        rows = self._credo_inputs
+        conversational = bool(rows) and is_conversational({"prompt": rows[0]["prompt"]})
+        conversations = {}
+        if conversational:
+            conversations = {_last_text(x["prompt"]): [dict(m) for m in x["prompt"]] for x in rows}
+        return TRLPromptPolicy(model, self.processing_class, conversations=conversations, chat=conversational,
+                               chat_template=self.chat_template, tools=self.tools or None,
+                               template_options=self.chat_template_kwargs)
 
     def _replace_logged_advantages(self, advantages: torch.Tensor, mask: torch.Tensor) -> None:
         per_sequence = (advantages.cpu() * mask).sum(1) / mask.sum(1).clamp(min=1)
@@ -196,6 +206,51 @@ class CreditGRPOTrainer(GRPOTrainer):
         for _ in range(min(len(gathered), len(logged))):
             logged.pop()
         logged.extend(gathered.tolist())
+
+
+def _last_text(messages: list[dict]) -> str:
+    """A conversational prompt's last message as text: the problem credo's task sees."""
+    content = messages[-1]["content"]
+    if not isinstance(content, str):
+        raise ValueError("credo credit reads text prompts; this dataset's last prompt message holds "
+                         f"{type(content).__name__} content (multimodal prompts are not supported)")
+    return content
+
+
+class TRLPromptPolicy(HFPolicy):
+    """HFPolicy whose own prompts render as TRL renders the dataset's: the Probe compares what the model
+    says under a prompt it builds (SC-GRPO's teacher: the problem plus a reference solution) with what it
+    said under TRL's prompt, so any formatting difference between the two would be read as credit.
+
+    chat=False (a dataset of text prompts): TRL tokenises the text as it is (with the tokenizer's special
+    tokens), so a built prompt is its plain text, with no chat template. chat=True (conversational rows):
+    a built prompt for a problem keeps its row's whole conversation (system message, earlier turns),
+    the built prompt's system part joined to the row's system message (or a system message of its own),
+    rendered with TRL's chat template, tools and chat_template_kwargs. conversations maps each row's last
+    message text (credo's problem prompt) to its messages; a prompt that names no row is one user turn.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, conversations: dict[str, list[dict]], chat: bool,
+                 chat_template: str | None = None, tools: list | None = None,
+                 template_options: dict | None = None) -> None:
+        super().__init__(model, tokenizer, device=model.device, chat=chat, cast=False)
+        self.chat = chat  # TRL's rule (the rows' form), not whether the tokenizer has a template
+        self.conversations = conversations
+        self.chat_template, self.tools, self.template_options = chat_template, tools, dict(template_options or {})
+
+    def format_prompt(self, text: Any, system: bool = True) -> str:
+        if not self.chat:
+            return render_plain(text)
+        prompt = as_prompt(text)
+        row = self.conversations.get(prompt.user) if system else None
+        messages = [dict(m) for m in row] if row else [{"role": "user", "content": prompt.user}]
+        if prompt.system:
+            if messages[0]["role"] == "system":
+                messages[0]["content"] = f"{messages[0]['content']}\n\n{prompt.system}"
+            else:
+                messages.insert(0, {"role": "system", "content": prompt.system})
+        return self.tokenizer.apply_chat_template(messages, tools=self.tools, chat_template=self.chat_template,
+                                                  add_generation_prompt=True, tokenize=False, **self.template_options)
 
 
 def _check_trl_settings(args: Any, credit: str) -> None:

@@ -5,6 +5,7 @@
 verl's layout (0.9.x), B rows of one data-parallel shard:
     prompts[B, P]            left-padded prompt ids        attention_mask[B, P + R]  1 on real tokens
     responses[B, R]          right-padded response ids     response_mask[B, R]       1 on trainable response tokens
+                             (multi-turn: 0 on tool/environment tokens, which the attention mask keeps)
     token_level_scores[B, R] the verifier's score at the last response token (token_level_rewards: after a
                              KL-in-reward penalty; used when present, as verl's own estimators do)
     old_log_probs[B, R]      optional; uid (non-tensor): the prompt each row was sampled from
@@ -15,7 +16,9 @@ verl's layout (0.9.x), B rows of one data-parallel shard:
 `apply_credit` builds credo `Rollouts` from these, runs the estimator through a Probe on `module` (a plain
 Hugging Face causal LM: on FSDP workers an unsharded copy, see verl_worker.py), and writes
 `advantages` and `returns` [B, R]: the estimator's per-token advantages with any token weights (SC-GRPO)
-folded in (verl's clipped surrogate is linear in a non-negative weight) and zero outside a loss mask.
+folded in (verl's clipped surrogate is linear in a non-negative weight) and zero outside a loss mask and
+outside `response_mask`. The completion credo scores is every real response token (the attention mask), so
+a multi-turn rollout's tool outputs stay in the context the probe reads, as they were when the model wrote.
 Whole groups must be on the shard; batch-wide statistics cross shards through `gather` (shards.py).
 """
 
@@ -94,7 +97,9 @@ def rollouts_from_batch(batch: Any, policy: Any, task: Any) -> Rollouts:
     prompts, responses = t["prompts"], t["responses"]
     P = prompts.shape[1]
     prompt_mask = t["attention_mask"][:, :P].bool()
-    completion_mask = t["response_mask"].bool() if "response_mask" in t.keys() else t["attention_mask"][:, P:].bool()
+    # every real response token, tool outputs of a multi-turn rollout included: the model read them, so the
+    # probe must too (response_mask, which drops them, is the loss mask: see trainable_mask)
+    completion_mask = t["attention_mask"][:, P:].bool()
     scores = t["token_level_rewards"] if "token_level_rewards" in t.keys() else t["token_level_scores"]
     rewards = scores.sum(-1).float().cpu()
     if "credo_group" in t.keys():
@@ -110,6 +115,15 @@ def rollouts_from_batch(batch: Any, policy: Any, task: Any) -> Rollouts:
                     completion_mask=completion_mask.to(device), group=group, rewards=rewards,
                     old_logprobs=(old * completion_mask.cpu()).to(device), correct=correct, problems=problems,
                     completions=texts)
+
+
+def trainable_mask(batch: Any) -> torch.Tensor:
+    """mask[B, R]: the response tokens verl trains on. In a multi-turn rollout, verl's `response_mask` drops
+    the tool or environment tokens between the model's turns; they stay in the completion credo scores
+    (attention_mask) and get no advantage. Single-turn: response_mask equals the response's attention mask."""
+    t = batch.batch
+    P = t["prompts"].shape[1]
+    return (t["response_mask"] if "response_mask" in t.keys() else t["attention_mask"][:, P:]).bool()
 
 
 def folded_advantages(result: Credit) -> torch.Tensor:
@@ -148,8 +162,9 @@ def apply_credit(batch: Any, estimator: str, *, module: torch.nn.Module, tokeniz
     sampling = sampling or SamplingConfig(max_new_tokens=int(rollouts.completion_ids.shape[1]))
     probe = Probe(policy, task, sampling, torch.Generator().manual_seed(seed), gather=gather)
     result = spec(rollouts, probe, options)
-    advantages = folded_advantages(result).float() * rollouts.completion_mask.float()
     target = batch.batch["responses"].device
+    folded = folded_advantages(result).float()
+    advantages = folded * trainable_mask(batch).to(folded.device).float()  # within the completion mask
     batch.batch["advantages"] = advantages.to(target)
     batch.batch["returns"] = advantages.clone().to(target)
     cost = torch.zeros(len(batch), 2)
