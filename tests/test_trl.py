@@ -178,11 +178,11 @@ def conversational_trainer(tmp_path, credit="sc_grpo"):
 def probe_prompt_ids(trainer, rows):
     """The ids the Probe's policy gives each row's problem prompt, and the ids TRL sampled from."""
     trainer._credo_inputs = rows
+    theirs = [list(x) for x in trainer._tokenize_prompts([r["prompt"] for r in rows])[0]]
     policy = trainer._probe_policy()
     texts = [r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"] for r in rows]
     ids, mask = policy.encode_prompts(texts)
     ours = [row[m].tolist() for row, m in zip(ids, mask)]
-    theirs = [list(x) for x in trainer._tokenize_prompts([r["prompt"] for r in rows])[0]]
     return policy, ours, theirs
 
 
@@ -209,10 +209,69 @@ def test_the_probe_renders_conversations_as_trl_does_whole(tmp_path):
     assert "<|user|>1+1\n<|assistant|>2\n" in teacher and teacher.endswith(f"<|user|>{problem_text}\n<|assistant|>")
 
 
-def test_sc_grpo_gives_advantages_on_conversational_rows(tmp_path):
+def test_the_probe_builds_on_the_prompts_trl_rendered_not_the_dataset_rows(tmp_path):
+    """With an environment, TRL appends reset()'s observation to the last message before tokenising; the
+    Probe must build on that conversation (recorded by _tokenize_prompts), not on the dataset's row."""
     trainer, _ = conversational_trainer(tmp_path)
+    rows = [trainer.train_dataset[i] for i in range(4)]
+    trainer._credo_inputs = rows
+    rendered = [r["prompt"][:-1] + [{"role": "user", "content": r["prompt"][-1]["content"] + " Observation: 7."}]
+                for r in rows]
+    theirs = [list(x) for x in trainer._tokenize_prompts(rendered)[0]]
+    policy = trainer._probe_policy()
+    ids, mask = policy.encode_prompts([m[-1]["content"] for m in rendered])
+    assert [row[m].tolist() for row, m in zip(ids, mask)] == theirs
+
+
+def test_rows_that_share_a_last_message_but_not_their_context_are_refused(tmp_path):
+    trainer, _ = conversational_trainer(tmp_path)
+    rows = [trainer.train_dataset[i] for i in (0, 0)]
+    other = dict(rows[1], prompt=[{"role": "system", "content": "Answer tersely."}] + rows[1]["prompt"][1:])
+    trainer._credo_inputs = [rows[0], other]
+    trainer._tokenize_prompts([rows[0]["prompt"], other["prompt"]])
+    with pytest.raises(ValueError, match="same message but differ before it"):
+        trainer._probe_policy()
+
+
+def test_the_probe_tokenises_with_trls_chat_template_kwargs(tmp_path):
+    """sanitize_control_tokens (a chat_template_kwargs TRL passes on) works only when tokenising: the probe
+    tokenises through the same call, so its ids equal TRL's."""
+    trainer, _ = conversational_trainer(tmp_path)
+    trainer.chat_template_kwargs = {"sanitize_control_tokens": True}
+    rows = [dict(r, prompt=r["prompt"][:-1] + [{"role": "user", "content": r["prompt"][-1]["content"] + " <eos>"}])
+            for r in (trainer.train_dataset[i] for i in range(4))]
+    policy, ours, theirs = probe_prompt_ids(trainer, rows)
+    plain = [list(x) for x in trainer.processing_class.apply_chat_template(
+        [r["prompt"] for r in rows], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]]
+    assert ours == theirs and ours != plain  # the option changed the ids, and the probe followed it
+
+
+def test_trls_tool_mask_is_the_estimators_loss_mask(tmp_path, monkeypatch):
+    """With tools, TRL's tool_mask is 0 on the tool outputs inside a completion: they stay in the scored
+    context (completion_mask) and are the Rollouts' loss mask, over which estimators normalise."""
+    from trl import GRPOTrainer
+    trainer, _ = conversational_trainer(tmp_path)
+    original = GRPOTrainer._generate_and_score_completions
+
+    def with_tool_tokens(self, inputs):
+        out = original(self, inputs)
+        tool_mask = torch.ones_like(out["completion_mask"])
+        tool_mask[:, 2:4] = 0  # two tool tokens in every completion
+        out["tool_mask"] = tool_mask
+        return out
+
+    seen = {}
+    build = trainer._rollouts
+
+    def spy(output, probe):
+        seen["rollouts"] = build(output, probe)
+        return seen["rollouts"]
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", with_tool_tokens)
+    trainer._rollouts = spy
     trainer.model.train()
     torch.manual_seed(0)
     out = trainer._generate_and_score_completions([trainer.train_dataset[i] for i in (0, 0, 0, 0)])
-    mask = out["completion_mask"].bool()
-    assert out["advantages"].shape == mask.shape and (out["advantages"][~mask] == 0).all()
+    r = seen["rollouts"]
+    assert r.loss_mask is not None and not r.loss_mask[:, 2:4].any()
+    assert torch.equal(r.loss_mask, r.completion_mask & out["tool_mask"].bool().cpu())

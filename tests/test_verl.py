@@ -315,14 +315,14 @@ def test_credo_spec_reads_the_estimator_and_the_top_level_credo_key():
 
 
 @pytest.mark.parametrize("method", ["rredcot", "sc_grpo"])
-def test_multi_turn_tool_tokens_stay_in_the_scored_context_and_get_no_advantage(setup, method):
+def test_multi_turn_tool_tokens_are_read_as_context_and_left_out_of_the_credit(setup, method, tmp_path):
     """verl's multi-turn rollouts mark tool/environment tokens 0 in response_mask and 1 in attention_mask.
-    The model read them while it wrote, so the credit must score them as context (the same credit as the
-    same tokens in a single-turn batch) and give them no advantage (response_mask is the loss mask)."""
+    The model read them while it wrote, so the probe scores them as context; response_mask is the loss mask,
+    so they get no advantage and estimators normalise over the model's own tokens (credo's own trainer on
+    the same rollouts with that loss mask gives the same credit)."""
+    import dataclasses
     policy, task, r = setup
     order = torch.arange(r.batch_size)
-    single = apply_credit(to_dataproto(r, task, order), method, module=policy.model, tokenizer=policy.tokenizer,
-                          task=task, seed=3).batch["advantages"]
     multi = to_dataproto(r, task, order)
     tool = torch.zeros_like(multi.batch["response_mask"], dtype=torch.bool)
     long_rows = (r.completion_mask.sum(1) >= 6).nonzero().flatten()
@@ -331,6 +331,29 @@ def test_multi_turn_tool_tokens_stay_in_the_scored_context_and_get_no_advantage(
     multi.batch["response_mask"] = multi.batch["response_mask"] * (~tool).long()
     ours = apply_credit(multi, method, module=policy.model, tokenizer=policy.tokenizer, task=task,
                         seed=3).batch["advantages"]
-    assert single[tool].abs().max() > 0  # the same tokens had credit as the model's own
-    assert (ours[tool] == 0).all()
-    assert (ours - single * (~tool)).abs().max() <= 1e-6
+    trained = r.completion_mask & ~tool
+    expected = credo_trainer_credit(policy, task, dataclasses.replace(r, loss_mask=trained), method, tmp_path) * trained
+    assert (ours[tool] == 0).all() and ours.abs().max() > 0
+    assert (ours - expected).abs().max() <= 1e-6
+    single = apply_credit(to_dataproto(r, task, order), method, module=policy.model, tokenizer=policy.tokenizer,
+                          task=task, seed=3).batch["advantages"]
+    if method == "rredcot":  # per-token values of the model's tokens: unchanged by their neighbours' training
+        assert (ours - single * trained).abs().max() <= 1e-6
+    else:  # SC-GRPO's weights average 1 over the trained tokens: each row's mean advantage there is GRPO's
+        grpo = apply_credit(to_dataproto(r, task, order), "grpo", module=policy.model, tokenizer=policy.tokenizer,
+                            task=task).batch["advantages"][:, 0]
+        mixed = grpo != 0  # (an all-wrong group takes SC-GRPO's diversity route instead)
+        mean = ours.sum(1) / trained.sum(1)
+        assert (mixed & tool.any(1)).sum() >= 4 and (mean - grpo)[mixed].abs().max() <= 1e-5
+
+
+def test_a_multi_turn_response_is_read_whole_past_a_turn_end(setup):
+    """A chat model ends each turn with its EOS (Qwen's <|im_end|>); verl's reward reads the whole response,
+    so credo's text (verifier, SC-GRPO's references) must too, not stop at the first turn's end."""
+    from credo.integrations.verl_credit import rollouts_from_batch
+    policy, task, r = setup
+    row = next(i for i in range(r.batch_size) if bool(r.correct[i]) and int(r.completion_mask[i].sum()) >= 8)
+    batch = to_dataproto(r, task, torch.arange(r.batch_size))
+    batch.batch["responses"][row, 1] = policy.eos_id  # a turn ends after the first token, the answer comes later
+    rollouts = rollouts_from_batch(batch, policy, task)
+    assert "<answer>" in rollouts.completions[row] and bool(rollouts.correct[row])

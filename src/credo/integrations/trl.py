@@ -33,6 +33,7 @@ by TRL and never read by credo. Budget the Probe's extra forwards on the trainin
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -52,7 +53,7 @@ if trl.__version__ != SUPPORTED_TRL:
 
 from credo import credit as credit_registry  # noqa: E402
 from credo.integrations.shards import process_group_gather  # noqa: E402
-from credo.policy.base import SamplingConfig, as_prompt, render_plain  # noqa: E402
+from credo.policy.base import SamplingConfig, as_prompt, left_pad, render_plain  # noqa: E402
 from credo.policy.hf import HFPolicy  # noqa: E402
 from credo.probe import Probe  # noqa: E402
 from credo.rollouts import Rollouts  # noqa: E402
@@ -93,6 +94,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         self.credit_generator = torch.Generator().manual_seed(self.args.seed)
         self._credo_rewards: torch.Tensor | None = None
         self._credo_inputs: list[dict] = []
+        self._credo_prompts: list[tuple[Any, list | None]] | None = None
         self.credit_cost_total = {"tokens_scored": 0, "tokens_generated": 0}
         self.credit_seconds_total = 0.0  # wall time of credo's credit step (rollouts + estimator), this process
 
@@ -101,8 +103,19 @@ class CreditGRPOTrainer(GRPOTrainer):
         self._credo_rewards = rewards_per_func
         return rewards_per_func
 
+    def _tokenize_prompts(self, prompts: list):  # noqa: ANN202
+        """Records the prompts as TRL renders them (an environment's reset() observation appended to the last
+        message) with each row's tools, so the Probe's own prompts are built from the same conversations."""
+        if self.environment_factories is not None:
+            tools = [self._env_tools[name] or None for name in self._batch_environments]
+        else:
+            tools = [self.tools or None] * len(prompts)
+        self._credo_prompts = [(copy.deepcopy(p), t) for p, t in zip(prompts, tools)]
+        return super()._tokenize_prompts(prompts)
+
     def _generate_and_score_completions(self, inputs):  # noqa: ANN001, ANN202
         self._credo_inputs = list(inputs)
+        self._credo_prompts = None  # set by _tokenize_prompts (a rollout_func tokenises on its own: the rows' prompts)
         output = super()._generate_and_score_completions(inputs)
         if not self.model.training:
             return output
@@ -118,7 +131,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             self._apply_loss_mask(output, result.loss_mask)
             advantages = advantages * result.loss_mask  # for the logged means only: the mask already drops them
         output["advantages"] = advantages.to(output["completion_ids"].device)
-        self._replace_logged_advantages(advantages, rollouts.completion_mask)
+        self._replace_logged_advantages(advantages, rollouts.trainable_mask())
         self.credit_cost_total["tokens_scored"] += result.cost.tokens_scored
         self.credit_cost_total["tokens_generated"] += result.cost.tokens_generated
         self.credit_seconds_total += time.perf_counter() - started
@@ -161,11 +174,11 @@ class CreditGRPOTrainer(GRPOTrainer):
         tokenizer = self.processing_class
         texts = [tokenizer.decode(row[m], skip_special_tokens=True) for row, m in zip(completion_ids, completion_mask)]
         problems = []
-        for x in self._credo_inputs:
+        for x, (rendered, _) in zip(self._credo_inputs, self._prompts_as_rendered()):
             if self.credit_task is not None and "answer" not in x:  # else every row would count as wrong
                 raise ValueError("credo credit with a task reads each row's gold answer from the dataset's 'answer' "
                                  f"column; this dataset's rows have {sorted(x)}")
-            prompt = x["prompt"] if isinstance(x["prompt"], str) else _last_text(x["prompt"])
+            prompt = rendered if isinstance(rendered, str) else _last_text(rendered)
             problems.append(Problem(key=prompt, prompt=prompt, answer=str(x.get("answer", "")), data=dict(x)))
         task = self.credit_task
         correct = torch.tensor([bool(task.is_correct(p, t)) if task is not None else float(r) >= 1.0
@@ -180,24 +193,40 @@ class CreditGRPOTrainer(GRPOTrainer):
                                  completion_mask.cpu())
         else:
             old = torch.zeros(completion_ids.shape)  # a group estimator never reads them
+        # with tools, TRL's tool_mask is 0 on the tool outputs between the model's turns: they stay in the
+        # completion (the model read them) but are not trained, so estimators normalise over the model's tokens
+        tool_mask = output.get("tool_mask")
+        loss_mask = tool_mask.bool().cpu() & completion_mask.cpu() if tool_mask is not None else None
         return Rollouts(prompt_ids=output["prompt_ids"].cpu(), prompt_mask=output["prompt_mask"].bool().cpu(),
                         completion_ids=completion_ids.cpu(), completion_mask=completion_mask.cpu(), group=group,
                         rewards=rewards, old_logprobs=old * completion_mask.cpu(), correct=correct, problems=problems,
-                        completions=texts)
+                        completions=texts, loss_mask=loss_mask)
+
+    def _prompts_as_rendered(self) -> list[tuple[Any, list | None]]:
+        """(prompt, tools) per row of this batch, as TRL tokenised them (else the rows' own prompts)."""
+        if self._credo_prompts is not None:
+            return self._credo_prompts
+        return [(x["prompt"], self.tools or None) for x in self._credo_inputs]
 
     def _probe_policy(self) -> Any:
         """The trainer's model behind credo's Policy interface, rendering the Probe's own prompts (SC-GRPO's
         teacher) as TRL rendered this batch's (`TRLPromptPolicy`)."""
         from trl.data_utils import is_conversational
         model = self.accelerator.unwrap_model(self.model)
-        rows = self._credo_inputs
-        conversational = bool(rows) and is_conversational({"prompt": rows[0]["prompt"]})
-        conversations = {}
+        rows = self._prompts_as_rendered()
+        conversational = bool(rows) and is_conversational({"prompt": rows[0][0]})
+        conversations: dict[str, tuple[list[dict], list | None]] = {}
         if conversational:
-            conversations = {_last_text(x["prompt"]): [dict(m) for m in x["prompt"]] for x in rows}
+            for messages, tools in rows:
+                key = _last_text(messages)
+                if key in conversations and conversations[key] != (messages, tools):
+                    # a built prompt names its problem by this text only: the teacher would get another row's context
+                    raise ValueError("credo credit: two rows of this batch end with the same message but differ before "
+                                     f"it (system message, earlier turns or tools): {key[:60]!r}; the Probe could not "
+                                     "tell which conversation a prompt it builds belongs to")
+                conversations[key] = (messages, tools)
         return TRLPromptPolicy(model, self.processing_class, conversations=conversations, chat=conversational,
-                               chat_template=self.chat_template, tools=self.tools or None,
-                               template_options=self.chat_template_kwargs)
+                               chat_template=self.chat_template, template_options=self.chat_template_kwargs)
 
     def _replace_logged_advantages(self, advantages: torch.Tensor, mask: torch.Tensor) -> None:
         per_sequence = (advantages.cpu() * mask).sum(1) / mask.sum(1).clamp(min=1)
@@ -218,39 +247,57 @@ def _last_text(messages: list[dict]) -> str:
 
 
 class TRLPromptPolicy(HFPolicy):
-    """HFPolicy whose own prompts render as TRL renders the dataset's: the Probe compares what the model
+    """HFPolicy whose own prompts tokenise as TRL tokenises the dataset's: the Probe compares what the model
     says under a prompt it builds (SC-GRPO's teacher: the problem plus a reference solution) with what it
     said under TRL's prompt, so any formatting difference between the two would be read as credit.
 
     chat=False (a dataset of text prompts): TRL tokenises the text as it is (with the tokenizer's special
     tokens), so a built prompt is its plain text, with no chat template. chat=True (conversational rows):
-    a built prompt for a problem keeps its row's whole conversation (system message, earlier turns),
-    the built prompt's system part joined to the row's system message (or a system message of its own),
-    rendered with TRL's chat template, tools and chat_template_kwargs. conversations maps each row's last
-    message text (credo's problem prompt) to its messages; a prompt that names no row is one user turn.
+    a built prompt for a problem keeps its row's whole conversation (system message, earlier turns, an
+    environment's observation) and tools, the built prompt's system part joined to the row's system message
+    (or a system message of its own), tokenised by TRL's call (`apply_chat_template` with TRL's chat template
+    and chat_template_kwargs). conversations maps each row's last message text (credo's problem prompt) to its
+    (messages, tools); a prompt that names no row (SRPO's localisation request, system=False) is one user turn.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, conversations: dict[str, list[dict]], chat: bool,
-                 chat_template: str | None = None, tools: list | None = None,
-                 template_options: dict | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, conversations: dict[str, tuple[list[dict], list | None]],
+                 chat: bool, chat_template: str | None = None, template_options: dict | None = None) -> None:
         super().__init__(model, tokenizer, device=model.device, chat=chat, cast=False)
         self.chat = chat  # TRL's rule (the rows' form), not whether the tokenizer has a template
         self.conversations = conversations
-        self.chat_template, self.tools, self.template_options = chat_template, tools, dict(template_options or {})
+        self.chat_template, self.template_options = chat_template, dict(template_options or {})
 
-    def format_prompt(self, text: Any, system: bool = True) -> str:
-        if not self.chat:
-            return render_plain(text)
+    def conversation(self, text: Any, system: bool = True) -> tuple[list[dict], list | None]:
+        """(messages, tools) of a prompt credo builds, in the conversation of the row it names."""
         prompt = as_prompt(text)
         row = self.conversations.get(prompt.user) if system else None
-        messages = [dict(m) for m in row] if row else [{"role": "user", "content": prompt.user}]
+        messages = [dict(m) for m in row[0]] if row else [{"role": "user", "content": prompt.user}]
         if prompt.system:
             if messages[0]["role"] == "system":
                 messages[0]["content"] = f"{messages[0]['content']}\n\n{prompt.system}"
             else:
                 messages.insert(0, {"role": "system", "content": prompt.system})
-        return self.tokenizer.apply_chat_template(messages, tools=self.tools, chat_template=self.chat_template,
-                                                  add_generation_prompt=True, tokenize=False, **self.template_options)
+        return messages, (row[1] if row else None)
+
+    def _template_call(self, text: Any, system: bool, tokenize: bool) -> Any:
+        messages, tools = self.conversation(text, system)
+        options = dict(self.template_options)
+        if not tokenize:  # a text rendering (for reading): transformers sanitises control tokens only when tokenising
+            options.pop("sanitize_control_tokens", None)
+        return self.tokenizer.apply_chat_template([messages], tools=tools, chat_template=self.chat_template,
+                                                  add_generation_prompt=True, tokenize=tokenize,
+                                                  return_dict=tokenize, **options)
+
+    def format_prompt(self, text: Any, system: bool = True) -> str:
+        if not self.chat:
+            return render_plain(text)
+        return self._template_call(text, system, tokenize=False)[0]
+
+    def encode_prompts(self, texts: Any, system: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.chat:
+            return super().encode_prompts(texts, system)
+        rows = [list(self._template_call(t, system, tokenize=True)["input_ids"][0]) for t in texts]
+        return left_pad(rows, self.pad_id, self.device)
 
 
 def _check_trl_settings(args: Any, credit: str) -> None:

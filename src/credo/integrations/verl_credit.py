@@ -98,8 +98,9 @@ def rollouts_from_batch(batch: Any, policy: Any, task: Any) -> Rollouts:
     P = prompts.shape[1]
     prompt_mask = t["attention_mask"][:, :P].bool()
     # every real response token, tool outputs of a multi-turn rollout included: the model read them, so the
-    # probe must too (response_mask, which drops them, is the loss mask: see trainable_mask)
+    # probe must too; response_mask, which drops them, is the loss mask (estimators normalise over it)
     completion_mask = t["attention_mask"][:, P:].bool()
+    loss_mask = trainable_mask(batch) & completion_mask
     scores = t["token_level_rewards"] if "token_level_rewards" in t.keys() else t["token_level_scores"]
     rewards = scores.sum(-1).float().cpu()
     if "credo_group" in t.keys():
@@ -107,14 +108,16 @@ def rollouts_from_batch(batch: Any, policy: Any, task: Any) -> Rollouts:
     else:
         group = group_ids(np.asarray(batch.non_tensor_batch["uid"]).tolist())
     problems = problems_from_batch(batch, policy.tokenizer)
-    texts = [policy.decode(row[m]) for row, m in zip(responses.cpu(), completion_mask.cpu())]
+    # the whole response as verl's reward reads it: a chat model's turn-end token (its EOS) ends every turn
+    texts = [policy.tokenizer.decode(row[m].tolist(), skip_special_tokens=True)
+             for row, m in zip(responses.cpu(), completion_mask.cpu())]
     correct = rewards_for(task, problems, texts)[1] if task is not None else rewards >= 1.0
     old = t["old_log_probs"].float().cpu() if "old_log_probs" in t.keys() else torch.zeros(responses.shape)
     device = policy.device
     return Rollouts(prompt_ids=prompts.to(device), prompt_mask=prompt_mask.to(device), completion_ids=responses.to(device),
                     completion_mask=completion_mask.to(device), group=group, rewards=rewards,
                     old_logprobs=(old * completion_mask.cpu()).to(device), correct=correct, problems=problems,
-                    completions=texts)
+                    completions=texts, loss_mask=loss_mask.to(device))
 
 
 def trainable_mask(batch: Any) -> torch.Tensor:
