@@ -127,6 +127,20 @@ def test_resume_refuses_a_metrics_log_cut_short(tmp_path, capsys, saved_policy):
     assert open(path).read() == rows[0] + "\n"
 
 
+def test_a_data_parallel_rank_that_does_not_write_still_refuses_a_log_cut_short(tmp_path):
+    """Only the main rank writes metrics.jsonl; the others must make the resume check too, or they would wait
+    at their first collective for a main rank that already stopped."""
+    from credo.runs import NullLog
+    path = tmp_path / "metrics.jsonl"
+    text = "".join(json.dumps({"step": k}) + "\n" for k in range(3))
+    path.write_text(text)
+    NullLog(str(path)).truncate_after(2, must_reach=True)  # holds step 2: passes
+    with pytest.raises(UserError, match="ends at step 2 but the checkpoint is at step 4"):
+        NullLog(str(path)).truncate_after(4, must_reach=True)
+    NullLog(str(path)).truncate_after(0)  # a non-main rank never writes
+    assert path.read_text() == text
+
+
 @pytest.mark.parametrize("finished", [True, False])
 def test_resume_refuses_a_run_whose_checkpoints_were_removed(tmp_path, capsys, saved_policy, finished):
     import shutil

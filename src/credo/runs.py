@@ -84,14 +84,20 @@ class MetricsLog:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def truncate_after(self, step: int, must_reach: bool = False) -> None:
-        """Keep the rows up to `step`. With `must_reach` (a resume from step's checkpoint) the log must hold
-        step's own row, which is written before its checkpoint: a log cut shorter lost rows for good."""
+    def rows_up_to(self, step: int, must_reach: bool = False) -> list[dict]:
+        """The rows up to `step` (a torn last line dropped). With `must_reach` (a resume from step's checkpoint)
+        the log must hold step's own row, which is written before its checkpoint: a log cut shorter lost rows
+        for good, and this refuses it."""
         rows = [r for r in read_jsonl(self.path, drop_torn_tail=True) if r.get("step", 0) <= step]
         if must_reach and step > 0 and not any(r.get("step") == step for r in rows):
             last = max((r.get("step", 0) for r in rows), default=None)
             raise UserError(f"{self.path} ends at step {last} but the checkpoint is at step {step}: rows were lost "
                             "(restore the file, or start a new run)")
+        return rows
+
+    def truncate_after(self, step: int, must_reach: bool = False) -> None:
+        """Keep the rows up to `step` (see rows_up_to for `must_reach`)."""
+        rows = self.rows_up_to(step, must_reach)
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def append(self, row: dict) -> None:
@@ -110,10 +116,16 @@ class MetricsLog:
 
 
 class NullLog:
-    """The metrics sink of a data-parallel rank that is not the main one: only the main process writes."""
+    """The metrics sink of a data-parallel rank that is not the main one: only the main process writes.
+    Given the run's log path, it still makes a resume's check (a log cut short is refused on every rank,
+    not on the main one alone, which would leave the others waiting at their first collective)."""
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path
 
     def truncate_after(self, step: int, must_reach: bool = False) -> None:
-        pass
+        if must_reach and self.path is not None:  # read only: the main rank rewrites the file atomically
+            MetricsLog(self.path).rows_up_to(step, must_reach=True)
 
     def append(self, row: dict) -> None:
         pass

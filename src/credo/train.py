@@ -287,7 +287,7 @@ class Trainer:
             atomic_write_text(config_path, dump_yaml(self.config))
             atomic_write_text(os.path.join(self.run_dir, KIND_MARKER), "train\n")
         if not self.is_main:  # only the main process writes the run directory
-            self.log = NullLog()
+            self.log = NullLog(self.log.path)
         resumed = self.restore()
         if not resumed:  # every rank checks: a refusal on the main one alone would leave the others waiting
             check_restartable(self.run_dir, self.config)
