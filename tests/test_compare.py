@@ -419,3 +419,30 @@ def test_the_report_sums_the_runs_own_clocks_which_survive_resumption():
         "rredcot": {"seeds": {"0": {"seconds": 1800.0}}}}}
     assert run_clocks(results) == " · the runs' own clocks sum to 5.5 h, 2 at a time"
     assert run_clocks({"methods": {"grpo": {"seeds": {"0": {"seconds": 600.0}}}}}) == " · the runs' own clocks sum to 10 min"
+
+
+def test_equal_updates_add_the_first_count_where_grpo_is_measured():
+    """A method of few large updates (VinePPO) stops before GRPO's first evaluation, so the first column
+    compares against GRPO's straight line from its start; the table adds the fewest updates of the runs that
+    went past GRPO's first evaluation, where every method with a value there is compared with a measurement."""
+    from credo.compare import report, summarise
+    grpo = {"0": _curve_run([(0, 0.30), (10, 0.40), (20, 0.50)], 0.9),
+            "1": _curve_run([(0, 0.30), (12, 0.44), (21, 0.52)], 0.9)}
+    vine = {"0": _curve_run([(0, 0.30), (4, 0.50)], 0.1), "1": _curve_run([(0, 0.30), (4, 0.52)], 0.1)}
+    dapo = {"0": _curve_run([(0, 0.30), (8, 0.40), (15, 0.46)], 0.5), "1": _curve_run([(0, 0.30), (9, 0.41), (16, 0.47)], 0.5)}
+    results = {"methods": {"grpo": {"seeds": grpo}, "vineppo": {"seeds": vine}, "dapo": {"seeds": dapo}},
+               "token_budget": 30_000, "failures": {}, "preset": "t", "start": "s", "commit": "c", "date": "d",
+               "machine": "m"}
+    summarise(results)
+    table = results["equal_updates"]
+    assert table["updates"] == [4, 15, 20]  # any run's fewest; fewest past GRPO's first evaluation (12); GRPO's fewest
+    # dapo at 15: 0.46 and 0.41 + 0.06 * 6/7; grpo at 15: 0.45 and 0.44 + 0.08 * 3/9
+    at15 = table["methods"]["dapo"]["15"]
+    assert abs(at15["accuracy_mean"] - (0.46 + 0.41 + 0.06 * 6 / 7) / 2) < 1e-12
+    assert abs(at15["delta_vs_grpo"]["mean"] - ((0.46 - 0.45) + (0.41 + 0.06 * 6 / 7 - 0.44 - 0.08 / 3)) / 2) < 1e-12
+    assert table["methods"]["vineppo"]["15"]["accuracy_mean"] is None
+    assert "15 is the fewest of the runs that went past GRPO's first evaluation on every seed" in report(results)
+    # without the cheap method the first count already is past GRPO's first evaluation: no third column
+    del results["methods"]["vineppo"]
+    summarise(results)
+    assert results["equal_updates"]["updates"] == [15, 20]

@@ -158,9 +158,9 @@ def equal_updates_lines(results: dict[str, Any]) -> list[str]:
              "between the two evaluations around that count (evaluations come every so many generated tokens, so a "
              "cheap method's are many updates apart and its value there is only indicative); Δ in points, paired by "
              "seed, [95% interval]. "
-             f"{levels[0]} is the fewest updates any run made"
-             + (f"; {levels[1]} the fewest GRPO made (— where a run of the method stopped earlier)." if len(levels) > 1
-                else ".") + _interpolated_from_start(results, levels), "",
+             + "; ".join(f"{u} is {why}" for u, why in zip(levels, table["why"]))
+             + (" (— where a run of the method stopped earlier)." if len(levels) > 1 else ".")
+             + _interpolated_from_start(results, levels), "",
              f"| method | {head} |", "|---|" + "---|---|" * len(levels)]
     for name, row in table["methods"].items():
         cells = []

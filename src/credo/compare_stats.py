@@ -116,26 +116,40 @@ def _last_step(run: dict[str, Any]) -> int | None:
     return max(steps) if steps else None
 
 
-def update_levels(results: dict[str, Any]) -> list[int]:
-    """Update counts the equal-updates table reports at: the fewest updates any run made (every method
-    has a value there) and, when larger, the fewest GRPO made (the methods that got that far)."""
+LEVEL_REASONS = ("the fewest updates any run made", "the fewest of the runs that went past GRPO's first evaluation "
+                 "on every seed (GRPO is measured there, not a line from its start)", "the fewest GRPO made")
+
+
+def update_levels(results: dict[str, Any]) -> list[tuple[int, str]]:
+    """(update count, why) pairs the equal-updates table reports at, ascending: the fewest updates any run
+    made (every method has a value there); the fewest of the runs that went past GRPO's first evaluation
+    (where a cheap method, e.g. VinePPO's few large updates, stops before GRPO was ever evaluated, the first
+    count compares against a straight line, and this one is the first where GRPO is measured); the fewest
+    GRPO made (the methods that got that far). Counts equal to an earlier one are left out."""
     lasts = {name: [s for r in e["seeds"].values() if (s := _last_step(r)) is not None]
              for name, e in results["methods"].items()}
     every = [s for v in lasts.values() for s in v]
     if not every or min(every) <= 0:
         return []
-    levels = [min(every)]
-    if lasts.get("grpo") and min(lasts["grpo"]) > levels[0]:
-        levels.append(min(lasts["grpo"]))
+    firsts = [min((p["step"] for p in r.get("curve", []) if p.get("step", 0) > 0 and not p.get("final")), default=0)
+              for r in results["methods"].get("grpo", {}).get("seeds", {}).values()]
+    past_first = [s for s in every if firsts and s >= max(firsts)]
+    candidates = [min(every), min(past_first) if past_first else None, min(lasts["grpo"]) if lasts.get("grpo") else None]
+    levels: list[tuple[int, str]] = []
+    for count, why in zip(candidates, LEVEL_REASONS):
+        if count is not None and (not levels or count > levels[-1][0]):
+            levels.append((count, why))
     return levels
 
 
 def equal_updates(results: dict[str, Any]) -> dict[str, Any]:
-    """{updates: [U...], methods: {name: {str(U): {accuracy_mean, seeds, delta_vs_grpo}}}}: accuracy after
+    """{updates: [U...], why: [reason per U], methods: {name: {str(U): {accuracy_mean, seeds, delta_vs_grpo}}}}:
+    accuracy after
     the same number of policy updates, with the per-seed difference to GRPO's at that count. A method
     some of whose runs stopped before U has no value there (a mean over the seeds that got that far
     would favour them)."""
-    levels = update_levels(results)
+    chosen = update_levels(results)
+    levels = [u for u, _ in chosen]
     grpo = results["methods"].get("grpo", {}).get("seeds", {})
     table: dict[str, Any] = {}
     for name, entry in results["methods"].items():
@@ -149,7 +163,7 @@ def equal_updates(results: dict[str, Any]) -> dict[str, Any]:
             row[str(u)] = {"accuracy_mean": statistics.mean(accs), "seeds": len(accs),
                            "delta_vs_grpo": paired(deltas) if name != "grpo" else None}
         table[name] = row
-    return {"updates": levels, "methods": table}
+    return {"updates": levels, "why": [why for _, why in chosen], "methods": table}
 
 
 # --- controls ------------------------------------------------------------------------------------------
