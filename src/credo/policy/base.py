@@ -122,7 +122,22 @@ def pick_tokens(logits: torch.Tensor, sampling: SamplingConfig, generator: torch
         keep = sorted_probs.cumsum(-1) - sorted_probs < sampling.top_p  # always keeps the top token
         sorted_probs = sorted_probs * keep
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    if generator.device != probs.device:  # a CPU generator while the model runs on a GPU (TRL, verl)
+        return sample_by_inverse_cdf(probs, generator)
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def sample_by_inverse_cdf(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """probs[B, V] (unnormalised rows allowed, e.g. after top-p) on any device -> token ids [B], drawing one
+    uniform per row from `generator` on its own device: the first token whose cumulative probability exceeds
+    it. The distribution of torch.multinomial (another random stream), which refuses a generator on another
+    device; only B numbers cross devices, and the run stays seeded by credo's CPU generator."""
+    cdf = probs.cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=generator.device).to(probs.device) * cdf[:, -1:]
+    # right=True: u must be below a token's upper edge, so a zero-probability token (a flat step) is never drawn
+    token = torch.searchsorted(cdf, u, right=True).squeeze(1)
+    last_positive = (probs > 0).long().cumsum(-1).argmax(-1)  # where float rounding put u at the very top
+    return torch.where(token < probs.shape[1], token, last_positive)
 
 
 def generate(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], prompt_ids: torch.Tensor,
