@@ -275,3 +275,48 @@ def test_trls_tool_mask_is_the_estimators_loss_mask(tmp_path, monkeypatch):
     r = seen["rollouts"]
     assert r.loss_mask is not None and not r.loss_mask[:, 2:4].any()
     assert torch.equal(r.loss_mask, r.completion_mask & out["tool_mask"].bool().cpu())
+
+
+def test_a_teacher_prompt_that_puts_the_reference_before_the_problem_keeps_the_conversation(tmp_path):
+    """arith's teacher prompt is `reference + separator + problem` as one user turn: it ends with the row's
+    last message, so it replaces that message inside the row's conversation. A prompt naming no row is refused
+    (it would silently lose the system message and the earlier turns)."""
+    trainer, _ = conversational_trainer(tmp_path)
+    rows = [trainer.train_dataset[i] for i in range(4)]
+    policy, _, _ = probe_prompt_ids(trainer, rows)
+    problem_text = rows[1]["prompt"][-1]["content"]
+    teacher = policy.format_prompt("REFERENCE-42\n---\n" + problem_text)
+    assert teacher == f"<|system|>Think step by step.\n<|user|>1+1\n<|assistant|>2\n<|user|>REFERENCE-42\n---\n{problem_text}\n<|assistant|>"
+    with pytest.raises(ValueError, match="names no row of this batch"):
+        policy.format_prompt("a question nobody asked")
+    assert policy.format_prompt("Where is the first wrong step?", system=False) == \
+        "<|user|>Where is the first wrong step?\n<|assistant|>"  # SRPO's request: one user turn
+
+
+TOOLS_TEMPLATE = ("{% if tools %}<|tools|>{% for t in tools %}{{ t['function']['name'] }};{% endfor %}\n{% endif %}"
+                  "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def lookup(city: str) -> str:
+    """Look a city up.
+
+    Args:
+        city: the city's name
+    """
+    return city
+
+
+def test_the_probe_renders_each_rows_tools_as_trl_does(tmp_path):
+    """With environments, TRL renders each row with its environment's tools (_env_tools[name]); the probe's
+    prompts for that row carry the same tools."""
+    trainer, _ = conversational_trainer(tmp_path)
+    trainer.processing_class.chat_template = TOOLS_TEMPLATE
+    rows = [trainer.train_dataset[i] for i in range(4)]
+    trainer.environment_factories = {"a": object, "b": object}  # TRL's per-environment branch of _tokenize_prompts
+    trainer._env_tools = {"a": [lookup], "b": []}
+    trainer._batch_environments = ["a", "b", "a", "b"]
+    policy, ours, theirs = probe_prompt_ids(trainer, rows)
+    assert ours == theirs
+    texts = [policy.format_prompt(r["prompt"][-1]["content"]) for r in rows]
+    assert texts[0].startswith("<|tools|>lookup;<|system|>") and texts[1].startswith("<|system|>")

@@ -357,3 +357,18 @@ def test_a_multi_turn_response_is_read_whole_past_a_turn_end(setup):
     batch.batch["responses"][row, 1] = policy.eos_id  # a turn ends after the first token, the answer comes later
     rollouts = rollouts_from_batch(batch, policy, task)
     assert "<answer>" in rollouts.completions[row] and bool(rollouts.correct[row])
+
+
+def test_sampling_estimators_are_refused_on_rollouts_with_tool_outputs(setup):
+    """A continuation sampled from a multi-turn prefix would be the model's own text where a tool answered:
+    estimators that sample (VinePPO, SPO-chain) are refused there; estimators that only score are not."""
+    policy, task, r = setup
+    multi = to_dataproto(r, task, torch.arange(r.batch_size))
+    tool = torch.zeros_like(multi.batch["response_mask"], dtype=torch.bool)
+    tool[(r.completion_mask.sum(1) >= 6).nonzero().flatten(), 2:4] = True
+    multi.batch["response_mask"] = multi.batch["response_mask"] * (~tool).long()
+    with pytest.raises(ValueError, match="hold tool or environment outputs"):
+        apply_credit(multi, "vineppo", module=policy.model, tokenizer=policy.tokenizer, task=task)
+    single = apply_credit(to_dataproto(r, task, torch.arange(r.batch_size)), "vineppo", module=policy.model,
+                          tokenizer=policy.tokenizer, task=task)
+    assert single.batch["credo_cost"][0, 1] > 0  # without tool outputs it samples as before

@@ -15,8 +15,8 @@ from credo import methods as method_registry
 from credo.compare_eta import describe
 from credo.compare_plots import plot_curves  # noqa: F401  (re-exported)
 from credo.compare_goals import goals, points  # noqa: F401  (re-exported)
-from credo.compare_stats import (MAX_SEEDS, POWER, STALL_FACTOR, control_pairs, equal_updates, paired, paired_deltas,
-                                 parse_method_spec)
+from credo.compare_stats import (MAX_SEEDS, POWER, STALL_FACTOR, control_pairs, equal_updates, grpo_first_evaluations,
+                                 paired, paired_deltas, parse_method_spec)
 
 
 def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
@@ -174,8 +174,7 @@ def equal_updates_lines(results: dict[str, Any]) -> list[str]:
 def _interpolated_from_start(results: dict[str, Any], levels: list[int]) -> str:
     """A warning for the counts at which GRPO had not been evaluated yet on some seed: its value there is a
     straight line from its start (step 0) to its first evaluation, not a measurement."""
-    firsts = [min((p["step"] for p in r.get("curve", []) if p.get("step", 0) > 0 and not p.get("final")), default=0)
-              for r in results["methods"].get("grpo", {}).get("seeds", {}).values()]
+    firsts = grpo_first_evaluations(results)
     early = [u for u in levels if any(f > u for f in firsts)]
     if not early:
         return ""

@@ -116,6 +116,12 @@ def _last_step(run: dict[str, Any]) -> int | None:
     return max(steps) if steps else None
 
 
+def grpo_first_evaluations(results: dict[str, Any]) -> list[int]:
+    """The update count of GRPO's first curve evaluation after its start, one per seed (0: none)."""
+    return [min((p["step"] for p in r.get("curve", []) if p.get("step", 0) > 0 and not p.get("final")), default=0)
+            for r in results["methods"].get("grpo", {}).get("seeds", {}).values()]
+
+
 LEVEL_REASONS = ("the fewest updates any run made", "the fewest of the runs that went past GRPO's first evaluation "
                  "on every seed (GRPO is measured there, not a line from its start)", "the fewest GRPO made")
 
@@ -131,8 +137,7 @@ def update_levels(results: dict[str, Any]) -> list[tuple[int, str]]:
     every = [s for v in lasts.values() for s in v]
     if not every or min(every) <= 0:
         return []
-    firsts = [min((p["step"] for p in r.get("curve", []) if p.get("step", 0) > 0 and not p.get("final")), default=0)
-              for r in results["methods"].get("grpo", {}).get("seeds", {}).values()]
+    firsts = grpo_first_evaluations(results)
     past_first = [s for s in every if firsts and s >= max(firsts)]
     candidates = [min(every), min(past_first) if past_first else None, min(lasts["grpo"]) if lasts.get("grpo") else None]
     levels: list[tuple[int, str]] = []
@@ -144,8 +149,7 @@ def update_levels(results: dict[str, Any]) -> list[tuple[int, str]]:
 
 def equal_updates(results: dict[str, Any]) -> dict[str, Any]:
     """{updates: [U...], why: [reason per U], methods: {name: {str(U): {accuracy_mean, seeds, delta_vs_grpo}}}}:
-    accuracy after
-    the same number of policy updates, with the per-seed difference to GRPO's at that count. A method
+    accuracy after the same number of policy updates, with the per-seed difference to GRPO's at that count. A method
     some of whose runs stopped before U has no value there (a mean over the seeds that got that far
     would favour them)."""
     chosen = update_levels(results)

@@ -25,13 +25,16 @@ class Probe:
     """Counted, gradient-free access to `policy` for estimators and strategies; `metered()` reads the count."""
 
     def __init__(self, policy: Policy, task: Task | None, sampling: SamplingConfig, generator: torch.Generator,
-                 gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 gather: Callable[[torch.Tensor], torch.Tensor] | None = None, no_sampling: str | None = None) -> None:
         self.policy = policy
         self.task = task
         self.sampling = sampling
         self.generator = generator
         self._spent = Cost()
         self._gather = gather
+        # why sampling would be wrong here (None: it is not): continuations of a multi-turn rollout's prefix
+        # would be the model's own text where a tool answered, so their values would be of a policy without tools
+        self.no_sampling = no_sampling
 
     def gather(self, values: torch.Tensor) -> torch.Tensor:
         """1-D `values` of every data-parallel shard, concatenated in shard order (this shard's own when
@@ -80,6 +83,8 @@ class Probe:
     @torch.no_grad()
     def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingConfig | None = None) -> Samples:
         """Continuations of (left-padded) prefixes; counts prefix tokens as scored and new tokens as generated."""
+        if self.no_sampling is not None:
+            raise ValueError(self.no_sampling)
         out = self.policy.sample(prompt_ids, prompt_mask, sampling or self.sampling, self.generator)
         self._spent.tokens_scored += int(prompt_mask.sum())
         self._spent.tokens_generated += int(out.completion_mask.sum())
@@ -101,3 +106,17 @@ class Probe:
 def prompt_tokens(rollouts_prompt_ids: torch.Tensor, rollouts_prompt_mask: torch.Tensor, row: int) -> list[int]:
     """The real (unpadded) prompt ids of one row."""
     return rollouts_prompt_ids[row][rollouts_prompt_mask[row]].tolist()
+
+
+def sampling_refusal(rollouts: "Rollouts") -> str | None:
+    """The reason a Probe on these rollouts must not sample continuations, or None. A completion whose loss
+    mask has a gap (a tool's or environment's output between the model's turns: TRL's tool_mask, verl's
+    multi-turn response_mask) cannot be continued by sampling the model alone: where a tool answered, the
+    model would write the answer itself. Estimators that only score (rredcot, sc_grpo, ...) read it as it is."""
+    if rollouts.loss_mask is None:
+        return None
+    if not bool((rollouts.completion_mask & ~rollouts.loss_mask).any()):
+        return None
+    return ("this estimator samples continuations of the completions, and these completions hold tool or "
+            "environment outputs (0 in the loss mask) that sampling the model alone cannot reproduce; use an "
+            "estimator that only scores the rollouts (e.g. grpo, rredcot, sc_grpo)")

@@ -55,7 +55,7 @@ from credo import credit as credit_registry  # noqa: E402
 from credo.integrations.shards import process_group_gather  # noqa: E402
 from credo.policy.base import SamplingConfig, as_prompt, left_pad, render_plain  # noqa: E402
 from credo.policy.hf import HFPolicy  # noqa: E402
-from credo.probe import Probe  # noqa: E402
+from credo.probe import Probe, sampling_refusal  # noqa: E402
 from credo.rollouts import Rollouts  # noqa: E402
 from credo.tasks.base import Problem  # noqa: E402
 
@@ -123,6 +123,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         gather = process_group_gather() if self.accelerator.num_processes > 1 else None
         probe = Probe(self._probe_policy(), self.credit_task, self.credit_sampling, self.credit_generator, gather=gather)
         rollouts = self._rollouts(output, probe)
+        probe.no_sampling = sampling_refusal(rollouts)
         result = self.credit_spec(rollouts, probe, self.credit_options)
         advantages = result.advantages
         if result.weights is not None:
@@ -257,7 +258,7 @@ class TRLPromptPolicy(HFPolicy):
     environment's observation) and tools, the built prompt's system part joined to the row's system message
     (or a system message of its own), tokenised by TRL's call (`apply_chat_template` with TRL's chat template
     and chat_template_kwargs). conversations maps each row's last message text (credo's problem prompt) to its
-    (messages, tools); a prompt that names no row (SRPO's localisation request, system=False) is one user turn.
+    (messages, tools); see `conversation` for how a built prompt finds its row.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, conversations: dict[str, tuple[list[dict], list | None]],
@@ -268,16 +269,29 @@ class TRLPromptPolicy(HFPolicy):
         self.chat_template, self.template_options = chat_template, dict(template_options or {})
 
     def conversation(self, text: Any, system: bool = True) -> tuple[list[dict], list | None]:
-        """(messages, tools) of a prompt credo builds, in the conversation of the row it names."""
+        """(messages, tools) of a prompt credo builds, in the conversation of the row it names: a user part
+        equal to a row's last message, or ending with it (a task whose teacher prompt puts the reference
+        before the problem in the user turn, as arith's does), replaces that message. system=False: one user
+        turn (SRPO's localisation request). A user part that names no row is refused: the prompt would
+        silently lose the row's system message, earlier turns and tools."""
         prompt = as_prompt(text)
-        row = self.conversations.get(prompt.user) if system else None
-        messages = [dict(m) for m in row[0]] if row else [{"role": "user", "content": prompt.user}]
+        messages: list[dict] = [{"role": "user", "content": prompt.user}]
+        tools = None
+        if system:
+            key = prompt.user if prompt.user in self.conversations else max(
+                (k for k in self.conversations if prompt.user.endswith(k)), key=len, default=None)
+            if key is None:
+                raise ValueError(f"credo's probe built a prompt that names no row of this batch ({prompt.user[:60]!r}); "
+                                 "its conversation is unknown")
+            row_messages, tools = self.conversations[key]
+            messages = [dict(m) for m in row_messages]
+            messages[-1]["content"] = prompt.user
         if prompt.system:
             if messages[0]["role"] == "system":
                 messages[0]["content"] = f"{messages[0]['content']}\n\n{prompt.system}"
             else:
                 messages.insert(0, {"role": "system", "content": prompt.system})
-        return messages, (row[1] if row else None)
+        return messages, tools
 
     def _template_call(self, text: Any, system: bool, tokenize: bool) -> Any:
         messages, tools = self.conversation(text, system)

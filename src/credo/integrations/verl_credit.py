@@ -33,7 +33,7 @@ import torch
 from credo import credit as credit_registry
 from credo.integrations.shards import group_ids
 from credo.policy.base import SamplingConfig
-from credo.probe import Probe
+from credo.probe import Probe, sampling_refusal
 from credo.rollouts import Credit, Rollouts
 from credo.tasks.base import Problem, rewards_for
 
@@ -163,11 +163,12 @@ def apply_credit(batch: Any, estimator: str, *, module: torch.nn.Module, tokeniz
         raise ValueError(f"apply_credit needs whole groups on the shard (equal sizes); got group sizes "
                          f"{sorted(set(sizes.tolist()))}: dispatch with credit_on_shards")
     sampling = sampling or SamplingConfig(max_new_tokens=int(rollouts.completion_ids.shape[1]))
-    probe = Probe(policy, task, sampling, torch.Generator().manual_seed(seed), gather=gather)
+    probe = Probe(policy, task, sampling, torch.Generator().manual_seed(seed), gather=gather,
+                  no_sampling=sampling_refusal(rollouts))
     result = spec(rollouts, probe, options)
     target = batch.batch["responses"].device
     folded = folded_advantages(result).float()
-    advantages = folded * trainable_mask(batch).to(folded.device).float()  # within the completion mask
+    advantages = folded * rollouts.trainable_mask().to(folded.device).float()  # response_mask within the completion
     batch.batch["advantages"] = advantages.to(target)
     batch.batch["returns"] = advantages.clone().to(target)
     cost = torch.zeros(len(batch), 2)

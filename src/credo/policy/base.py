@@ -132,12 +132,15 @@ def sample_by_inverse_cdf(probs: torch.Tensor, generator: torch.Generator) -> to
     uniform per row from `generator` on its own device: the first token whose cumulative probability exceeds
     it. The distribution of torch.multinomial (another random stream), which refuses a generator on another
     device; only B numbers cross devices, and the run stays seeded by credo's CPU generator."""
-    cdf = probs.cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, device=generator.device).to(probs.device) * cdf[:, -1:]
+    # float64: a GPU's parallel scan need not be monotone in float32 where its blocks meet
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=generator.device, dtype=torch.float64)
+    u = u.to(probs.device) * cdf[:, -1:]
     # right=True: u must be below a token's upper edge, so a zero-probability token (a flat step) is never drawn
-    token = torch.searchsorted(cdf, u, right=True).squeeze(1)
-    last_positive = (probs > 0).long().cumsum(-1).argmax(-1)  # where float rounding put u at the very top
-    return torch.where(token < probs.shape[1], token, last_positive)
+    token = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=probs.shape[1] - 1)
+    # where rounding still lands on a zero-probability token (u at the very top), the most likely one instead
+    drawn_zero = probs.gather(1, token[:, None]).squeeze(1) <= 0
+    return torch.where(drawn_zero, probs.argmax(-1), token)
 
 
 def generate(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], prompt_ids: torch.Tensor,
