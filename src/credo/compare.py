@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 import traceback
 from typing import Any, Callable
@@ -40,16 +39,9 @@ from credo.compare_presets import (ALL_METHODS, PRESETS, Preset, check_reusable,
                                    resolve_preset, run_config, run_dir_name)
 from credo.compare_stats import parse_method_spec, stalled_seconds
 from credo.config import ConfigError, UserError
+from credo.provenance import source_commit
 from credo.runs import MetricsLog, atomic_write_json, atomic_write_text, is_locked, run_lock
 from credo.train import Trainer
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
 
 def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on_step: Any) -> dict[str, Any]:
     if not os.path.exists(os.path.join(run_dir, "summary.json")):  # else finished earlier: reuse (resumable)
@@ -79,7 +71,8 @@ def run_result(run_dir: str) -> dict[str, Any]:
             "tokens_generated": summary["tokens_generated"], "seconds": summary["seconds"] - stalled,
             "stalled_seconds": stalled, "stalled_steps": stalled_steps,
             "seconds_per_step": (summary["seconds"] - stalled) / max(summary["step"], 1),
-            "tokens_scored": steps[-1].get("tokens_scored", 0) if steps else 0}
+            "tokens_scored": steps[-1].get("tokens_scored", 0) if steps else 0,
+            **({"commit": summary["credo_commit"]} if "credo_commit" in summary else {})}
 
 
 def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm) -> list[tuple[Any, str | None]]:
@@ -216,7 +209,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
         raise UserError(f"--out {out_dir} is being written by another credo compare; wait for it or stop it first")
     check_reusable(plan, preset, start)
     results: dict[str, Any] = {"preset": preset_name, "command": command, "start": start or f"the default start of {preset.task}",
-                               "task": preset.task, "commit": _git_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
+                               "task": preset.task, "commit": source_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
                                "machine": f"{os.cpu_count()} cpus", "token_budget": preset.token_budget,
                                "final_eval_n": preset.final_eval_n, "note": preset.note,
                                "protocol": protocol(preset, start, jobs), "methods": {}, "failures": {}}

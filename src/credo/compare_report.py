@@ -206,10 +206,31 @@ def report(results: dict[str, Any]) -> str:
              + (f" (estimated {describe(estimate)} before it started)" if estimate else "") + run_clocks(results), "",
              *([f"Command: `{results['command']}`", ""] if results.get("command") else []),
              *([f"Note: {results['note']}", ""] if results.get("note") else []),
-             *protocol_lines(results), "", f"## At equal generated tokens ({results['token_budget']:,} per run)", "",
+             *commit_lines(results), *protocol_lines(results), "", f"## At equal generated tokens ({results['token_budget']:,} per run)", "",
              *main_table(results), "",
              *equal_updates_lines(results), *controls_lines(results), "## Reading", "", reading(results)]
     return "\n".join(lines) + "\n"
+
+
+def commit_lines(results: dict[str, Any]) -> list[str]:
+    """A warning when the runs were trained by more than one version of credo (a comparison resumed across
+    sessions reuses finished runs whatever is checked out; each run's summary.json records its commit).
+    Runs from before that record are counted as 'not recorded' only beside runs that have one."""
+    counts: dict[str, int] = {}
+    for entry in results["methods"].values():
+        for seed in entry["seeds"].values():
+            commit = seed.get("commit", "not recorded")
+            counts[commit] = counts.get(commit, 0) + 1
+    if len(counts) < 2:
+        return []
+    def name(commit: str) -> str:
+        if commit == "not recorded" or commit.startswith("credo "):
+            return commit
+        return f"`{commit[:10]}{'+dirty' if commit.endswith('+dirty') else ''}`"
+    listed = ", ".join(f"{name(c)} ({n} run{'s' if n > 1 else ''})"
+                       for c, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return [f"**Runs trained by {len(counts)} versions of credo**: {listed}. A change between them that touched "
+            "training makes this table compare different programs; check `git diff` between them.", ""]
 
 
 def run_clocks(results: dict[str, Any]) -> str:

@@ -33,6 +33,7 @@ from credo.evaluate import evaluate
 from credo.loss import policy_loss
 from credo.policy import bind_task, load_policy
 from credo.policy.base import Policy
+from credo.provenance import source_commit
 from credo.probe import Probe
 from credo.rollouts import Credit, Rollouts
 from credo.resume_checks import check_restartable, check_resumable, update_config_yaml
@@ -299,7 +300,8 @@ class Trainer:
 
     def finish(self) -> dict[str, Any]:
         """The final evaluation, weights and summary.json."""
-        final = {"step": self.step, "tokens_generated": self.tokens_generated, "seconds": round(self.seconds, 3)}
+        final = {"step": self.step, "tokens_generated": self.tokens_generated, "seconds": round(self.seconds, 3),
+                 "credo_commit": source_commit()}  # which code trained it: a comparison reuses runs across sessions
         if self.config.final_eval_n > 0:
             final["final_accuracy"] = self.evaluate(self.config.final_eval_n)
             final["final_eval_n"] = self.eval_size  # the task may hold fewer than asked for
