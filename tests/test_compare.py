@@ -397,6 +397,26 @@ def test_a_run_directory_from_another_budget_is_refused_not_mixed_in(saved_polic
         compare("smoke", out, methods=("grpo",), start=saved_policy, progress=False, token_budget=3000)
 
 
+def test_a_comparison_carried_with_only_its_runs_config_metrics_and_summary_reuses_them(saved_policy, tmp_path,
+                                                                                         monkeypatch, capsys):
+    """What the README says moves a comparison to another machine (no weights, no checkpoints): the CLI takes
+    the folder for a comparison of its own and reuses each run as finished, training nothing."""
+    import shutil
+    from credo.cli import main
+    from credo.train import Trainer
+    first = compare("smoke", str(tmp_path / "a"), methods=("grpo",), start=saved_policy, progress=False)
+    carried = tmp_path / "b" / "runs" / "grpo-s0"
+    carried.mkdir(parents=True)
+    for name in ("config.yaml", "metrics.jsonl", "summary.json"):
+        shutil.copy(tmp_path / "a" / "runs" / "grpo-s0" / name, carried / name)
+    monkeypatch.setattr(Trainer, "train", lambda self: (_ for _ in ()).throw(AssertionError("retrained")))
+    assert main(["compare", "--preset", "smoke", "--methods", "grpo", "--start", saved_policy,
+                 "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    again = json.load(open(tmp_path / "b" / "results.json"))
+    assert again["methods"]["grpo"]["seeds"]["0"]["curve"] == first["methods"]["grpo"]["seeds"]["0"]["curve"]
+    assert not (carried / "checkpoints").exists()
+
+
 def test_report_only_rebuilds_a_committed_comparison_byte_for_byte(tmp_path, capsys):
     """`credo compare --report-only` on a copy of docs/results/compare-full rewrites report.md and
     results.json with exactly the committed bytes (a report change must be committed with its rebuild)."""
