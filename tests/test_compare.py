@@ -417,6 +417,31 @@ def test_a_comparison_carried_with_only_its_runs_config_metrics_and_summary_reus
     assert not (carried / "checkpoints").exists()
 
 
+def test_runs_from_the_default_start_record_no_path_to_it_and_old_absolute_paths_still_match(tmp_path, monkeypatch):
+    """A run's config.yaml says start: '' for the task's default start (the shipped arith SFT start), so a
+    comparison moved to another checkout still matches; a run from before, naming this checkout's path to
+    it, is reused as the same start, while a different start is refused."""
+    import pytest
+    import yaml
+    from credo.sft import ensure_sft
+    from credo.train import Trainer
+    out = tmp_path / "cmp"
+    first = compare("smoke", str(out), methods=("grpo",), progress=False)
+    config_path = out / "runs" / "grpo-s0" / "config.yaml"
+    recorded = yaml.safe_load(config_path.read_text())
+    assert recorded["start"] == "" and first["start"] == ensure_sft(progress=False)
+    recorded["start"] = ensure_sft(progress=False)  # as runs recorded it before
+    config_path.write_text(yaml.safe_dump(recorded))
+    monkeypatch.setattr(Trainer, "train", lambda self: (_ for _ in ()).throw(AssertionError("retrained")))
+    again = compare("smoke", str(out), methods=("grpo",), progress=False)
+    assert again["failures"] == {} and again["methods"]["grpo"]["seeds"]["0"]["final_accuracy"] == \
+        first["methods"]["grpo"]["seeds"]["0"]["final_accuracy"]
+    recorded["start"] = str(tmp_path / "another-start")
+    config_path.write_text(yaml.safe_dump(recorded))
+    with pytest.raises(ValueError, match="start: "):
+        compare("smoke", str(out), methods=("grpo",), progress=False)
+
+
 def test_report_only_rebuilds_a_committed_comparison_byte_for_byte(tmp_path, capsys):
     """`credo compare --report-only` on a copy of docs/results/compare-full rewrites report.md and
     results.json with exactly the committed bytes (a report change must be committed with its rebuild)."""

@@ -147,8 +147,9 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
 
 
 def default_start(task: str, progress: bool) -> str:
-    """The start every run shares: the cached SFT start of `arith`; for another task '' lets each run (and
-    the audit) take that task's own default start."""
+    """Where the task's default start is: the cached (or shipped) SFT start of `arith`, built here once if
+    missing rather than by every worker at once; for another task '' (each run and the audit take that task's
+    own default start). Runs record '' either way (compare(): a portable config.yaml)."""
     if task != "arith":
         return ""
     from credo.sft import ensure_sft
@@ -202,13 +203,17 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
         raise ConfigError(f"jobs (--jobs) must be >= 1, got {jobs}")
     if preset.needs_start and not start:
         raise ConfigError(f"--preset {preset_name} needs --start: {preset.needs_start}")
-    start = start or default_start(preset.task, progress)
+    default = "" if start else default_start(preset.task, progress)
+    # each run records '' for the task's default start, never this checkout's path to it: a comparison moved
+    # to another machine or folder still matches its runs (check_reusable takes the old absolute path too)
+    start = start or ""
     # seed-major: an interrupted comparison has every method at its first seeds
     plan = [(m, s, os.path.join(out_dir, "runs", run_dir_name(m, s))) for s in preset.seeds for m in preset.methods]
     if is_locked(out_dir):  # before the timing: run_lock below would refuse it only after
         raise UserError(f"--out {out_dir} is being written by another credo compare; wait for it or stop it first")
-    check_reusable(plan, preset, start)
-    results: dict[str, Any] = {"preset": preset_name, "command": command, "start": start or f"the default start of {preset.task}",
+    check_reusable(plan, preset, start, default_path=default)
+    results: dict[str, Any] = {"preset": preset_name, "command": command,
+                               "start": start or default or f"the default start of {preset.task}",
                                "task": preset.task, "commit": source_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
                                "machine": f"{os.cpu_count()} cpus", "token_budget": preset.token_budget,
                                "final_eval_n": preset.final_eval_n, "note": preset.note,

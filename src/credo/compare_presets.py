@@ -175,15 +175,20 @@ def protocol(preset: Preset, start: str, jobs: int) -> dict[str, Any]:
             "schedule": shared, "methods": per_method}
 
 
-def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str) -> None:
+def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str, default_path: str = "") -> None:
     """A run directory left by an earlier comparison is reused (or resumed) only if it was made with
     the same training config; otherwise mixing budgets or starts would corrupt the table. Both configs are
-    compared as loaded (an older config.yaml's flat sampling keys and partial credit options included)."""
+    compared as loaded (an older config.yaml's flat sampling keys and partial credit options included).
+    default_path is where the task's default start ('' in a run's config) lies here: a run recorded before
+    runs said '' named that path, and is the same start."""
     for method, seed, run_dir in plan:
         if not os.path.exists(os.path.join(run_dir, "config.yaml")):
             continue
         old = flatten_config(to_dict(config_from_run(run_dir)))
         new = flatten_config(to_dict(run_config(method, seed, preset, start)))
+        if default_path and new.get("start") == "" and old.get("start") and \
+                os.path.realpath(str(old["start"])) == os.path.realpath(default_path):
+            old["start"] = ""
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         if changed:
             raise ConfigError(f"{run_dir} was made with a different config ({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "
