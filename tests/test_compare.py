@@ -397,24 +397,50 @@ def test_a_run_directory_from_another_budget_is_refused_not_mixed_in(saved_polic
         compare("smoke", out, methods=("grpo",), start=saved_policy, progress=False, token_budget=3000)
 
 
-def test_a_comparison_carried_with_only_its_runs_config_metrics_and_summary_reuses_them(saved_policy, tmp_path,
-                                                                                         monkeypatch, capsys):
-    """What the README says moves a comparison to another machine (no weights, no checkpoints): the CLI takes
-    the folder for a comparison of its own and reuses each run as finished, training nothing."""
+def test_an_exported_comparison_holds_only_finished_runs_records_and_resumes_without_training(
+        saved_policy, tmp_path, monkeypatch, capsys):
+    """`--export` copies what the README says moves a comparison to another machine (each finished run's config,
+    metrics and summary; no weights, checkpoints or locks) and its report; a part-way run is left out and
+    named. The export is a comparison of its own kind that resumes by reusing each run, training nothing."""
     import shutil
     from credo.cli import main
     from credo.train import Trainer
     first = compare("smoke", str(tmp_path / "a"), methods=("grpo",), start=saved_policy, progress=False)
-    carried = tmp_path / "b" / "runs" / "grpo-s0"
-    carried.mkdir(parents=True)
-    for name in ("config.yaml", "metrics.jsonl", "summary.json"):
-        shutil.copy(tmp_path / "a" / "runs" / "grpo-s0" / name, carried / name)
+    part_way = tmp_path / "a" / "runs" / "rredcot-s0"
+    part_way.mkdir()
+    for name in ("config.yaml", "metrics.jsonl"):
+        shutil.copy(tmp_path / "a" / "runs" / "grpo-s0" / name, part_way / name)
+    dest = tmp_path / "b"
+    assert main(["compare", "--out", str(tmp_path / "a"), "--export", str(dest)]) == 0
+    said = capsys.readouterr().out
+    assert "exported 1 finished run(s)" in said and "left out 1 part-way (rredcot-s0)" in said
+    assert sorted(os.listdir(dest / "runs")) == ["grpo-s0"]
+    assert sorted(os.listdir(dest / "runs" / "grpo-s0")) == [".credo-kind", "config.yaml", "metrics.jsonl", "summary.json"]
+    assert (dest / "report.md").read_text() == (tmp_path / "a" / "report.md").read_text()
+    assert (dest / "audit" / "audit.json").is_file()
     monkeypatch.setattr(Trainer, "train", lambda self: (_ for _ in ()).throw(AssertionError("retrained")))
     assert main(["compare", "--preset", "smoke", "--methods", "grpo", "--start", saved_policy,
-                 "--out", str(tmp_path / "b"), "--quiet"]) == 0
-    again = json.load(open(tmp_path / "b" / "results.json"))
+                 "--out", str(dest), "--quiet"]) == 0
+    again = json.load(open(dest / "results.json"))
     assert again["methods"]["grpo"]["seeds"]["0"]["curve"] == first["methods"]["grpo"]["seeds"]["0"]["curve"]
-    assert not (carried / "checkpoints").exists()
+
+
+def test_export_refuses_a_folder_of_someone_elses_and_one_inside_the_comparison(tmp_path, capsys):
+    from credo.cli import main
+    (tmp_path / "cmp" / "runs" / "grpo-s0").mkdir(parents=True)
+    for name in ("config.yaml", "metrics.jsonl"):
+        (tmp_path / "cmp" / "runs" / "grpo-s0" / name).write_text("")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    assert main(["compare", "--out", str(tmp_path / "cmp"), "--export", str(mine)]) == 2
+    assert os.listdir(mine) == ["notes.txt"]
+    assert main(["compare", "--out", str(tmp_path / "cmp"), "--export", str(tmp_path / "cmp" / "copy")]) == 2
+    assert not (tmp_path / "cmp" / "copy").exists()
+    assert main(["compare", "--out", str(tmp_path / "nothing"), "--export", str(tmp_path / "x")]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 3 and "is not empty" in errors[0] and "lies inside it" in errors[1] \
+        and "is not a credo comparison" in errors[2]
 
 
 def test_runs_from_the_default_start_record_no_path_to_it_and_old_absolute_paths_still_match(tmp_path, monkeypatch):

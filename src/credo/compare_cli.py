@@ -1,7 +1,7 @@
 """`credo compare` on the command line: its flags (sugar for CompareConfig fields) and the command.
 
 The command is configured like every other: CompareConfig defaults <- `--config` <- flags <- `--set`;
-`--out`, `--force`, `--yes`, `--report-only`, `--status` and `--quiet` say where and how it runs, not what it
+`--out`, `--force`, `--yes`, `--report-only`, `--status`, `--export` and `--quiet` say where and how it runs, not what it
 compares.
 """
 
@@ -73,6 +73,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                 config.schedule, config.task or None)
         print(status_text(preset, out, config.jobs))
         return 0
+    if args.export:  # read-only on --out: safe beside the running comparison
+        from credo.compare_export import describe, export
+        print(describe(export(out, args.export), args.export))
+        return 0
     if args.report_only:
         results = rewrite_report(out)
     else:
@@ -125,6 +129,11 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--status", action="store_true",
                    help="print how far the comparison in --out has got (finished seeds' accuracy, paired differences "
                         "to GRPO so far); give the same --preset/--methods/--seeds as the run; writes nothing")
+    p.add_argument("--export", metavar="DEST",
+                   help="copy --out's finished runs (config.yaml, metrics.jsonl, summary.json: no weights) and its "
+                        "report into DEST, a folder small enough to commit or move to another machine, from which "
+                        "`credo compare --out DEST` resumes; part-way runs are left out; trains nothing, and is safe "
+                        "beside the running comparison")
     add_config_options(p, "CompareConfig", "--set budget=100000")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_compare)
