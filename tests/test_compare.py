@@ -418,6 +418,19 @@ def test_an_exported_comparison_holds_only_finished_runs_records_and_resumes_wit
     assert sorted(os.listdir(dest / "runs" / "grpo-s0")) == [".credo-kind", "config.yaml", "metrics.jsonl", "summary.json"]
     assert (dest / "report.md").read_text() == (tmp_path / "a" / "report.md").read_text()
     assert (dest / "audit" / "audit.json").is_file()
+    # again: the same run is kept as it is
+    assert main(["compare", "--out", str(tmp_path / "a"), "--export", str(dest)]) == 0
+    assert "exported 0 finished run(s) to" in capsys.readouterr().out
+    # another comparison's different run under the same name is refused, and nothing is written
+    other = tmp_path / "other"
+    shutil.copytree(tmp_path / "a", other)
+    summary = json.loads((other / "runs" / "grpo-s0" / "summary.json").read_text())
+    (other / "runs" / "grpo-s0" / "summary.json").write_text(json.dumps({**summary, "final_accuracy": 0.0}))
+    (other / "report.md").write_text("another report\n")
+    assert main(["compare", "--out", str(other), "--export", str(dest)]) == 2
+    assert "runs/grpo-s0 differs from --out's; nothing was written" in capsys.readouterr().err
+    assert (dest / "report.md").read_text() == (tmp_path / "a" / "report.md").read_text()
+    assert json.loads((dest / "runs" / "grpo-s0" / "summary.json").read_text()) == summary
     monkeypatch.setattr(Trainer, "train", lambda self: (_ for _ in ()).throw(AssertionError("retrained")))
     assert main(["compare", "--preset", "smoke", "--methods", "grpo", "--start", saved_policy,
                  "--out", str(dest), "--quiet"]) == 0
@@ -438,9 +451,26 @@ def test_export_refuses_a_folder_of_someone_elses_and_one_inside_the_comparison(
     assert main(["compare", "--out", str(tmp_path / "cmp"), "--export", str(tmp_path / "cmp" / "copy")]) == 2
     assert not (tmp_path / "cmp" / "copy").exists()
     assert main(["compare", "--out", str(tmp_path / "nothing"), "--export", str(tmp_path / "x")]) == 2
+    assert main(["compare", "--out", str(tmp_path / "cmp"), "--export", str(tmp_path)]) == 2  # DEST holds OUT
+    assert main(["compare", "--out", str(tmp_path / "cmp"), "--export", str(mine), "--force"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
-    assert len(errors) == 3 and "is not empty" in errors[0] and "lies inside it" in errors[1] \
-        and "is not a credo comparison" in errors[2]
+    assert len(errors) == 5
+    assert "--export" in errors[0] and "is not empty and is not an earlier credo export" in errors[0]
+    assert "lies inside it" in errors[1] and "is not a credo comparison" in errors[2]
+    assert "or holds it or lies inside it" in errors[3]
+    assert "takes no --force" in errors[4] and os.listdir(mine) == ["notes.txt"]
+
+
+def test_export_never_writes_into_a_live_run(saved_policy, tmp_path, capsys):
+    from credo.cli import main
+    compare("smoke", str(tmp_path / "a"), methods=("grpo",), start=saved_policy, progress=False)
+    dest = tmp_path / "b"
+    assert main(["compare", "--out", str(tmp_path / "a"), "--export", str(dest)]) == 0
+    (dest / "runs" / "grpo-s0" / "summary.json").unlink()  # resumed there and being retrained
+    (dest / "runs" / "grpo-s0" / "checkpoints").mkdir()
+    assert main(["compare", "--out", str(tmp_path / "a"), "--export", str(dest)]) == 2
+    assert "runs/grpo-s0 is a live run (checkpoints)" in capsys.readouterr().err
+    assert not (dest / "runs" / "grpo-s0" / "summary.json").exists()
 
 
 def test_runs_from_the_default_start_record_no_path_to_it_and_old_absolute_paths_still_match(tmp_path, monkeypatch):
@@ -462,6 +492,12 @@ def test_runs_from_the_default_start_record_no_path_to_it_and_old_absolute_paths
     again = compare("smoke", str(out), methods=("grpo",), progress=False)
     assert again["failures"] == {} and again["methods"]["grpo"]["seeds"]["0"]["final_accuracy"] == \
         first["methods"]["grpo"]["seeds"]["0"]["final_accuracy"]
+    from credo.sft import config_hash, sft_config_for
+    digest = config_hash(sft_config_for("arith"))
+    for elsewhere in (f"/home/someone/credo/src/credo/assets/sft-{digest}", f"/root/.cache/credo/sft/{digest}"):
+        recorded["start"] = elsewhere  # another checkout's or cache's copy of the default start: the same start
+        config_path.write_text(yaml.safe_dump(recorded))
+        assert compare("smoke", str(out), methods=("grpo",), progress=False)["failures"] == {}
     recorded["start"] = str(tmp_path / "another-start")
     config_path.write_text(yaml.safe_dump(recorded))
     with pytest.raises(ValueError, match="start: "):

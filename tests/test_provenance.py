@@ -3,48 +3,76 @@
 import json
 import os
 import re
+import subprocess
+
+import pytest
 
 from credo import provenance
 from credo.compare_report import commit_lines, report, summarise
 from credo.train import Trainer
 from test_train import config
 
-
-def test_source_commit_names_the_checkout_or_the_version(monkeypatch, tmp_path):
-    recorded = provenance.source_commit()
-    if os.path.isdir(os.path.join(os.path.dirname(provenance._SOURCE), "..", ".git")):
-        assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", recorded), recorded
-    monkeypatch.setattr(provenance, "_SOURCE", str(tmp_path))  # no git checkout here
-    assert provenance.source_commit() == f"credo {provenance.__version__}"
+REPO = os.path.dirname(os.path.dirname(provenance._SOURCE))  # src/credo -> the checkout
 
 
-def test_dirty_package_is_marked(monkeypatch, tmp_path):
-    import subprocess
-    repo = tmp_path / "repo"
-    package = repo / "pkg"
+@pytest.mark.skipif(not os.path.exists(os.path.join(REPO, ".git")), reason="not a git checkout")
+def test_source_commit_is_the_last_commit_that_changed_the_package():
+    expected = subprocess.run(["git", "log", "-1", "--format=%H", "--", "src/credo"], cwd=REPO,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{40}", expected)
+    assert provenance.source_commit() in (expected, expected + "+dirty")
+
+
+def _git(repo, *args):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                   capture_output=True)
+
+
+def test_docs_commits_keep_the_value_package_edits_mark_it_dirty_untracked_copies_are_versions(monkeypatch, tmp_path):
+    repo, package = tmp_path / "repo", tmp_path / "repo" / "pkg"
     package.mkdir(parents=True)
-    (package / "m.py").write_text("x = 1\n")
+    (package / "__init__.py").write_text("x = 1\n")
     (repo / "README").write_text("a\n")
-    run = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True)  # noqa: E731
-    run("init", "-q")
-    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "x", "--allow-empty")
-    run("add", ".")
-    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "files")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "package")
     monkeypatch.setattr(provenance, "_SOURCE", str(package))
     clean = provenance.source_commit()
     assert re.fullmatch(r"[0-9a-f]{40}", clean)
-    (repo / "README").write_text("b\n")  # outside the package: what trains is unchanged
+    (repo / "README").write_text("b\n")  # outside the package: what trains is unchanged, committed or not
     assert provenance.source_commit() == clean
-    (package / "m.py").write_text("x = 2\n")
+    _git(repo, "commit", "-qam", "docs only")
+    assert provenance.source_commit() == clean
+    (package / "__init__.py").write_text("x = 2\n")
     assert provenance.source_commit() == clean + "+dirty"
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / "elsewhere"))  # the caller's git settings are not credo's
+    assert provenance.source_commit() == clean + "+dirty"
+    # an installed copy inside some other repository (an ignored .venv) is not that repository's commit
+    installed = repo / ".venv" / "credo"
+    installed.mkdir(parents=True)
+    (installed / "__init__.py").write_text("x = 1\n")
+    (repo / ".gitignore").write_text(".venv/\n")
+    monkeypatch.setattr(provenance, "_SOURCE", str(installed))
+    assert provenance.source_commit() == f"credo {provenance.__version__}"
+    monkeypatch.setattr(provenance, "_SOURCE", str(tmp_path))  # no repository at all
+    assert provenance.source_commit() == f"credo {provenance.__version__}"
 
 
-def test_a_run_records_its_commit(saved_policy, tmp_path):
-    Trainer(config(saved_policy, "steps=1", "method=grpo"), str(tmp_path / "r"), progress=False).train()
+def test_a_run_records_the_commit_read_when_its_trainer_was_built_not_when_it_finished(saved_policy, tmp_path,
+                                                                                      monkeypatch):
+    answers = iter(["a" * 40, "b" * 40])
+    monkeypatch.setattr(provenance, "source_commit", lambda: next(answers))
+    provenance.loaded_commit.cache_clear()
+    try:
+        trainer = Trainer(config(saved_policy, "steps=1", "method=grpo"), str(tmp_path / "r"), progress=False)
+        assert provenance.loaded_commit() == "a" * 40  # read at construction; later calls are cached
+        trainer.train()
+    finally:
+        provenance.loaded_commit.cache_clear()
     summary = json.load(open(tmp_path / "r" / "summary.json"))
-    assert summary["credo_commit"] == provenance.source_commit()
+    assert summary["credo_commit"] == "a" * 40
     from credo.compare import run_result
-    assert run_result(str(tmp_path / "r"))["commit"] == summary["credo_commit"]
+    assert run_result(str(tmp_path / "r"))["commit"] == "a" * 40
 
 
 def _results(commits):
@@ -53,7 +81,7 @@ def _results(commits):
                      "final_accuracy": 0.4, "seconds_per_step": 1.0, "steps": 5, "tokens_generated": 500,
                      **({"commit": c} if c else {})}
     return {"methods": {"grpo": {"seeds": {str(i): run(c) for i, c in enumerate(commits)}}}, "token_budget": 500,
-            "failures": {}, "preset": "t", "start": "s", "commit": "c", "date": "d", "machine": "m"}
+            "failures": {}, "preset": "t", "start": "s", "commit": "credo 0.1.0", "date": "d", "machine": "m"}
 
 
 def test_report_warns_only_when_runs_name_more_than_one_commit():
@@ -65,4 +93,5 @@ def test_report_warns_only_when_runs_name_more_than_one_commit():
     assert line.startswith("**Runs trained by 3 versions of credo**")
     assert f"`{a[:10]}` (2 runs), `{b[:10]}+dirty` (1 run), not recorded (1 run)" in line
     summarise(mixed)
-    assert line in report(mixed)
+    text = report(mixed)
+    assert line in text and "commit `credo 0.1.0`" in text  # a version string is not cut to 10 characters

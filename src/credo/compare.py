@@ -35,11 +35,11 @@ from credo import methods as method_registry
 from credo import compare_eta
 from credo.audit import AuditConfig, run_audit
 from credo.compare_report import goals, plot_curves, report, summarise  # noqa: F401  (re-exported)
-from credo.compare_presets import (ALL_METHODS, PRESETS, Preset, check_reusable, protocol,  # noqa: F401  (re-exported)
+from credo.compare_presets import (ALL_METHODS, PRESETS, Preset, check_reusable, is_default_start, protocol,  # noqa: F401  (re-exported)
                                    resolve_preset, run_config, run_dir_name)
 from credo.compare_stats import parse_method_spec, stalled_seconds
 from credo.config import ConfigError, UserError
-from credo.provenance import source_commit
+from credo.provenance import loaded_commit
 from credo.runs import MetricsLog, atomic_write_json, atomic_write_text, is_locked, run_lock
 from credo.train import Trainer
 
@@ -203,18 +203,18 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
         raise ConfigError(f"jobs (--jobs) must be >= 1, got {jobs}")
     if preset.needs_start and not start:
         raise ConfigError(f"--preset {preset_name} needs --start: {preset.needs_start}")
-    default = "" if start else default_start(preset.task, progress)
     # each run records '' for the task's default start, never this checkout's path to it: a comparison moved
-    # to another machine or folder still matches its runs (check_reusable takes the old absolute path too)
-    start = start or ""
+    # to another machine or folder still matches its runs (check_reusable takes an old run's path to it too)
+    start = "" if not start or is_default_start(start, preset.task) else start
+    default = "" if start else default_start(preset.task, progress)
     # seed-major: an interrupted comparison has every method at its first seeds
     plan = [(m, s, os.path.join(out_dir, "runs", run_dir_name(m, s))) for s in preset.seeds for m in preset.methods]
     if is_locked(out_dir):  # before the timing: run_lock below would refuse it only after
         raise UserError(f"--out {out_dir} is being written by another credo compare; wait for it or stop it first")
-    check_reusable(plan, preset, start, default_path=default)
+    check_reusable(plan, preset, start)
     results: dict[str, Any] = {"preset": preset_name, "command": command,
                                "start": start or default or f"the default start of {preset.task}",
-                               "task": preset.task, "commit": source_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
+                               "task": preset.task, "commit": loaded_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
                                "machine": f"{os.cpu_count()} cpus", "token_budget": preset.token_budget,
                                "final_eval_n": preset.final_eval_n, "note": preset.note,
                                "protocol": protocol(preset, start, jobs), "methods": {}, "failures": {}}

@@ -75,6 +75,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 0
     if args.export:  # read-only on --out: safe beside the running comparison
         from credo.compare_export import describe, export
+        if args.force or args.report_only or args.status:
+            raise ConfigError("--export copies --out's finished runs and nothing else: it takes no --force, "
+                              "--report-only or --status")
         print(describe(export(out, args.export), args.export))
         return 0
     if args.report_only:
@@ -131,9 +134,10 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
                         "to GRPO so far); give the same --preset/--methods/--seeds as the run; writes nothing")
     p.add_argument("--export", metavar="DEST",
                    help="copy --out's finished runs (config.yaml, metrics.jsonl, summary.json: no weights) and its "
-                        "report into DEST, a folder small enough to commit or move to another machine, from which "
-                        "`credo compare --out DEST` resumes; part-way runs are left out; trains nothing, and is safe "
-                        "beside the running comparison")
+                        "report into DEST (new, empty or an earlier export), a folder small enough to commit or move "
+                        "to another machine, from which `credo compare --out DEST` with the run's --preset/--methods/"
+                        "--seeds resumes; part-way runs are left out; trains nothing, and is safe beside the running "
+                        "comparison")
     add_config_options(p, "CompareConfig", "--set budget=100000")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_compare)

@@ -1,16 +1,22 @@
 """`credo compare --out OUT --export DEST`: a comparison's finished runs, and its report once there is one, in
-a folder small enough to commit or copy to another machine; `credo compare --out DEST` resumes from it.
+a folder small enough to commit or copy to another machine; `credo compare --out DEST` with the run's own
+flags (--preset/--methods/--seeds) resumes from it.
 
 A finished run is reused from its config.yaml, metrics.jsonl and summary.json alone (compare.run_one reads
 nothing else), so only those are copied: no weights, checkpoints or locks (a 3.2M-parameter run's checkpoint
-is ~40 MB, its record ~100 kB). A part-way run is left out: it resumes only from its checkpoints, and its config
-and log without them would be refused as a run whose checkpoints were removed. OUT is only read, so this is
-safe beside the running comparison (a run's summary.json is its last file, written atomically). Each file is
-written atomically into DEST; nothing in DEST is deleted, and DEST must be missing, empty or a comparison.
+is ~40 MB, its record ~100 kB). A part-way run is left out: it resumes only from its checkpoints, and its
+config and log without them would be refused as a run whose checkpoints were removed. OUT is only read, so this
+is safe beside the running comparison (a run's summary.json is its last file, written atomically).
+
+DEST is missing, empty, or an earlier export (its `.credo-export` marker says so). Each new run lands whole
+(written beside DEST, then renamed in); a run DEST already holds is left as it is when it is the same, and
+refused, naming it, when it differs or is a live run (checkpoints, final weights). Nothing in DEST is deleted.
+The report files are replaced by OUT's: in an export they are always an earlier copy of a comparison's report.
 """
 
 from __future__ import annotations
 
+import filecmp
 import fnmatch
 import os
 import shutil
@@ -18,20 +24,24 @@ import tempfile
 from dataclasses import dataclass, field
 
 from credo.config import UserError
-from credo.runs import KIND_MARKER, atomic_write_text, claim_output, run_kind
+from credo.runs import KIND_MARKER, atomic_directory, atomic_write_text, is_locked, run_kind
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
 """What a finished run is reused from."""
 REPORT_FILES = ("results.json", "report.md", "*.png", "failure-*.txt")
 """A comparison's own files beside runs/ (its audit/ folder is copied too)."""
+EXPORT_MARKER = ".credo-export"
+"""Marks a folder --export wrote, which a later export may add to."""
 
 
 @dataclass
 class Exported:
-    """What an export copied: the finished runs, the part-way runs left out, and whether a report came along."""
+    """What an export did: runs copied, runs DEST already held, part-way runs and incomplete ones left out."""
 
-    runs: list[str] = field(default_factory=list)
+    copied: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
     part_way: list[str] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)
     report: bool = False
 
 
@@ -55,28 +65,61 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
-def export(out_dir: str, dest: str) -> Exported:
-    """Copies out_dir's finished runs (RUN_FILES each) and its report files into dest; returns what it did."""
+def _check_dest(out_dir: str, dest: str) -> None:
+    """DEST may take an export: missing, empty or an earlier export, and apart from OUT; else one line."""
     if not os.path.isdir(out_dir) or run_kind(out_dir) != "compare":
         raise UserError(f"--out {out_dir} is not a credo comparison (no results.json nor runs/ of training runs)")
     if _inside(dest, out_dir) or _inside(out_dir, dest):
         raise UserError(f"--export {dest} is --out {out_dir} or holds it or lies inside it; choose a folder apart")
-    claim_output(dest, "compare")  # a foreign non-empty folder is refused untouched
-    done = Exported()
+    if os.path.exists(dest) and not os.path.isdir(dest):
+        raise UserError(f"--export {dest} is a file, not a directory; nothing was touched")
+    if os.path.isdir(dest) and os.listdir(dest):
+        if not os.path.isfile(os.path.join(dest, EXPORT_MARKER)):
+            raise UserError(f"--export {dest} is not empty and is not an earlier credo export; nothing was touched "
+                            "(choose a new or empty folder)")
+        if is_locked(dest):
+            raise UserError(f"--export {dest} is being written by a credo compare; stop it first (nothing was touched)")
+
+
+def _same_run(source: str, target: str) -> bool:
+    """Whether DEST's run `target` is a finished record identical to OUT's `source`."""
+    return all(os.path.isfile(os.path.join(target, f)) and filecmp.cmp(os.path.join(source, f),
+                                                                        os.path.join(target, f), shallow=False)
+               for f in RUN_FILES)
+
+
+def export(out_dir: str, dest: str) -> Exported:
+    """Copies out_dir's finished runs (RUN_FILES each) and its report files into dest; returns what it did."""
+    _check_dest(out_dir, dest)
     runs = os.path.join(out_dir, "runs")
-    for name in sorted(os.listdir(runs)) if os.path.isdir(runs) else []:
-        run = os.path.join(runs, name)
-        if not os.path.isdir(run):
-            continue
-        if not all(os.path.isfile(os.path.join(run, f)) for f in RUN_FILES):
+    names = sorted(n for n in os.listdir(runs) if os.path.isdir(os.path.join(runs, n))) if os.path.isdir(runs) else []
+    done, todo = Exported(), []
+    for name in names:  # every refusal before anything is written
+        run, target = os.path.join(runs, name), os.path.join(dest, "runs", name)
+        if not os.path.isfile(os.path.join(run, "summary.json")):
             if os.path.isfile(os.path.join(run, "config.yaml")):
                 done.part_way.append(name)
             continue
-        # summary.json last: a reader of DEST that sees it sees the whole run, as in the run directory itself
-        for f in RUN_FILES:
-            _copy(os.path.join(run, f), os.path.join(dest, "runs", name, f))
-        atomic_write_text(os.path.join(dest, "runs", name, KIND_MARKER), "train\n")
-        done.runs.append(name)
+        if not all(os.path.isfile(os.path.join(run, f)) for f in RUN_FILES):
+            done.incomplete.append(name)
+            continue
+        if os.path.exists(target):
+            if _same_run(run, target):
+                done.kept.append(name)
+                continue
+            live = [f for f in ("checkpoints", "final") if os.path.exists(os.path.join(target, f))]
+            why = f"is a live run ({', '.join(live)})" if live else "differs from --out's"
+            raise UserError(f"--export {dest}: its runs/{name} {why}; nothing was written (export elsewhere)")
+        todo.append(name)
+    os.makedirs(dest, exist_ok=True)
+    atomic_write_text(os.path.join(dest, KIND_MARKER), "compare\n")
+    atomic_write_text(os.path.join(dest, EXPORT_MARKER), "an export of a credo comparison (credo compare --export)\n")
+    for name in todo:
+        with atomic_directory(os.path.join(dest, "runs", name)) as tmp:  # the run lands whole or not at all
+            for f in RUN_FILES:
+                shutil.copyfile(os.path.join(runs, name, f), os.path.join(tmp, f))
+            atomic_write_text(os.path.join(tmp, KIND_MARKER), "train\n")
+        done.copied.append(name)
     for entry in sorted(os.listdir(out_dir)):
         path = os.path.join(out_dir, entry)
         if os.path.isfile(path) and any(fnmatch.fnmatchcase(entry, p) for p in REPORT_FILES):
@@ -92,10 +135,14 @@ def export(out_dir: str, dest: str) -> Exported:
 
 def describe(done: Exported, dest: str) -> str:
     """One line for the terminal."""
-    text = f"exported {len(done.runs)} finished run(s) to {dest}"
+    text = f"exported {len(done.copied)} finished run(s) to {dest}"
+    if done.kept:
+        text += f" ({len(done.kept)} more already there)"
     if done.part_way:
         text += (f"; left out {len(done.part_way)} part-way ({', '.join(done.part_way)}): they resume only where "
                  "their checkpoints are")
+    if done.incomplete:
+        text += f"; left out {len(done.incomplete)} with a summary.json but no config.yaml or metrics.jsonl ({', '.join(done.incomplete)})"
     if done.report:
         text += "; with the report"
     return text

@@ -175,19 +175,31 @@ def protocol(preset: Preset, start: str, jobs: int) -> dict[str, Any]:
             "schedule": shared, "methods": per_method}
 
 
-def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str, default_path: str = "") -> None:
+def is_default_start(path: str, task: str) -> bool:
+    """Whether `path` names the task's default start by its folder: the shipped `assets/sft-<hash>` or the
+    cache's `sft/<hash>` (credo.sft.ensure_sft), in this checkout or any other. The hash names the SFT config,
+    and SFT on CPU is deterministic, so every such folder holds the same start."""
+    if not path:
+        return False
+    from credo.sft import config_hash, sft_config_for
+    digest = config_hash(sft_config_for(task))
+    folder = os.path.normpath(str(path))
+    name, parent = os.path.basename(folder), os.path.basename(os.path.dirname(folder))
+    return name == f"sft-{digest}" or (name == digest and parent == "sft")
+
+
+def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str) -> None:
     """A run directory left by an earlier comparison is reused (or resumed) only if it was made with
     the same training config; otherwise mixing budgets or starts would corrupt the table. Both configs are
     compared as loaded (an older config.yaml's flat sampling keys and partial credit options included).
-    default_path is where the task's default start ('' in a run's config) lies here: a run recorded before
-    runs said '' named that path, and is the same start."""
+    Runs record the task's default start as ''; a run from before that, naming a path to it (in whatever
+    checkout or cache it lay), is the same start."""
     for method, seed, run_dir in plan:
         if not os.path.exists(os.path.join(run_dir, "config.yaml")):
             continue
         old = flatten_config(to_dict(config_from_run(run_dir)))
         new = flatten_config(to_dict(run_config(method, seed, preset, start)))
-        if default_path and new.get("start") == "" and old.get("start") and \
-                os.path.realpath(str(old["start"])) == os.path.realpath(default_path):
+        if new.get("start") == "" and is_default_start(old.get("start", ""), preset.task):
             old["start"] = ""
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         if changed:

@@ -13,6 +13,7 @@ from typing import Any
 
 from credo import methods as method_registry
 from credo.compare_eta import describe
+from credo.provenance import short
 from credo.compare_plots import plot_curves  # noqa: F401  (re-exported)
 from credo.compare_goals import goals, points  # noqa: F401  (re-exported)
 from credo.compare_stats import (MAX_SEEDS, POWER, STALL_FACTOR, control_pairs, equal_updates, grpo_first_evaluations,
@@ -201,7 +202,7 @@ def report(results: dict[str, Any]) -> str:
     estimate = results.get("estimate", {}).get("seconds")
     lines = [f"# credo compare ({results['preset']})", "",
              f"Start `{results['start']}` · budget {results['token_budget']:,} generated tokens per run · "
-             f"commit `{results['commit'][:10]}` · {results['date']} · {results['machine']}"
+             f"commit `{short(results['commit'])}` · {results['date']} · {results['machine']}"
              + (f" · {results['wall_seconds'] / 60:.0f} min wall in its last invocation" if results.get("wall_seconds") else "")
              + (f" (estimated {describe(estimate)} before it started)" if estimate else "") + run_clocks(results), "",
              *([f"Command: `{results['command']}`", ""] if results.get("command") else []),
@@ -224,9 +225,7 @@ def commit_lines(results: dict[str, Any]) -> list[str]:
     if len(counts) < 2:
         return []
     def name(commit: str) -> str:
-        if commit == "not recorded" or commit.startswith("credo "):
-            return commit
-        return f"`{commit[:10]}{'+dirty' if commit.endswith('+dirty') else ''}`"
+        return commit if commit == "not recorded" else f"`{short(commit)}`"
     listed = ", ".join(f"{name(c)} ({n} run{'s' if n > 1 else ''})"
                        for c, n in sorted(counts.items(), key=lambda kv: -kv[1]))
     return [f"**Runs trained by {len(counts)} versions of credo**: {listed}. A change between them that touched "

@@ -33,7 +33,7 @@ from credo.evaluate import evaluate
 from credo.loss import policy_loss
 from credo.policy import bind_task, load_policy
 from credo.policy.base import Policy
-from credo.provenance import source_commit
+from credo.provenance import loaded_commit
 from credo.probe import Probe
 from credo.rollouts import Credit, Rollouts
 from credo.resume_checks import check_restartable, check_resumable, update_config_yaml
@@ -62,6 +62,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, run_dir: str, policy: Policy | None = None, progress: bool = True,
                  on_step: Callable[["Trainer", dict], None] | None = None) -> None:
         self.config, self.run_dir, self.progress, self.on_step = config, run_dir, progress, on_step
+        loaded_commit()  # read now, while what is on disk is the code this process loaded (summary.json)
         self.task = make_task(config.task, config.task_options, prefix="train.task_options.")
         self.estimator = credit_registry.get(config.estimator)  # resolved and its options checked at load
         self.credit_config = config.credit
@@ -301,7 +302,7 @@ class Trainer:
     def finish(self) -> dict[str, Any]:
         """The final evaluation, weights and summary.json."""
         final = {"step": self.step, "tokens_generated": self.tokens_generated, "seconds": round(self.seconds, 3),
-                 "credo_commit": source_commit()}  # which code trained it: a comparison reuses runs across sessions
+                 "credo_commit": loaded_commit()}  # which code trained it: a comparison reuses runs across sessions
         if self.config.final_eval_n > 0:
             final["final_accuracy"] = self.evaluate(self.config.final_eval_n)
             final["final_eval_n"] = self.eval_size  # the task may hold fewer than asked for
