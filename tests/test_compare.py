@@ -431,6 +431,15 @@ def test_an_exported_comparison_holds_only_finished_runs_records_and_resumes_wit
     assert "runs/grpo-s0 differs from --out's; nothing was written" in capsys.readouterr().err
     assert (dest / "report.md").read_text() == (tmp_path / "a" / "report.md").read_text()
     assert json.loads((dest / "runs" / "grpo-s0" / "summary.json").read_text()) == summary
+    # a machine with another share of the grid adds its runs, but its report covers less than DEST: not copied
+    share = tmp_path / "share"
+    shutil.copytree(tmp_path / "a", share)
+    shutil.move(str(share / "runs" / "grpo-s0"), str(share / "runs" / "grpo-s1"))
+    (share / "report.md").write_text("a report of seed 1 alone\n")
+    assert main(["compare", "--out", str(share), "--export", str(dest)]) == 0
+    assert "the report was not copied, since" in capsys.readouterr().out
+    assert sorted(os.listdir(dest / "runs")) == ["grpo-s0", "grpo-s1"]
+    assert (dest / "report.md").read_text() == (tmp_path / "a" / "report.md").read_text()
     monkeypatch.setattr(Trainer, "train", lambda self: (_ for _ in ()).throw(AssertionError("retrained")))
     assert main(["compare", "--preset", "smoke", "--methods", "grpo", "--start", saved_policy,
                  "--out", str(dest), "--quiet"]) == 0
@@ -477,6 +486,7 @@ def test_runs_from_the_default_start_record_no_path_to_it_and_old_absolute_paths
     """A run's config.yaml says start: '' for the task's default start (the shipped arith SFT start), so a
     comparison moved to another checkout still matches; a run from before, naming this checkout's path to
     it, is reused as the same start, while a different start is refused."""
+    import shutil
     import pytest
     import yaml
     from credo.sft import ensure_sft
@@ -498,6 +508,16 @@ def test_runs_from_the_default_start_record_no_path_to_it_and_old_absolute_paths
         recorded["start"] = elsewhere  # another checkout's or cache's copy of the default start: the same start
         config_path.write_text(yaml.safe_dump(recorded))
         assert compare("smoke", str(out), methods=("grpo",), progress=False)["failures"] == {}
+    # an explicit --start trains from the path given (never swapped for the cache's copy), and a run that named
+    # the default start by a path matches it
+    import credo.compare as compare_module
+    given = str(tmp_path / "copy" / f"sft-{digest}")
+    shutil.copytree(ensure_sft(progress=False), given)
+    seen = []
+    monkeypatch.setattr(compare_module, "run_one", lambda method, seed, preset, start, *a: seen.append(start) or
+                        compare_module.run_result(str(out / "runs" / "grpo-s0")))
+    compare("smoke", str(out), methods=("grpo",), start=given, progress=False)
+    assert seen == [given]
     recorded["start"] = str(tmp_path / "another-start")
     config_path.write_text(yaml.safe_dump(recorded))
     with pytest.raises(ValueError, match="start: "):

@@ -60,12 +60,12 @@ def test_docs_commits_keep_the_value_package_edits_mark_it_dirty_untracked_copie
 
 def test_a_run_records_the_commit_read_when_its_trainer_was_built_not_when_it_finished(saved_policy, tmp_path,
                                                                                       monkeypatch):
-    answers = iter(["a" * 40, "b" * 40])
-    monkeypatch.setattr(provenance, "source_commit", lambda: next(answers))
+    on_disk = {"commit": "a" * 40}
+    monkeypatch.setattr(provenance, "source_commit", lambda: on_disk["commit"])
     provenance.loaded_commit.cache_clear()
     try:
         trainer = Trainer(config(saved_policy, "steps=1", "method=grpo"), str(tmp_path / "r"), progress=False)
-        assert provenance.loaded_commit() == "a" * 40  # read at construction; later calls are cached
+        on_disk["commit"] = "b" * 40  # a commit made while the run trains
         trainer.train()
     finally:
         provenance.loaded_commit.cache_clear()

@@ -35,7 +35,7 @@ from credo import methods as method_registry
 from credo import compare_eta
 from credo.audit import AuditConfig, run_audit
 from credo.compare_report import goals, plot_curves, report, summarise  # noqa: F401  (re-exported)
-from credo.compare_presets import (ALL_METHODS, PRESETS, Preset, check_reusable, is_default_start, protocol,  # noqa: F401  (re-exported)
+from credo.compare_presets import (ALL_METHODS, PRESETS, Preset, check_reusable, protocol,  # noqa: F401  (re-exported)
                                    resolve_preset, run_config, run_dir_name)
 from credo.compare_stats import parse_method_spec, stalled_seconds
 from credo.config import ConfigError, UserError
@@ -203,9 +203,9 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
         raise ConfigError(f"jobs (--jobs) must be >= 1, got {jobs}")
     if preset.needs_start and not start:
         raise ConfigError(f"--preset {preset_name} needs --start: {preset.needs_start}")
-    # each run records '' for the task's default start, never this checkout's path to it: a comparison moved
-    # to another machine or folder still matches its runs (check_reusable takes an old run's path to it too)
-    start = "" if not start or is_default_start(start, preset.task) else start
+    # without --start each run records '' for the task's default start, never this checkout's path to it: a
+    # comparison moved to another machine or folder still matches its runs (check_reusable: is_default_start)
+    start = start or ""
     default = "" if start else default_start(preset.task, progress)
     # seed-major: an interrupted comparison has every method at its first seeds
     plan = [(m, s, os.path.join(out_dir, "runs", run_dir_name(m, s))) for s in preset.seeds for m in preset.methods]

@@ -64,6 +64,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.help_config:
         return show_config(config, "compare")
     out = require_out(args)
+    if args.export:  # read-only on --out: safe beside the running comparison
+        from credo.compare_export import describe, export
+        if args.force or args.report_only or args.status:
+            raise ConfigError("--export copies --out's finished runs and nothing else: it takes no --force, "
+                              "--report-only or --status")
+        print(describe(export(out, args.export), args.export))
+        return 0
     if args.status:  # read-only: safe beside the running comparison
         from credo.compare_presets import resolve_preset
         from credo.compare_status import status_text
@@ -72,13 +79,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
         preset = resolve_preset(config.preset, config.methods or None, config.seeds, config.budget,
                                 config.schedule, config.task or None)
         print(status_text(preset, out, config.jobs))
-        return 0
-    if args.export:  # read-only on --out: safe beside the running comparison
-        from credo.compare_export import describe, export
-        if args.force or args.report_only or args.status:
-            raise ConfigError("--export copies --out's finished runs and nothing else: it takes no --force, "
-                              "--report-only or --status")
-        print(describe(export(out, args.export), args.export))
         return 0
     if args.report_only:
         results = rewrite_report(out)

@@ -11,7 +11,8 @@ is safe beside the running comparison (a run's summary.json is its last file, wr
 DEST is missing, empty, or an earlier export (its `.credo-export` marker says so). Each new run lands whole
 (written beside DEST, then renamed in); a run DEST already holds is left as it is when it is the same, and
 refused, naming it, when it differs or is a live run (checkpoints, final weights). Nothing in DEST is deleted.
-The report files are replaced by OUT's: in an export they are always an earlier copy of a comparison's report.
+The report files are replaced by OUT's, unless DEST holds finished runs that OUT does not (runs exported from
+another machine's share of the grid, or DEST's own): then OUT's report does not cover DEST, and none is copied.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class Exported:
     kept: list[str] = field(default_factory=list)
     part_way: list[str] = field(default_factory=list)
     incomplete: list[str] = field(default_factory=list)
+    only_in_dest: list[str] = field(default_factory=list)
+    """Finished runs DEST holds that OUT does not (another machine's share): then no report is copied."""
     report: bool = False
 
 
@@ -120,6 +123,12 @@ def export(out_dir: str, dest: str) -> Exported:
                 shutil.copyfile(os.path.join(runs, name, f), os.path.join(tmp, f))
             atomic_write_text(os.path.join(tmp, KIND_MARKER), "train\n")
         done.copied.append(name)
+    finished = set(done.copied) | set(done.kept)
+    held = os.path.join(dest, "runs")
+    done.only_in_dest = sorted(n for n in os.listdir(held) if n not in finished and
+                               os.path.isfile(os.path.join(held, n, "summary.json"))) if os.path.isdir(held) else []
+    if done.only_in_dest:  # DEST has more than OUT's report covers: its own report is not OUT's to replace
+        return done
     for entry in sorted(os.listdir(out_dir)):
         path = os.path.join(out_dir, entry)
         if os.path.isfile(path) and any(fnmatch.fnmatchcase(entry, p) for p in REPORT_FILES):
@@ -143,6 +152,9 @@ def describe(done: Exported, dest: str) -> str:
                  "their checkpoints are")
     if done.incomplete:
         text += f"; left out {len(done.incomplete)} with a summary.json but no config.yaml or metrics.jsonl ({', '.join(done.incomplete)})"
-    if done.report:
+    if done.only_in_dest:
+        text += (f"; the report was not copied, since {dest} holds {len(done.only_in_dest)} finished run(s) that "
+                 f"--out does not ({', '.join(done.only_in_dest[:4])}{', ...' if len(done.only_in_dest) > 4 else ''})")
+    elif done.report:
         text += "; with the report"
     return text

@@ -192,15 +192,16 @@ def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str)
     """A run directory left by an earlier comparison is reused (or resumed) only if it was made with
     the same training config; otherwise mixing budgets or starts would corrupt the table. Both configs are
     compared as loaded (an older config.yaml's flat sampling keys and partial credit options included).
-    Runs record the task's default start as ''; a run from before that, naming a path to it (in whatever
-    checkout or cache it lay), is the same start."""
+    Runs record the task's default start as ''; a run from before that, or a --start, naming a path to it
+    (in whatever checkout or cache it lay) is the same start here, though it trains from the path given."""
     for method, seed, run_dir in plan:
         if not os.path.exists(os.path.join(run_dir, "config.yaml")):
             continue
         old = flatten_config(to_dict(config_from_run(run_dir)))
         new = flatten_config(to_dict(run_config(method, seed, preset, start)))
-        if new.get("start") == "" and is_default_start(old.get("start", ""), preset.task):
-            old["start"] = ""
+        for recorded in (old, new):  # the default start named by a path (another checkout's, the cache's) is ''
+            if is_default_start(recorded.get("start", ""), preset.task):
+                recorded["start"] = ""
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         if changed:
             raise ConfigError(f"{run_dir} was made with a different config ({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "
