@@ -203,17 +203,13 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
         raise ConfigError(f"jobs (--jobs) must be >= 1, got {jobs}")
     if preset.needs_start and not start:
         raise ConfigError(f"--preset {preset_name} needs --start: {preset.needs_start}")
-    # without --start each run records '' for the task's default start, never this checkout's path to it: a
-    # comparison moved to another machine or folder still matches its runs (check_reusable: is_default_start)
-    start = start or ""
-    default = "" if start else default_start(preset.task, progress)
+    start, default = start or "", "" if start else default_start(preset.task, progress)  # runs record '' (portable)
     # seed-major: an interrupted comparison has every method at its first seeds
     plan = [(m, s, os.path.join(out_dir, "runs", run_dir_name(m, s))) for s in preset.seeds for m in preset.methods]
     if is_locked(out_dir):  # before the timing: run_lock below would refuse it only after
         raise UserError(f"--out {out_dir} is being written by another credo compare; wait for it or stop it first")
     check_reusable(plan, preset, start)
-    results: dict[str, Any] = {"preset": preset_name, "command": command,
-                               "start": start or default or f"the default start of {preset.task}",
+    results: dict[str, Any] = {"preset": preset_name, "command": command, "start": start or default or f"the default start of {preset.task}",
                                "task": preset.task, "commit": loaded_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
                                "machine": f"{os.cpu_count()} cpus", "token_budget": preset.token_budget,
                                "final_eval_n": preset.final_eval_n, "note": preset.note,

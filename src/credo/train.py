@@ -62,7 +62,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, run_dir: str, policy: Policy | None = None, progress: bool = True,
                  on_step: Callable[["Trainer", dict], None] | None = None) -> None:
         self.config, self.run_dir, self.progress, self.on_step = config, run_dir, progress, on_step
-        loaded_commit()  # read now, while what is on disk is the code this process loaded (summary.json)
+        loaded_commit()  # summary.json's credo_commit, read while what is on disk is the code this process loaded
         self.task = make_task(config.task, config.task_options, prefix="train.task_options.")
         self.estimator = credit_registry.get(config.estimator)  # resolved and its options checked at load
         self.credit_config = config.credit
@@ -215,11 +215,8 @@ class Trainer:
         self.seconds += seconds
         mask = rollouts.completion_mask
         row = {
-            "step": self.step,
-            "tokens_generated": self.tokens_generated,
-            "tokens_scored": self.tokens_scored,
-            "seconds": round(self.seconds, 3),
-            "reward_mean": float(rollouts.rewards.mean()),
+            "step": self.step, "tokens_generated": self.tokens_generated, "tokens_scored": self.tokens_scored,
+            "seconds": round(self.seconds, 3), "reward_mean": float(rollouts.rewards.mean()),
             "train_accuracy": float(rollouts.correct.float().mean()),
             "completion_length": float(mask.sum(1).float().mean()),
             "advantage_abs_mean": float((credit.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)),
@@ -302,7 +299,7 @@ class Trainer:
     def finish(self) -> dict[str, Any]:
         """The final evaluation, weights and summary.json."""
         final = {"step": self.step, "tokens_generated": self.tokens_generated, "seconds": round(self.seconds, 3),
-                 "credo_commit": loaded_commit()}  # which code trained it: a comparison reuses runs across sessions
+                 "credo_commit": loaded_commit()}
         if self.config.final_eval_n > 0:
             final["final_accuracy"] = self.evaluate(self.config.final_eval_n)
             final["final_eval_n"] = self.eval_size  # the task may hold fewer than asked for
