@@ -163,3 +163,33 @@ def test_sft_out_of_the_same_kind_is_replaced_whole(tmp_path, capsys):
     assert sorted(os.listdir(out)) == ["metrics.jsonl", "model.safetensors", "policy.json", "sft_config.yaml",
                                        "sft_summary.json"]
     assert not [f for f in os.listdir(tmp_path) if f != "sft"], "nothing left beside --out"
+
+
+def test_is_within_resolves_links_and_does_not_match_a_sibling_prefix(tmp_path):
+    from credo.runs import is_within
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "runs-old").mkdir()
+    os.symlink(tmp_path / "runs" / "a", tmp_path / "link")
+    assert is_within(str(tmp_path / "runs" / "a"), str(tmp_path / "runs"))
+    assert is_within(str(tmp_path / "runs"), str(tmp_path / "runs" / ".." / "runs"))
+    assert is_within(str(tmp_path / "link"), str(tmp_path / "runs"))
+    assert not is_within(str(tmp_path / "runs-old"), str(tmp_path / "runs"))
+    assert not is_within(str(tmp_path / "runs"), str(tmp_path / "runs" / "a"))
+
+
+def test_atomic_copy_leaves_the_old_file_whole_when_the_copy_fails(tmp_path, monkeypatch):
+    from credo import runs
+    (tmp_path / "new").write_bytes(b"new contents")
+    (tmp_path / "old").write_bytes(b"old contents")
+    runs.atomic_copy(str(tmp_path / "new"), str(tmp_path / "copy"))
+    assert (tmp_path / "copy").read_bytes() == b"new contents"
+
+    def half_copy(source, target):
+        with open(target, "wb") as f:
+            f.write(b"ne")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(runs.shutil, "copyfile", half_copy)
+    with pytest.raises(OSError):
+        runs.atomic_copy(str(tmp_path / "new"), str(tmp_path / "old"))
+    assert (tmp_path / "old").read_bytes() == b"old contents"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "new", "old"]

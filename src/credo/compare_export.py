@@ -21,11 +21,11 @@ import filecmp
 import fnmatch
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 
 from credo.config import UserError
-from credo.runs import KIND_MARKER, atomic_directory, atomic_write_text, is_locked, run_kind
+from credo.runs import (KIND_MARKER, atomic_copy, atomic_directory, atomic_write_text, is_locked, is_within,
+                        run_kind)
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
 """What a finished run is reused from."""
@@ -48,31 +48,11 @@ class Exported:
     report: bool = False
 
 
-def _copy(source: str, destination: str) -> None:
-    """One file, atomically: a reader of DEST never sees half of it."""
-    parent = os.path.dirname(destination)
-    os.makedirs(parent, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(source, tmp)
-        os.replace(tmp, destination)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _inside(path: str, folder: str) -> bool:
-    path, folder = os.path.realpath(path), os.path.realpath(folder)
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
-
-
 def _check_dest(out_dir: str, dest: str) -> None:
     """DEST may take an export: missing, empty or an earlier export, and apart from OUT; else one line."""
     if not os.path.isdir(out_dir) or run_kind(out_dir) != "compare":
         raise UserError(f"--out {out_dir} is not a credo comparison (no results.json nor runs/ of training runs)")
-    if _inside(dest, out_dir) or _inside(out_dir, dest):
+    if is_within(dest, out_dir) or is_within(out_dir, dest):
         raise UserError(f"--export {dest} is --out {out_dir} or holds it or lies inside it; choose a folder apart")
     if os.path.exists(dest) and not os.path.isdir(dest):
         raise UserError(f"--export {dest} is a file, not a directory; nothing was touched")
@@ -132,13 +112,13 @@ def export(out_dir: str, dest: str) -> Exported:
     for entry in sorted(os.listdir(out_dir)):
         path = os.path.join(out_dir, entry)
         if os.path.isfile(path) and any(fnmatch.fnmatchcase(entry, p) for p in REPORT_FILES):
-            _copy(path, os.path.join(dest, entry))
+            atomic_copy(path, os.path.join(dest, entry))
             done.report = done.report or entry == "results.json"
     audit = os.path.join(out_dir, "audit")
     if os.path.isdir(audit):
         for entry in sorted(os.listdir(audit)):
             if os.path.isfile(os.path.join(audit, entry)) and not entry.startswith("."):
-                _copy(os.path.join(audit, entry), os.path.join(dest, "audit", entry))
+                atomic_copy(os.path.join(audit, entry), os.path.join(dest, "audit", entry))
     return done
 
 

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from credo.config import UserError
 
@@ -38,18 +38,38 @@ def atomic_directory(path: str) -> Iterator[str]:
         raise
 
 
-def atomic_write_text(path: str, text: str) -> None:
+def _atomic_replace(path: str, write: Callable[[str], None]) -> None:
+    """`write(tmp)` fills a temporary file beside `path`, which then replaces `path` in one rename, so a
+    reader never sees half of it; the temporary file is removed if anything fails."""
     parent = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(parent, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         raise
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+    _atomic_replace(path, write)
+
+
+def atomic_copy(source: str, destination: str) -> None:
+    """Copies one file so that `destination` is either its old self or a whole copy, never half."""
+    _atomic_replace(destination, lambda tmp: shutil.copyfile(source, tmp))
+
+
+def is_within(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or lies inside it, after resolving links."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder).rstrip(os.sep)
+    return path == folder or path.startswith(folder + os.sep)
 
 
 def atomic_write_json(path: str, obj: Any) -> None:
@@ -181,10 +201,9 @@ def run_kind(path: str) -> str | None:
 def _protected(path: str, inputs: tuple[str, ...]) -> str | None:
     """What replacing directory `path` would delete that the command must not: one of its inputs, the
     current directory or credo's cache (None if nothing)."""
-    out = os.path.realpath(path).rstrip(os.sep) + os.sep
     named = [(p, f"the input {p}") for p in inputs if p and os.path.exists(p)]
     for given, what in named + [(os.getcwd(), "the current directory"), (cache_root(), "credo's cache")]:
-        if (os.path.realpath(given).rstrip(os.sep) + os.sep).startswith(out):
+        if is_within(given, path):
             return what
     return None
 
