@@ -27,6 +27,7 @@ def test_compare_smoke_writes_results_report_and_plots(saved_policy, tmp_path):
         schedule = protocol["methods"][name]
         assert f"epochs: {schedule['epochs']}" in config and f"minibatches: {schedule['minibatches']}" in config
     assert set(on_disk["estimate"]["per_method"]) == {"grpo", "rredcot"} and on_disk["estimate"]["seconds"] > 0
+    assert json.load(open(os.path.join(out, "estimate.json"))) == on_disk["estimate"]  # --status reads it
     assert not [d for d in os.listdir(out) if "timing" in d]  # the timing runs were not written here
     assert on_disk["equal_updates"]["updates"] and "## At equal policy updates" in open(os.path.join(out, "report.md")).read()
     report = open(os.path.join(out, "report.md")).read()

@@ -102,3 +102,27 @@ def test_a_failed_run_being_retried_is_part_way_and_another_budget_is_refused(tm
     assert main(["compare", "--preset", "smoke", "--status", "--out", out]) == 2
     err = capsys.readouterr().err
     assert "runs/grpo-s0 was run with a budget of 9,000 generated tokens, not 1,500" in err and "Traceback" not in err
+
+
+def test_a_method_with_no_step_logged_is_costed_from_the_step_timed_at_the_start(tmp_path, capsys):
+    """The comparison's estimate.json (its timed step per method) costs the methods no run has started."""
+    from credo.compare_presets import resolve_preset
+    from credo.compare_status import status_text
+    out = str(tmp_path / "cmp")
+    _finished(out, "grpo-s0", 0.4)  # 1 s over 10 steps of 150 tokens: its own clock, not the timed step
+    estimate = {"seconds": 1.0, "jobs": 1, "runs": 2, "eval_seconds": 0.1, "untimed": [],
+                "per_method": {"grpo": {"seconds_per_step": 99.0, "tokens_per_step": 1, "run_seconds": 1.0,
+                                        "from": "one timed step"},
+                               "rredcot": {"seconds_per_step": 3.0, "tokens_per_step": 100, "run_seconds": 1.0,
+                                           "from": "one timed step"}}}
+    (tmp_path / "cmp" / "estimate.json").write_text(json.dumps(estimate))
+    preset = resolve_preset("smoke", ("rredcot", "sc_grpo"), None, None, None)
+    text = status_text(preset, out)
+    # rredcot: 1500 tokens / 100 a step = 15 steps x 3 s = 45 s; sc_grpo is in neither record
+    assert ("about 45 s of training left at 1 at a time, from the finished runs' own clocks, or the part-way "
+            "ones' (evaluations not counted); rredcot from the step timed at the start; not counting sc_grpo: "
+            "no step logged yet") in text
+    (tmp_path / "cmp" / "estimate.json").write_text('{"per_method": [1, 2]}')
+    assert main(["compare", "--preset", "smoke", "--status", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert "estimate.json is not a credo estimate" in err and "Traceback" not in err

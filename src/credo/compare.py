@@ -16,6 +16,8 @@ The run directory holds
   runs/<method>-s<seed>/   each training run (config, metrics.jsonl, checkpoints, final/)
   audit/                   the credit audit of the start checkpoint for the estimators compared
   results.json             protocol, curves, finals, intervals, equal-update table, controls, estimate
+  estimate.json            the estimate made at the (latest) start, written once confirmed: --status costs
+                           a method no run has logged a step of from it
   report.md, curves.png (accuracy vs generated tokens), curves_by_update.png, audit.png
 A method that fails is reported in the table and the comparison goes on.
 """
@@ -222,11 +224,11 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
         compare_eta.confirm(results["estimate"]["seconds"], yes=True, interactive=False)  # prints it
     os.makedirs(out_dir, exist_ok=True)  # only once confirmed: a refused comparison leaves nothing behind
     with run_lock(out_dir):  # a second comparison into the same --out is refused, not interleaved
+        atomic_write_json(os.path.join(out_dir, compare_eta.ESTIMATE_FILE), results["estimate"])  # for --status (untrained methods)
         bar = tqdm(total=len(plan) * preset.token_budget, unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True)
         outcomes = (_run_serial(plan, preset, start, bar) if jobs <= 1
                     else _run_parallel(plan, preset, start, bar, jobs))
-        for method in preset.methods:
-            results["methods"][method] = {"seeds": {}}
+        results["methods"] = {method: {"seeds": {}} for method in preset.methods}
         for (method, seed, _), (result, error) in zip(plan, outcomes):
             if error is None:
                 results["methods"][method]["seeds"][str(seed)] = result

@@ -21,6 +21,7 @@ line saying so, so that nobody starts hours of work on a shared machine by accid
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -35,6 +36,8 @@ from tqdm import tqdm
 from credo.config import ConfigError
 
 HOUR = 3600.0
+ESTIMATE_FILE = "estimate.json"
+"""The estimate a comparison made when it (last) started, in its --out; `estimate()`'s dict."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,21 @@ def measured_timing(runs: list[dict[str, Any]]) -> Timing | None:
     if not runs or steps <= 0:
         return None
     return Timing(sum(r["seconds"] for r in runs) / steps, max(int(sum(r["tokens_generated"] for r in runs) / steps), 1))
+
+
+def timed_steps(out_dir: str) -> dict[str, Timing]:
+    """{spec: Timing} from the ESTIMATE_FILE of a comparison's --out ({} where there is none, as for a
+    comparison started before credo wrote it); a malformed file is an error naming it."""
+    path = os.path.join(out_dir, ESTIMATE_FILE)
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path) as f:
+            per_method = json.load(f)["per_method"]
+        return {spec: Timing(float(t["seconds_per_step"]), max(int(t["tokens_per_step"]), 1))
+                for spec, t in per_method.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ConfigError(f"{path} is not a credo estimate ({type(error).__name__}: {error}); remove it to go on")
 
 
 def _evaluation_seconds(trainer: Any) -> float:

@@ -68,23 +68,27 @@ def plan_states(preset: Preset, out_dir: str) -> dict[str, dict[int, dict[str, A
             for method in preset.methods}
 
 
-def remaining_seconds(states: dict[str, dict[int, dict[str, Any]]], budget: int, jobs: int) -> tuple[float, list[str]]:
+def remaining_seconds(states: dict[str, dict[int, dict[str, Any]]], budget: int, jobs: int,
+                      timed: dict[str, compare_eta.Timing] | None = None) -> tuple[float, list[str], list[str]]:
     """Seconds of *training* the unfinished runs still need at `jobs` at a time (evaluations are not in a
     run's clock, so not here), each method costed from its finished runs, or else from the steps its part-way
     runs have logged (compare_eta.measured_timing; a part-way run counts its unfinished share of the budget,
-    a failed one all of it, since a resume retries it); and the methods with no step logged yet, which it
-    cannot cost."""
-    total, unknown, pending = 0.0, [], 0
+    a failed one all of it, since a resume retries it), or else from `timed`, the step the comparison timed
+    at its start (compare_eta.timed_steps); then the methods costed from `timed`, and those with no cost."""
+    total, from_timed, unknown, pending, timed = 0.0, [], [], 0, timed or {}
     for method, runs in states.items():
         timing = (compare_eta.measured_timing([st["result"] for st in runs.values() if st["state"] == "finished"])
                   or compare_eta.measured_timing([st["clock"] for st in runs.values() if st.get("clock")]))
         left = [budget - st.get("tokens", 0) for st in runs.values() if st["state"] != "finished"]
         pending += len(left)
+        if left and timing is None and method in timed:
+            timing = timed[method]
+            from_timed.append(method)
         if left and timing is None:
             unknown.append(method)
         elif left:
             total += sum(compare_eta.run_seconds(timing, tokens, budget, 0.0, 0.0) for tokens in left)
-    return total / max(1, min(jobs, pending)), unknown
+    return total / max(1, min(jobs, pending)), from_timed, unknown
 
 
 def _cell(state: dict[str, Any], budget: int) -> str:
@@ -110,9 +114,11 @@ def status_text(preset: Preset, out_dir: str, jobs: int | None = None) -> str:
              f"{counts['failed']} failed, {counts['not started']} not started "
              f"({preset.token_budget:,} generated tokens a run; (n%) = part-way)"]
     if counts["finished"] < sum(counts.values()):
-        seconds, unknown = remaining_seconds(states, preset.token_budget, jobs)
+        seconds, from_timed, unknown = remaining_seconds(states, preset.token_budget, jobs,
+                                                         compare_eta.timed_steps(out_dir))
         lines.append(f"about {compare_eta.describe(seconds)} of training left at {jobs} at a time, from the finished "
                      "runs' own clocks, or the part-way ones' (evaluations not counted)"
+                     + (f"; {', '.join(from_timed)} from the step timed at the start" if from_timed else "")
                      + (f"; not counting {', '.join(unknown)}: no step logged yet" if unknown else ""))
     planned = {run_dir_name(m, s) for m in preset.methods for s in preset.seeds}
     others = sorted(set(os.listdir(os.path.join(out_dir, "runs"))) - planned)

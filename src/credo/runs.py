@@ -163,7 +163,8 @@ _SIGNATURES = {"train": ("config.yaml", "metrics.jsonl"), "sft": ("sft_config.ya
 # files too, and is never taken for (or replaced as) a credo output by its file names alone
 _OWN_NAMES = {"train": ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "final"),
               "audit": ("audit.json", "localisers.json", "audit.md", "audit.png", "audit.html"),
-              "compare": ("results.json", "report.md", "*.png", "runs", "audit", "failure-*.txt", ".credo-export")}
+              "compare": ("results.json", "report.md", "*.png", "runs", "audit", "failure-*.txt", ".credo-export",
+                          "estimate.json")}
 # credo's bookkeeping, and what file systems and desktops leave in any folder (NFS's silly-renamed files,
 # macOS's .DS_Store): none of it is a user's work
 _ALWAYS_OWN = (KIND_MARKER, RUN_LOCK, ".tmp-*", ".DS_Store", ".nfs*")
