@@ -294,3 +294,42 @@ def test_a_zero_head_count_is_named_not_divided_by():
     from credo.sft import SFTConfig
     with pytest.raises(ConfigError, match="sft.model.n_head must be positive, got 0"):
         load_config(SFTConfig, None, ["model.n_head=0"], prefix="sft.")
+
+
+# --- a full disk or a read-only file system ---------------------------------------------------------------
+
+def _fake_comparison(out):
+    run = out / "runs" / "grpo-s0"
+    run.mkdir(parents=True)
+    for name in ("config.yaml", "metrics.jsonl", "summary.json"):
+        (run / name).write_text("{}\n")
+
+
+@pytest.mark.parametrize("error, expect", [
+    (OSError(28, "No space left on device"), "No space left on device where the command writes (its --out, or "
+                                             "credo's cache); free space or write access there and rerun"),
+    (OSError(30, "Read-only file system", "/mnt/ro/x"), "Read-only file system: /mnt/ro/x; free space"),
+])
+def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing_half_written(tmp_path, capsys, monkeypatch,
+                                                                               error, expect):
+    import credo.compare_export as compare_export
+    _fake_comparison(tmp_path / "a")
+
+    def fail(*_):
+        raise error
+    monkeypatch.setattr(compare_export.shutil, "copyfile", fail)
+    line = one_line_error(capsys, ["compare", "--out", str(tmp_path / "a"), "--export", str(tmp_path / "b")])
+    assert expect in line
+    assert not os.path.exists(tmp_path / "b" / "runs" / "grpo-s0")
+    assert not [p for p in (tmp_path / "b" / "runs").iterdir()]  # no temporary directory left behind
+
+
+def test_another_os_error_is_not_dressed_as_a_user_error(tmp_path, monkeypatch):
+    import credo.compare_export as compare_export
+    _fake_comparison(tmp_path / "a")
+
+    def fail(*_):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(compare_export.shutil, "copyfile", fail)
+    with pytest.raises(OSError, match="Input/output error"):
+        main(["compare", "--out", str(tmp_path / "a"), "--export", str(tmp_path / "b")])

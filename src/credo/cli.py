@@ -9,6 +9,7 @@ shortcut flags (sugar for its fields) <- `--set key=value` (repeatable; dotted k
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -359,9 +360,26 @@ def main(argv: list[str] | None = None) -> int:
         # a user can fix these: one line naming the field, row or file; other exceptions are bugs
         if os.environ.get("CREDO_DEBUG") == "1":
             raise
-        message = " ".join(str(err).split())
-        print(f"credo {args.command}: error: {message}", file=sys.stderr)
-        return 2
+        return _one_line_error(args.command, " ".join(str(err).split()))
+    except OSError as err:
+        if err.errno not in _FULL_OR_READ_ONLY or os.environ.get("CREDO_DEBUG") == "1":
+            raise
+        return _one_line_error(args.command, _disk_message(err))
+
+
+# a full disk, a quota or a read-only file system: the machine's state, which the user fixes, not a bug
+_FULL_OR_READ_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def _disk_message(err: OSError) -> str:
+    where = f": {err.filename}" if err.filename else " where the command writes (its --out, or credo's cache)"
+    return (f"{err.strerror}{where}; free space or write access there and rerun the same command (a training run "
+            "resumes from its last checkpoint, a comparison reuses its finished runs)")
+
+
+def _one_line_error(command: str, message: str) -> int:
+    print(f"credo {command}: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
