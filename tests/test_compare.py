@@ -418,6 +418,7 @@ def test_an_exported_comparison_holds_only_finished_runs_records_and_resumes_wit
     assert sorted(os.listdir(dest / "runs")) == ["grpo-s0"]
     assert sorted(os.listdir(dest / "runs" / "grpo-s0")) == [".credo-kind", "config.yaml", "metrics.jsonl", "summary.json"]
     assert (dest / "report.md").read_text() == (tmp_path / "a" / "report.md").read_text()
+    assert (dest / "estimate.json").read_text() == (tmp_path / "a" / "estimate.json").read_text()  # for --status
     assert (dest / "audit" / "audit.json").is_file()
     # again: the same run is kept as it is
     assert main(["compare", "--out", str(tmp_path / "a"), "--export", str(dest)]) == 0

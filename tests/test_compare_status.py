@@ -116,13 +116,31 @@ def test_a_method_with_no_step_logged_is_costed_from_the_step_timed_at_the_start
                                "rredcot": {"seconds_per_step": 3.0, "tokens_per_step": 100, "run_seconds": 1.0,
                                            "from": "one timed step"}}}
     (tmp_path / "cmp" / "estimate.json").write_text(json.dumps(estimate))
-    preset = resolve_preset("smoke", ("rredcot", "sc_grpo"), None, None, None)
+    preset = resolve_preset("smoke", ("rredcot", "sc_grpo"), (0, 1), None, None)
     text = status_text(preset, out)
-    # rredcot: 1500 tokens / 100 a step = 15 steps x 3 s = 45 s; sc_grpo is in neither record
-    assert ("about 45 s of training left at 1 at a time, from the finished runs' own clocks, or the part-way "
-            "ones' (evaluations not counted); rredcot from the step timed at the start; not counting sc_grpo: "
-            "no step logged yet") in text
+    # grpo-s1 from grpo-s0's own clock (0.1 s a step of 150 tokens: 1 s), not the timed 99 s a token;
+    # rredcot: 2 runs x 1500 tokens / 100 a step = 30 steps x 3 s = 90 s; sc_grpo is in neither record
+    assert ("about 91 s of training left at 1 at a time, from the finished runs' own clocks, or the part-way "
+            "ones' (evaluations not counted); from the estimate made at the comparison's start: rredcot (one timed "
+            "step); not counting sc_grpo: no step logged yet") in text
     (tmp_path / "cmp" / "estimate.json").write_text('{"per_method": [1, 2]}')
     assert main(["compare", "--preset", "smoke", "--status", "--out", out]) == 2
     err = capsys.readouterr().err
     assert "estimate.json is not a credo estimate" in err and "Traceback" not in err
+
+
+def test_a_resume_keeps_the_timed_steps_of_methods_it_did_not_time(tmp_path):
+    from credo.compare_eta import estimate, keep_estimate, timed_steps, Timing
+    from credo.runs import run_kind
+    out = str(tmp_path / "cmp")
+    os.makedirs(out)
+    first = estimate([("grpo", 100), ("rredcot", 100)], {"grpo": Timing(1.0, 10), "rredcot": Timing(3.0, 10)}, 0.0,
+                     eval_every_tokens=50, final_eval_ratio=1.0, jobs=1)
+    keep_estimate(out, first)
+    assert run_kind(out) == "compare"  # a comparison stopped before any run logged: still its own kind
+    again = estimate([("grpo", 100), ("rredcot", 100)], {"grpo": Timing(2.0, 10)}, 0.0,  # rredcot's timing failed
+                     eval_every_tokens=50, final_eval_ratio=1.0, jobs=1)
+    keep_estimate(out, again)
+    kept = timed_steps(out)
+    assert kept["grpo"][0] == Timing(2.0, 10) and kept["rredcot"][0] == Timing(3.0, 10)
+    assert json.load(open(os.path.join(out, "estimate.json")))["seconds"] == again["seconds"]

@@ -1,5 +1,6 @@
 """The Hugging Face backend on a tiny random Llama with a tokenizer built here (no hub access)."""
 
+import os
 import random
 
 import pytest
@@ -127,6 +128,28 @@ def test_lora_step_changes_only_adapter_weights(hf_policy, gym_task):
     opt.step()
     changed = {n for n, p in policy.model.named_parameters() if not torch.equal(p.detach(), before[n])}
     assert changed and all("lora_" in n for n in changed)
+
+
+def test_lora_adapters_are_saved_without_pickle_and_restored_on_resume(hf_policy, tmp_path):
+    from credo.policy.hf import ADAPTER_FILE
+    from credo.state_io import CorruptStateError
+    trained = hf_policy.copy()
+    trained.add_lora(4, 8, ("q_proj", "v_proj"))
+    with torch.no_grad():
+        for name, p in trained.model.named_parameters():
+            if "lora_" in name:
+                p.add_(0.01 * torch.randn_like(p))
+    trained.save_into(str(tmp_path / "ckpt"))
+    assert sorted(f for f in os.listdir(tmp_path / "ckpt") if f.startswith("adapter")) == [ADAPTER_FILE]
+    resumed = hf_policy.copy()
+    resumed.add_lora(4, 8, ("q_proj", "v_proj"))
+    resumed.load_weights_from(str(tmp_path / "ckpt"))
+    want = dict(trained.model.named_parameters())
+    lora = [n for n, _ in resumed.model.named_parameters() if "lora_" in n]
+    assert lora and all(torch.equal(p, want[n]) for n, p in resumed.model.named_parameters() if n in lora)
+    os.remove(tmp_path / "ckpt" / ADAPTER_FILE)
+    with pytest.raises(CorruptStateError, match=ADAPTER_FILE):
+        resumed.load_weights_from(str(tmp_path / "ckpt"))
 
 
 def test_system_prompt_and_reference_context(hf_policy, gym_task):

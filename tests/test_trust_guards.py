@@ -9,6 +9,8 @@ import os
 import pytest
 import yaml
 
+from safetensors import SafetensorError
+
 from credo.audit import AuditConfig
 from credo.cli import main
 from credo.compare import rewrite_report
@@ -306,9 +308,12 @@ def _fake_comparison(out):
 
 
 @pytest.mark.parametrize("error, expect", [
-    (OSError(28, "No space left on device"), "No space left on device where the command writes (its --out, or "
-                                             "credo's cache); free space or write access there and rerun"),
+    # a copy's error names its source first and its destination second: the destination is where it failed
+    (OSError(28, "No space left on device", "/data/src", None, "/full/dst"),
+     "No space left on device: /full/dst; free space or write access there, then rerun"),
     (OSError(30, "Read-only file system", "/mnt/ro/x"), "Read-only file system: /mnt/ro/x; free space"),
+    (SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+     "No space left on device where the command writes (its --out, or credo's cache); free space"),
 ])
 def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing_half_written(tmp_path, capsys, monkeypatch,
                                                                                error, expect):
@@ -333,3 +338,45 @@ def test_another_os_error_is_not_dressed_as_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setattr(compare_export.shutil, "copyfile", fail)
     with pytest.raises(OSError, match="Input/output error"):
         main(["compare", "--out", str(tmp_path / "a"), "--export", str(tmp_path / "b")])
+
+
+def test_a_full_disk_mid_training_says_how_to_resume(tmp_path, capsys, saved_policy, monkeypatch):
+    """safetensors reports a full disk as a SafetensorError (errno only in its text): still one line, with the
+    run's way on from its last good checkpoint."""
+    import credo.policy.tiny as tiny
+    real, calls = tiny.save_file, []
+
+    def full_on_the_second_checkpoint(state, path):
+        calls.append(path)
+        if len(calls) == 2:
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        real(state, path)
+    monkeypatch.setattr(tiny, "save_file", full_on_the_second_checkpoint)
+    out = str(tmp_path / "run")
+    line = one_line_error(capsys, ["train", "--method", "grpo", "--start", saved_policy, "--steps", "4", "--out", out, "--quiet",
+                                   *FAST_SET])
+    assert "No space left on device where the command writes" in line
+    assert f"continue with --resume {out}" in line
+    assert os.listdir(os.path.join(out, "checkpoints")) == ["step-000002"]  # the last good one, whole
+
+
+def test_a_full_disk_stops_a_comparison_instead_of_failing_every_method(tmp_path, saved_policy, monkeypatch):
+    import pickle
+    import credo.compare as cmp
+    from credo.disk_errors import DiskError
+    tried = []
+
+    def full(method, *args, **kwargs):
+        tried.append(method)
+        raise OSError(28, "No space left on device", "/full/runs/x/metrics.jsonl")
+    monkeypatch.setattr(cmp, "run_one", full)
+    with pytest.raises(DiskError, match="No space left on device: /full/runs/x/metrics.jsonl"):
+        cmp.compare("smoke", str(tmp_path / "cmp"), methods=("rloo",), start=saved_policy, progress=False)
+    assert tried == ["grpo"]  # rloo was not tried, so not reported as a failure of its own
+    assert not [f for f in os.listdir(tmp_path / "cmp") if f.startswith("failure-")]
+    # a worker process (--jobs 2) raises it to the parent as a DiskError, which crosses the process boundary
+    monkeypatch.setattr(cmp, "run_one", lambda *a: (_ for _ in ()).throw(
+        SafetensorError("Error while serializing: I/O error: Read-only file system (os error 30)")))
+    with pytest.raises(DiskError) as raised:
+        cmp._worker("grpo", 0, resolve_preset("smoke", None, None, None, None), saved_policy, str(tmp_path / "w"), 1)
+    assert "Read-only file system" in str(pickle.loads(pickle.dumps(raised.value)))

@@ -9,7 +9,6 @@ shortcut flags (sugar for its fields) <- `--set key=value` (repeatable; dotted k
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import sys
@@ -166,14 +165,19 @@ def _steps(args: argparse.Namespace) -> dict:
 
 
 def _train_with_guidance(trainer, run_dir: str) -> dict:
-    """Train; a user error that stops the run also says how to go on from the directory it leaves."""
+    """Train; a user error (or a full disk) that stops the run also says how to go on from the directory it
+    leaves."""
     from credo.config import UserError
     from credo.train import TrainingDiverged
+    from credo.disk_errors import as_disk_error, is_disk_error
     try:
         return trainer.train()
     except TrainingDiverged:
         raise  # names the step and the last good checkpoint itself
-    except UserError as err:
+    except Exception as caught:
+        if not (isinstance(caught, UserError) or is_disk_error(caught)):
+            raise  # a bug: its traceback
+        err = as_disk_error(caught, then="") if is_disk_error(caught) else caught  # a full disk too says how to go on
         if trainer.last_checkpoint() is None:
             hint = f"{run_dir} never reached a checkpoint: fix the cause and run the same `credo train --out` again"
         else:
@@ -361,20 +365,11 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("CREDO_DEBUG") == "1":
             raise
         return _one_line_error(args.command, " ".join(str(err).split()))
-    except OSError as err:
-        if err.errno not in _FULL_OR_READ_ONLY or os.environ.get("CREDO_DEBUG") == "1":
+    except Exception as err:
+        from credo.disk_errors import as_disk_error, is_disk_error
+        if not is_disk_error(err) or os.environ.get("CREDO_DEBUG") == "1":
             raise
-        return _one_line_error(args.command, _disk_message(err))
-
-
-# a full disk, a quota or a read-only file system: the machine's state, which the user fixes, not a bug
-_FULL_OR_READ_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
-
-
-def _disk_message(err: OSError) -> str:
-    where = f": {err.filename}" if err.filename else " where the command writes (its --out, or credo's cache)"
-    return (f"{err.strerror}{where}; free space or write access there and rerun the same command (a training run "
-            "resumes from its last checkpoint, a comparison reuses its finished runs)")
+        return _one_line_error(args.command, str(as_disk_error(err)))
 
 
 def _one_line_error(command: str, message: str) -> int:

@@ -19,7 +19,8 @@ The run directory holds
   estimate.json            the estimate made at the (latest) start, written once confirmed: --status costs
                            a method no run has logged a step of from it
   report.md, curves.png (accuracy vs generated tokens), curves_by_update.png, audit.png
-A method that fails is reported in the table and the comparison goes on.
+A method that fails is reported in the table and the comparison goes on; a full disk (or a read-only one)
+stops it, since no later run could write (credo.disk_errors): free space and rerun, finished runs are reused.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from credo.compare_presets import (ALL_METHODS, PRESETS, Preset, check_reusable,
                                    resolve_preset, run_config, run_dir_name)
 from credo.compare_stats import parse_method_spec, stalled_seconds
 from credo.config import ConfigError, UserError
+from credo.disk_errors import DiskError, as_disk_error, is_disk_error
 from credo.provenance import loaded_commit
 from credo.runs import MetricsLog, atomic_write_json, atomic_write_text, is_locked, run_lock
 from credo.train import Trainer
@@ -89,7 +91,9 @@ def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, ba
 
         try:
             outcomes.append((run_one(method, seed, preset, start, run_dir, on_step), None))
-        except Exception:
+        except Exception as err:
+            if is_disk_error(err):  # the machine's, not the method's: every later run would fail the same way
+                raise as_disk_error(err) from None
             outcomes.append((None, traceback.format_exc()))
         bar.update(preset.token_budget - state["tokens"])
     return outcomes
@@ -100,7 +104,9 @@ def _worker(method: str, seed: int, preset: Preset, start: str, run_dir: str, th
     torch.set_num_threads(threads)
     try:
         return run_one(method, seed, preset, start, run_dir, None), None
-    except Exception:
+    except Exception as err:
+        if is_disk_error(err):  # raised to the parent, which stops the grid (a DiskError pickles; safetensors' may not)
+            raise as_disk_error(err) from None
         return None, traceback.format_exc()
 
 
@@ -136,6 +142,9 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
             for future in done:
                 try:
                     outcomes[futures[future]] = future.result()
+                except DiskError:  # no run queued after it can write either; the running ones fail or finish
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
                 except Exception:  # the worker itself died (killed, out of memory)
                     outcomes[futures[future]] = (None, traceback.format_exc())
             started = sorted((futures[f], *progress_of(plan[futures[f]][2], preset.token_budget)) for f in pending)
@@ -224,7 +233,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
         compare_eta.confirm(results["estimate"]["seconds"], yes=True, interactive=False)  # prints it
     os.makedirs(out_dir, exist_ok=True)  # only once confirmed: a refused comparison leaves nothing behind
     with run_lock(out_dir):  # a second comparison into the same --out is refused, not interleaved
-        atomic_write_json(os.path.join(out_dir, compare_eta.ESTIMATE_FILE), results["estimate"])  # for --status (untrained methods)
+        compare_eta.keep_estimate(out_dir, results["estimate"])  # for --status (methods no run has started)
         bar = tqdm(total=len(plan) * preset.token_budget, unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True)
         outcomes = (_run_serial(plan, preset, start, bar) if jobs <= 1
                     else _run_parallel(plan, preset, start, bar, jobs))

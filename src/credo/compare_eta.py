@@ -57,19 +57,36 @@ def measured_timing(runs: list[dict[str, Any]]) -> Timing | None:
     return Timing(sum(r["seconds"] for r in runs) / steps, max(int(sum(r["tokens_generated"] for r in runs) / steps), 1))
 
 
-def timed_steps(out_dir: str) -> dict[str, Timing]:
-    """{spec: Timing} from the ESTIMATE_FILE of a comparison's --out ({} where there is none, as for a
-    comparison started before credo wrote it); a malformed file is an error naming it."""
+def _read_per_method(out_dir: str) -> dict[str, dict[str, Any]]:
+    """ESTIMATE_FILE's per_method ({} where there is none, as for a comparison started before credo wrote it);
+    a malformed file is an error naming it."""
     path = os.path.join(out_dir, ESTIMATE_FILE)
     if not os.path.isfile(path):
         return {}
     try:
         with open(path) as f:
             per_method = json.load(f)["per_method"]
-        return {spec: Timing(float(t["seconds_per_step"]), max(int(t["tokens_per_step"]), 1))
-                for spec, t in per_method.items()}
+        for t in per_method.values():
+            Timing(float(t["seconds_per_step"]), int(t["tokens_per_step"]))
+        return per_method
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise ConfigError(f"{path} is not a credo estimate ({type(error).__name__}: {error}); remove it to go on")
+
+
+def timed_steps(out_dir: str) -> dict[str, tuple[Timing, str]]:
+    """{spec: (Timing, where it came from: 'one timed step' or 'finished runs')} kept in a comparison's
+    ESTIMATE_FILE."""
+    return {spec: (Timing(float(t["seconds_per_step"]), max(int(t["tokens_per_step"]), 1)), str(t.get("from", "")))
+            for spec, t in _read_per_method(out_dir).items()}
+
+
+def keep_estimate(out_dir: str, estimate_: dict[str, Any]) -> None:
+    """Writes `estimate_` (estimate()'s dict) as out_dir's ESTIMATE_FILE, keeping the per-method costs an
+    earlier start recorded for methods this one did not time (a resume with fewer --methods, or one whose
+    timing step failed), so --status can still cost them."""
+    from credo.runs import atomic_write_json
+    per_method = {**_read_per_method(out_dir), **estimate_["per_method"]}
+    atomic_write_json(os.path.join(out_dir, ESTIMATE_FILE), {**estimate_, "per_method": per_method})
 
 
 def _evaluation_seconds(trainer: Any) -> float:

@@ -11,7 +11,8 @@ is safe beside the running comparison (a run's summary.json is its last file, wr
 DEST is missing, empty, or an earlier export (its `.credo-export` marker says so). Each new run lands whole
 (written beside DEST, then renamed in); a run DEST already holds is left as it is when it is the same, and
 refused, naming it, when it differs or is a live run (checkpoints, final weights). Nothing in DEST is deleted.
-The report files are replaced by OUT's, unless DEST holds finished runs that OUT does not (runs exported from
+The report files (with estimate.json, from which `--status` costs the methods no finished run has) are
+replaced by OUT's, unless DEST holds finished runs that OUT does not (runs exported from
 another machine's share of the grid, or DEST's own): then OUT's report does not cover DEST, and none is copied.
 """
 
@@ -29,7 +30,7 @@ from credo.runs import (KIND_MARKER, atomic_copy, atomic_directory, atomic_write
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
 """What a finished run is reused from."""
-REPORT_FILES = ("results.json", "report.md", "*.png", "failure-*.txt")
+REPORT_FILES = ("results.json", "report.md", "*.png", "failure-*.txt", "estimate.json")
 """A comparison's own files beside runs/ (its audit/ folder is copied too)."""
 EXPORT_MARKER = ".credo-export"
 """Marks a folder --export wrote, which a later export may add to."""

@@ -1,9 +1,9 @@
 """`credo compare --status`: where a comparison stands, read from its run directory without touching it.
 
 A long comparison (`--preset long`: 60 runs, ~8 h or more on 2 cores) outlives a terminal and is resumed
-across sessions; before its results.json exists the only record is `runs/<method>-s<seed>/`. This view reads
-those (summary.json of a finished run, the last metrics row of one part-way, failure-*.txt of a failed one)
-and prints, per method, the final accuracy of each finished seed and the paired difference to GRPO on the
+across sessions; before its results.json exists the record is `runs/<method>-s<seed>/` and estimate.json.
+This view reads those (summary.json of a finished run, the last metrics row of one part-way, failure-*.txt
+of a failed one; estimate.json's timed step for a method none of whose runs has logged a step) and prints, per method, the final accuracy of each finished seed and the paired difference to GRPO on the
 seeds both finished. It writes nothing, so it is safe beside the running comparison. It judges no goal:
 a partial grid is not the comparison's result (the report of the finished comparison is). It must be given
 the run's own --preset/--methods/--seeds/--budget: a run made with another budget is refused in one line.
@@ -69,12 +69,14 @@ def plan_states(preset: Preset, out_dir: str) -> dict[str, dict[int, dict[str, A
 
 
 def remaining_seconds(states: dict[str, dict[int, dict[str, Any]]], budget: int, jobs: int,
-                      timed: dict[str, compare_eta.Timing] | None = None) -> tuple[float, list[str], list[str]]:
+                      timed: dict[str, tuple[compare_eta.Timing, str]] | None = None
+                      ) -> tuple[float, list[str], list[str]]:
     """Seconds of *training* the unfinished runs still need at `jobs` at a time (evaluations are not in a
     run's clock, so not here), each method costed from its finished runs, or else from the steps its part-way
     runs have logged (compare_eta.measured_timing; a part-way run counts its unfinished share of the budget,
     a failed one all of it, since a resume retries it), or else from `timed`, the step the comparison timed
-    at its start (compare_eta.timed_steps); then the methods costed from `timed`, and those with no cost."""
+    at its start (compare_eta.timed_steps); then the methods costed from `timed` ('name (where from)'), and
+    those with no cost."""
     total, from_timed, unknown, pending, timed = 0.0, [], [], 0, timed or {}
     for method, runs in states.items():
         timing = (compare_eta.measured_timing([st["result"] for st in runs.values() if st["state"] == "finished"])
@@ -82,8 +84,8 @@ def remaining_seconds(states: dict[str, dict[int, dict[str, Any]]], budget: int,
         left = [budget - st.get("tokens", 0) for st in runs.values() if st["state"] != "finished"]
         pending += len(left)
         if left and timing is None and method in timed:
-            timing = timed[method]
-            from_timed.append(method)
+            timing, source = timed[method]
+            from_timed.append(f"{method} ({source})" if source else method)
         if left and timing is None:
             unknown.append(method)
         elif left:
@@ -118,7 +120,8 @@ def status_text(preset: Preset, out_dir: str, jobs: int | None = None) -> str:
                                                          compare_eta.timed_steps(out_dir))
         lines.append(f"about {compare_eta.describe(seconds)} of training left at {jobs} at a time, from the finished "
                      "runs' own clocks, or the part-way ones' (evaluations not counted)"
-                     + (f"; {', '.join(from_timed)} from the step timed at the start" if from_timed else "")
+                     + (f"; from the estimate made at the comparison's start: {', '.join(from_timed)}"
+                        if from_timed else "")
                      + (f"; not counting {', '.join(unknown)}: no step logged yet" if unknown else ""))
     planned = {run_dir_name(m, s) for m in preset.methods for s in preset.seeds}
     others = sorted(set(os.listdir(os.path.join(out_dir, "runs"))) - planned)

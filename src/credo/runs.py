@@ -196,6 +196,8 @@ def run_kind(path: str) -> str | None:
     if (os.path.isdir(runs) and os.listdir(runs) and holds_only_own_files(path, "compare", notes=True)
             and all(run_kind(os.path.join(runs, r)) == "train" for r in os.listdir(runs))):
         return "compare"
+    if os.path.isfile(os.path.join(path, "estimate.json")) and holds_only_own_files(path, "compare", notes=True):
+        return "compare"  # ... or before its first run had logged anything
     return None
 
 

@@ -135,7 +135,7 @@ def verify_manifest(directory: str) -> None:
         raise CorruptStateError(f"{path} is not a valid manifest") from None
     present = _files(directory)
     for name in present:
-        if name.endswith(PICKLE_SUFFIXES) and name != "adapter_state.pt":  # LoRA adapters: loaded weights_only
+        if name.endswith(PICKLE_SUFFIXES):
             raise CorruptStateError(f"{os.path.join(directory, name)} is a pickle file; credo never loads pickles "
                                     "from a run directory (start a new run, or replace this one with --force)")
         if name not in listed:

@@ -16,11 +16,17 @@ import os
 from typing import Sequence
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, generate, left_pad, render_plain,
                                read_policy_meta, right_pad, score_branches_by_rescoring)
 from credo.rollouts import Prompt
 from credo.runs import atomic_directory
+from credo.state_io import CorruptStateError
+
+
+ADAPTER_FILE = "adapter_state.safetensors"
+"""A LoRA policy's adapters in a saved directory (beside the merged model, which loads anywhere)."""
 
 
 class HFPolicy(CompletionScoring):
@@ -212,10 +218,12 @@ class HFPolicy(CompletionScoring):
             self.save_into(tmp)
 
     def save_into(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
         model = self.model
         if hasattr(model, "merge_and_unload"):  # peft: save a merged copy (loadable anywhere) + the adapters
             from peft import get_peft_model_state_dict
-            torch.save(get_peft_model_state_dict(model), os.path.join(directory, "adapter_state.pt"))
+            adapters = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
+            save_file(adapters, os.path.join(directory, ADAPTER_FILE))  # not a pickle: read back on resume
             model = copy.deepcopy(model).merge_and_unload()
         model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
@@ -224,10 +232,12 @@ class HFPolicy(CompletionScoring):
 
     def load_weights_from(self, directory: str) -> None:
         """Restore trainable weights saved by save_into (adapters for a LoRA model)."""
-        adapter = os.path.join(directory, "adapter_state.pt")
-        if hasattr(self.model, "merge_and_unload") and os.path.exists(adapter):
+        if hasattr(self.model, "merge_and_unload"):
             from peft import set_peft_model_state_dict
-            set_peft_model_state_dict(self.model, torch.load(adapter, weights_only=True))
+            adapter = os.path.join(directory, ADAPTER_FILE)
+            if not os.path.exists(adapter):  # e.g. an older credo's adapter_state.pt: a pickle, never loaded
+                raise CorruptStateError(f"{directory} has no {ADAPTER_FILE} (LoRA adapters); it cannot be resumed")
+            set_peft_model_state_dict(self.model, load_file(adapter))
             return
         self.model.load_state_dict(HFPolicy.load(directory).model.state_dict())
 
