@@ -310,10 +310,12 @@ def _fake_comparison(out):
 @pytest.mark.parametrize("error, expect", [
     # a copy's error names its source first and its destination second: the destination is where it failed
     (OSError(28, "No space left on device", "/data/src", None, "/full/dst"),
-     "No space left on device: /full/dst; free space or write access there, then rerun"),
-    (OSError(30, "Read-only file system", "/mnt/ro/x"), "Read-only file system: /mnt/ro/x; free space"),
+     "No space left on device: /full/dst; free space there, then rerun"),
+    (OSError(30, "Read-only file system", "/mnt/ro/x"), "Read-only file system: /mnt/ro/x; make it writable, or "
+                                                        "write elsewhere, then rerun"),
+    # no file named by the error: the run directory being written
     (SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
-     "No space left on device where the command writes (its --out, or credo's cache); free space"),
+     "b/runs/grpo-s0; free space there, then rerun"),
 ])
 def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing_half_written(tmp_path, capsys, monkeypatch,
                                                                                error, expect):
@@ -355,8 +357,8 @@ def test_a_full_disk_mid_training_says_how_to_resume(tmp_path, capsys, saved_pol
     out = str(tmp_path / "run")
     line = one_line_error(capsys, ["train", "--method", "grpo", "--start", saved_policy, "--steps", "4", "--out", out, "--quiet",
                                    *FAST_SET])
-    assert "No space left on device where the command writes" in line
-    assert f"continue with --resume {out}" in line
+    assert f"No space left on device: {out}/checkpoints/step-000004; free space there (once fixed, continue with " \
+           f"--resume {out}" in line
     assert os.listdir(os.path.join(out, "checkpoints")) == ["step-000002"]  # the last good one, whole
 
 
@@ -380,3 +382,61 @@ def test_a_full_disk_stops_a_comparison_instead_of_failing_every_method(tmp_path
     with pytest.raises(DiskError) as raised:
         cmp._worker("grpo", 0, resolve_preset("smoke", None, None, None, None), saved_policy, str(tmp_path / "w"), 1)
     assert "Read-only file system" in str(pickle.loads(pickle.dumps(raised.value)))
+
+
+def test_a_short_or_failed_write_names_the_file_python_does_not(tmp_path, monkeypatch):
+    """Python names a file when open() fails, never when write() does: credo's write primitives add it."""
+    from credo import runs
+    from credo.disk_errors import DiskError
+    log = runs.MetricsLog(str(tmp_path / "metrics.jsonl"))
+    log.append({"step": 1})
+    monkeypatch.setattr(runs.os, "write", lambda fd, data: len(data) // 2)  # a full disk takes half the row
+    with pytest.raises(DiskError, match=f"No space left on device: {tmp_path / 'metrics.jsonl'}; free space there"):
+        log.append({"step": 2})
+    monkeypatch.undo()
+
+    def fails(*_):
+        raise OSError(122, "Disk quota exceeded")  # what a failed write() raises: no filename
+    monkeypatch.setattr(runs.shutil, "copyfile", fails)
+    with pytest.raises(DiskError, match=f"Disk quota exceeded: {tmp_path / 'copy'}; free space within your quota"):
+        runs.atomic_copy(str(tmp_path / "metrics.jsonl"), str(tmp_path / "copy"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+
+
+def test_a_user_error_quoting_os_error_text_is_not_a_full_disk():
+    from credo.disk_errors import DiskError, as_disk_error, is_disk_error
+    assert not is_disk_error(ConfigError("row 3: 'copy failed (os error 28)' is not a number"))
+    assert not is_disk_error(OSError(5, "Input/output error"))
+    assert is_disk_error(SafetensorError("I/O error: Disk quota exceeded (os error 122)"))
+    named = as_disk_error(SafetensorError('Read-only file system (os error 30) at path "/ro/run/.tmpAB12"'))
+    assert str(named) == "Read-only file system: /ro/run; make it writable, or write elsewhere, then rerun"
+    assert isinstance(named, DiskError) and str(named.with_then(" (resume)")).endswith("elsewhere (resume)")
+
+
+def test_a_full_disk_in_a_parallel_comparison_starts_no_further_run(tmp_path, saved_policy, monkeypatch, capsys):
+    """A process pool starts what it is handed ahead of time: runs are handed over one per free worker, so no
+    run begins after the refused write; the one already going is waited for."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    import credo.compare as cmp
+    from credo.disk_errors import DiskError
+    submitted = []
+
+    class Counting(ThreadPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            submitted.append(args[:2])
+            return super().submit(fn, *args, **kwargs)
+
+    def worker(method, seed, *_):
+        if (method, seed) == ("grpo", 0):
+            raise DiskError("No space left on device: /full/runs/grpo-s0")
+        time.sleep(0.5)
+        return {"final_accuracy": 0.5}, None
+    monkeypatch.setattr(cmp, "_executor", lambda jobs: Counting(max_workers=jobs))
+    monkeypatch.setattr(cmp, "_worker", worker)
+    preset = resolve_preset("smoke", ("rloo",), (0, 1, 2), None, None)
+    plan = [(m, s, str(tmp_path / f"{m}-{s}")) for s in preset.seeds for m in preset.methods]
+    with pytest.raises(DiskError, match="/full/runs/grpo-s0"):
+        cmp._run_parallel(plan, preset, saved_policy, cmp.tqdm(disable=True), jobs=2)
+    assert submitted == [("grpo", 0), ("rloo", 0)]
+    assert "stopping on a refused write; waiting for 1 running run(s)" in capsys.readouterr().err

@@ -189,7 +189,8 @@ def test_atomic_copy_leaves_the_old_file_whole_when_the_copy_fails(tmp_path, mon
             f.write(b"ne")
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(runs.shutil, "copyfile", half_copy)
-    with pytest.raises(OSError):
+    from credo.disk_errors import DiskError
+    with pytest.raises(DiskError, match="No space left on device"):
         runs.atomic_copy(str(tmp_path / "new"), str(tmp_path / "old"))
     assert (tmp_path / "old").read_bytes() == b"old contents"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "new", "old"]

@@ -40,7 +40,7 @@ def killed(killed_template, tmp_path):
     return run
 
 
-@pytest.mark.parametrize("where", ["trainer_state.pt", "trainer_state.safetensors", "model.safetensors",
+@pytest.mark.parametrize("where", ["trainer_state.pt", "trainer_state.safetensors", "model.safetensors", "adapter_state.pt",
                                    "trainer_state.json"])
 def test_planted_pickle_in_a_checkpoint_is_refused_and_never_run(killed, saved_policy, tmp_path, capsys, where):
     assert payload_is_live(tmp_path)

@@ -177,12 +177,13 @@ def _train_with_guidance(trainer, run_dir: str) -> dict:
     except Exception as caught:
         if not (isinstance(caught, UserError) or is_disk_error(caught)):
             raise  # a bug: its traceback
-        err = as_disk_error(caught, then="") if is_disk_error(caught) else caught  # a full disk too says how to go on
         if trainer.last_checkpoint() is None:
             hint = f"{run_dir} never reached a checkpoint: fix the cause and run the same `credo train --out` again"
         else:
             hint = f"once fixed, continue with --resume {run_dir}, or start over with --out {run_dir} --force"
-        raise type(err)(f"{err} ({hint})") from None
+        if is_disk_error(caught):  # a full disk too says how to go on, after what to free
+            raise as_disk_error(caught, then=f" ({hint})") from caught
+        raise type(caught)(f"{caught} ({hint})") from None
 
 
 def _claim_run(run_dir: str, force: bool, inputs: tuple[str, ...], config) -> bool:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 import traceback
 from typing import Any, Callable
@@ -93,7 +94,7 @@ def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, ba
             outcomes.append((run_one(method, seed, preset, start, run_dir, on_step), None))
         except Exception as err:
             if is_disk_error(err):  # the machine's, not the method's: every later run would fail the same way
-                raise as_disk_error(err) from None
+                raise as_disk_error(err) from err
             outcomes.append((None, traceback.format_exc()))
         bar.update(preset.token_budget - state["tokens"])
     return outcomes
@@ -105,8 +106,8 @@ def _worker(method: str, seed: int, preset: Preset, start: str, run_dir: str, th
     try:
         return run_one(method, seed, preset, start, run_dir, None), None
     except Exception as err:
-        if is_disk_error(err):  # raised to the parent, which stops the grid (a DiskError pickles; safetensors' may not)
-            raise as_disk_error(err) from None
+        if is_disk_error(err):  # raised to the parent, which stops the grid (DiskError pickles from its parts)
+            raise as_disk_error(err) from err
         return None, traceback.format_exc()
 
 
@@ -126,27 +127,48 @@ def progress_of(run_dir: str, budget: int) -> tuple[int, int]:
     return 0, 0
 
 
-def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm, jobs: int) -> list[tuple[Any, str | None]]:
+def _executor(jobs: int) -> Any:
+    """The worker pool of _run_parallel: `jobs` spawned processes (no forked torch thread pools)."""
     import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures import ProcessPoolExecutor
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+
+
+def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm, jobs: int) -> list[tuple[Any, str | None]]:
+    """Runs `plan` `jobs` at a time. A run is submitted only when a worker is free: a process pool starts
+    what it is handed ahead of time, so a full disk (DiskError) then stops the grid with no run begun after
+    it; the runs already going are waited for (on that disk they fail at their next write), then it raises."""
+    from concurrent.futures import FIRST_COMPLETED, wait
 
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    context = multiprocessing.get_context("spawn")  # no forked torch thread pools
     outcomes: dict[int, tuple[Any, str | None]] = {}
-    shown = 0
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = {pool.submit(_worker, m, s, preset, start, d, threads): i for i, (m, s, d) in enumerate(plan)}
-        pending = set(futures)
+    shown, queued, stop = 0, list(enumerate(plan))[::-1], None  # popped from the end: plan order
+    futures: dict[Any, int] = {}
+    with _executor(jobs) as pool:
+        def submit_next() -> set[Any]:
+            if not queued:
+                return set()
+            i, (method, seed, run_dir) = queued.pop()
+            future = pool.submit(_worker, method, seed, preset, start, run_dir, threads)
+            futures[future] = i
+            return {future}
+        pending: set[Any] = set()
+        for _ in range(jobs):
+            pending |= submit_next()
         while pending:
             done, pending = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
             for future in done:
                 try:
                     outcomes[futures[future]] = future.result()
-                except DiskError:  # no run queued after it can write either; the running ones fail or finish
-                    pool.shutdown(wait=True, cancel_futures=True)
-                    raise
+                except DiskError as err:
+                    stop = stop or err
+                    if pending:
+                        print(f"credo compare: stopping on a refused write; waiting for {len(pending)} running "
+                              "run(s)", file=sys.stderr, flush=True)
                 except Exception:  # the worker itself died (killed, out of memory)
                     outcomes[futures[future]] = (None, traceback.format_exc())
+                if stop is None:
+                    pending |= submit_next()
             started = sorted((futures[f], *progress_of(plan[futures[f]][2], preset.token_budget)) for f in pending)
             started = [row for row in started if row[1] > 0]  # queued runs have no log yet
             now = preset.token_budget * len(outcomes) + sum(tokens for _, tokens, _ in started)
@@ -154,7 +176,21 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
             shown = now
             running = ", ".join(f"{plan[i][0]} seed {plan[i][1]} step {step}" for i, _, step in started[:jobs])
             bar.set_description(f"{len(outcomes)}/{len(plan)} runs done" + (f"; running {running}" if running else ""))
+    if stop is not None:
+        raise stop
     return [outcomes[i] for i in range(len(plan))]
+
+
+def _train_all(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
+               progress: bool) -> list[tuple[Any, str | None]]:
+    """(result, None) or (None, traceback) of each run of `plan`, under one progress bar (closed even when a
+    full disk stops the grid, so the error is not printed onto the bar's line)."""
+    bar = tqdm(total=len(plan) * preset.token_budget, unit="tok", unit_scale=True, disable=not progress,
+               dynamic_ncols=True)
+    try:
+        return _run_serial(plan, preset, start, bar) if jobs <= 1 else _run_parallel(plan, preset, start, bar, jobs)
+    finally:
+        bar.close()
 
 
 def default_start(task: str, progress: bool) -> str:
@@ -220,6 +256,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     if is_locked(out_dir):  # before the timing: run_lock below would refuse it only after
         raise UserError(f"--out {out_dir} is being written by another credo compare; wait for it or stop it first")
     check_reusable(plan, preset, start)
+    compare_eta.timed_steps(out_dir)  # a malformed estimate.json is refused now, not after minutes of timing
     results: dict[str, Any] = {"preset": preset_name, "command": command, "start": start or default or f"the default start of {preset.task}",
                                "task": preset.task, "commit": loaded_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
                                "machine": f"{os.cpu_count()} cpus", "token_budget": preset.token_budget,
@@ -234,9 +271,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     os.makedirs(out_dir, exist_ok=True)  # only once confirmed: a refused comparison leaves nothing behind
     with run_lock(out_dir):  # a second comparison into the same --out is refused, not interleaved
         compare_eta.keep_estimate(out_dir, results["estimate"])  # for --status (methods no run has started)
-        bar = tqdm(total=len(plan) * preset.token_budget, unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True)
-        outcomes = (_run_serial(plan, preset, start, bar) if jobs <= 1
-                    else _run_parallel(plan, preset, start, bar, jobs))
+        outcomes = _train_all(plan, preset, start, jobs, progress)
         results["methods"] = {method: {"seeds": {}} for method in preset.methods}
         for (method, seed, _), (result, error) in zip(plan, outcomes):
             if error is None:
@@ -245,7 +280,6 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
                 results["failures"][f"{method}-s{seed}"] = error.strip().splitlines()[-1]
                 atomic_write_text(failure_path(out_dir, method, seed), error)
         atomic_write_json(os.path.join(out_dir, "results.json"), results)
-        bar.close()
         if preset.audit_n > 0:
             results["audit"] = audit_rows(preset, start, out_dir, progress)
         results["wall_seconds"] = time.time() - began

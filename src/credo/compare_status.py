@@ -3,8 +3,9 @@
 A long comparison (`--preset long`: 60 runs, ~8 h or more on 2 cores) outlives a terminal and is resumed
 across sessions; before its results.json exists the record is `runs/<method>-s<seed>/` and estimate.json.
 This view reads those (summary.json of a finished run, the last metrics row of one part-way, failure-*.txt
-of a failed one; estimate.json's timed step for a method none of whose runs has logged a step) and prints, per method, the final accuracy of each finished seed and the paired difference to GRPO on the
-seeds both finished. It writes nothing, so it is safe beside the running comparison. It judges no goal:
+of a failed one; estimate.json's timed step for a method none of whose runs has logged a step) and prints,
+per method, the final accuracy of each finished seed and the paired difference to GRPO on the seeds both
+finished. It writes nothing, so it is safe beside the running comparison. It judges no goal:
 a partial grid is not the comparison's result (the report of the finished comparison is). It must be given
 the run's own --preset/--methods/--seeds/--budget: a run made with another budget is refused in one line.
 """

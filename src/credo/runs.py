@@ -16,6 +16,7 @@ import tempfile
 from typing import Any, Callable, Iterator
 
 from credo.config import UserError
+from credo.disk_errors import named_disk_errors
 
 
 @contextlib.contextmanager
@@ -23,35 +24,37 @@ def atomic_directory(path: str) -> Iterator[str]:
     """Yield a temporary directory beside `path`; on success it replaces `path` in one rename."""
     parent = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=parent)
-    try:
-        yield tmp
-        if os.path.isdir(path):
-            old = tmp + ".old"
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with named_disk_errors(path):
+        tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=parent)
+        try:
+            yield tmp
+            if os.path.isdir(path):
+                old = tmp + ".old"
+                os.rename(path, old)
+                os.rename(tmp, path)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 def _atomic_replace(path: str, write: Callable[[str], None]) -> None:
     """`write(tmp)` fills a temporary file beside `path`, which then replaces `path` in one rename, so a
     reader never sees half of it; the temporary file is removed if anything fails."""
     parent = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(parent, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
+    with named_disk_errors(path):
+        os.makedirs(parent, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
+        os.close(fd)
+        try:
+            write(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            raise
 
 
 def atomic_write_text(path: str, text: str) -> None:
@@ -122,14 +125,15 @@ class MetricsLog:
 
     def append(self, row: dict) -> None:
         line = (json.dumps(row) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            written = os.write(fd, line)
-            if written != len(line):
-                raise OSError(f"{self.path}: short write ({written} of {len(line)} bytes; disk full?)")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with named_disk_errors(self.path):
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                written = os.write(fd, line)
+                if written != len(line):  # a regular file is written short only when its disk is full
+                    raise OSError(errno.ENOSPC, f"short write ({written} of {len(line)} bytes)", self.path)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def rows(self) -> list[dict]:
         return read_jsonl(self.path)

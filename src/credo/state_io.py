@@ -135,6 +135,10 @@ def verify_manifest(directory: str) -> None:
         raise CorruptStateError(f"{path} is not a valid manifest") from None
     present = _files(directory)
     for name in present:
+        if name == "adapter_state.pt":  # credo's own LoRA adapters before 2026-12-02: still a pickle, not loaded
+            raise CorruptStateError(f"{os.path.join(directory, name)} holds LoRA adapters as a pickle, written by an "
+                                    "older credo; this one reads only adapter_state.safetensors and never loads a "
+                                    "pickle (start a new run)")
         if name.endswith(PICKLE_SUFFIXES):
             raise CorruptStateError(f"{os.path.join(directory, name)} is a pickle file; credo never loads pickles "
                                     "from a run directory (start a new run, or replace this one with --force)")
