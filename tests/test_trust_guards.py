@@ -440,3 +440,27 @@ def test_a_full_disk_in_a_parallel_comparison_starts_no_further_run(tmp_path, sa
         cmp._run_parallel(plan, preset, saved_policy, cmp.tqdm(disable=True), jobs=2)
     assert submitted == [("grpo", 0), ("rloo", 0)]
     assert "stopping on a refused write; waiting for 1 running run(s)" in capsys.readouterr().err
+
+
+def test_a_broken_worker_pool_reports_each_run_left_as_failed(tmp_path, saved_policy, monkeypatch):
+    """A worker killed (out of memory) breaks a process pool: the runs not yet handed over fail, reported,
+    instead of the comparison ending in a traceback."""
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+    import credo.compare as cmp
+
+    class BreaksAfterTwo(ThreadPoolExecutor):
+        handed = 0
+
+        def submit(self, fn, *args, **kwargs):
+            BreaksAfterTwo.handed += 1
+            if BreaksAfterTwo.handed > 2:
+                raise BrokenProcessPool("A process in the process pool was terminated abruptly")
+            return super().submit(fn, *args, **kwargs)
+    monkeypatch.setattr(cmp, "_executor", lambda jobs: BreaksAfterTwo(max_workers=jobs))
+    monkeypatch.setattr(cmp, "_worker", lambda method, seed, *_: ({"final_accuracy": 0.5, "seed": seed}, None))
+    preset = resolve_preset("smoke", ("rloo",), (0, 1, 2), None, None)
+    plan = [(m, s, str(tmp_path / f"{m}-{s}")) for s in preset.seeds for m in preset.methods]
+    outcomes = cmp._run_parallel(plan, preset, saved_policy, cmp.tqdm(disable=True), jobs=2)
+    assert [o[0]["seed"] for o in outcomes[:2]] == [0, 0]
+    assert all(result is None and "BrokenProcessPool" in error for result, error in outcomes[2:])

@@ -146,12 +146,16 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
     futures: dict[Any, int] = {}
     with _executor(jobs) as pool:
         def submit_next() -> set[Any]:
-            if not queued:
-                return set()
-            i, (method, seed, run_dir) = queued.pop()
-            future = pool.submit(_worker, method, seed, preset, start, run_dir, threads)
-            futures[future] = i
-            return {future}
+            while queued:
+                i, (method, seed, run_dir) = queued.pop()
+                try:
+                    future = pool.submit(_worker, method, seed, preset, start, run_dir, threads)
+                except Exception:  # a pool broken by a worker that died: each run left fails, and is reported
+                    outcomes[i] = (None, traceback.format_exc())
+                    continue
+                futures[future] = i
+                return {future}
+            return set()
         pending: set[Any] = set()
         for _ in range(jobs):
             pending |= submit_next()
