@@ -67,7 +67,7 @@ def _read_per_method(out_dir: str) -> dict[str, dict[str, Any]]:
         with open(path) as f:
             per_method = json.load(f)["per_method"]
         for t in per_method.values():
-            Timing(float(t["seconds_per_step"]), int(t["tokens_per_step"]))
+            _timing(t)  # a malformed entry is refused here, not where it is used
         return per_method
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise ConfigError(f"{path} is not a credo estimate ({type(error).__name__}: {error}); remove it to go on")
@@ -76,8 +76,12 @@ def _read_per_method(out_dir: str) -> dict[str, dict[str, Any]]:
 def timed_steps(out_dir: str) -> dict[str, tuple[Timing, str]]:
     """{spec: (Timing, where it came from: 'one timed step' or 'finished runs')} kept in a comparison's
     ESTIMATE_FILE."""
-    return {spec: (Timing(float(t["seconds_per_step"]), max(int(t["tokens_per_step"]), 1)), str(t.get("from", "")))
-            for spec, t in _read_per_method(out_dir).items()}
+    return {spec: (_timing(t), str(t.get("from", ""))) for spec, t in _read_per_method(out_dir).items()}
+
+
+def _timing(entry: dict[str, Any]) -> Timing:
+    """One per_method entry of estimate()'s dict as a Timing."""
+    return Timing(float(entry["seconds_per_step"]), max(int(entry["tokens_per_step"]), 1))
 
 
 def keep_estimate(out_dir: str, estimate_: dict[str, Any]) -> None:

@@ -41,10 +41,10 @@ class DiskError(UserError):
 
 
 def disk_errno(err: BaseException) -> int | None:
-    """The errno of `err` if it is a refused write (one of DISK_ERRNOS), else None. A credo UserError is never
-    one (its text may quote a row that happens to read "(os error 28)"), unless it is a DiskError."""
+    """The errno of `err` if it is a refused write (one of DISK_ERRNOS) not yet made a DiskError, else None. A
+    credo UserError never has one (its text may quote a row that happens to read "(os error 28)")."""
     if isinstance(err, UserError):
-        return errno.ENOSPC if isinstance(err, DiskError) else None
+        return None
     if isinstance(err, OSError):
         code = err.errno
     else:
@@ -54,7 +54,7 @@ def disk_errno(err: BaseException) -> int | None:
 
 
 def is_disk_error(err: BaseException) -> bool:
-    return disk_errno(err) is not None
+    return isinstance(err, DiskError) or disk_errno(err) is not None
 
 
 def as_disk_error(err: BaseException, then: str = ", then rerun", where: str | None = None) -> DiskError:
@@ -63,7 +63,7 @@ def as_disk_error(err: BaseException, then: str = ", then rerun", where: str | N
     temporary file; ending with `then` (what to do once it is fixed)."""
     if isinstance(err, DiskError):
         return err.with_then(then)
-    code = disk_errno(err) or errno.ENOSPC
+    code = disk_errno(err) or errno.ENOSPC  # (an err that is not one: called on a guess, say the commonest)
     named = (getattr(err, "filename2", None) or getattr(err, "filename", None)) if isinstance(err, OSError) else None
     rust_path = _RUST_PATH.search(str(err))
     place = named or where or (os.path.dirname(rust_path.group(1)) if rust_path else None)
