@@ -194,3 +194,28 @@ def test_atomic_copy_leaves_the_old_file_whole_when_the_copy_fails(tmp_path, mon
         runs.atomic_copy(str(tmp_path / "new"), str(tmp_path / "old"))
     assert (tmp_path / "old").read_bytes() == b"old contents"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "new", "old"]
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["audit", "--checkpoint", "{etc}"], "audit.checkpoint='{etc}': {etc} is neither a credo checkpoint"),
+    (["show", "--checkpoint", "{etc}"], "show.checkpoint='{etc}': {etc} is neither a credo checkpoint"),
+    (["compare", "--preset", "quick", "--yes", "--start", "{etc}"], "compare --start='{etc}': {etc} is neither"),
+    (["compare", "--preset", "quick", "--yes", "--start", "{etc}/missing"], "compare --start='{etc}/missing': no such"),
+    (["audit", "--checkpoint", "{weightless}"], "{weightless}/model.safetensors is missing"),
+    (["show", "--task", "nosuch"], "unknown task 'nosuch'"),
+    (["audit", "--task", "jsonl:{etc}/missing.jsonl"], "missing.jsonl does not exist"),
+])
+def test_a_wrong_input_is_one_line_and_leaves_no_output_behind(tmp_path, capsys, argv, expect):
+    # the checkpoint and task are checked before --out is claimed: a typo leaves no empty run directory
+    # (and a comparison does not time, start and fail every run on a start that is not a checkpoint)
+    etc = tmp_path / "not-a-checkpoint"
+    etc.mkdir()
+    (etc / "notes.txt").write_text("not a model")
+    weightless = tmp_path / "weightless"
+    weightless.mkdir()
+    (weightless / "policy.json").write_text('{"backend": "tiny"}')
+    where = {"etc": str(etc), "weightless": str(weightless)}
+    out = tmp_path / "out"
+    line = one_line_error(capsys, [a.format(**where) for a in argv] + ["--out", str(out)])
+    assert expect.format(**where) in line
+    assert not out.exists()

@@ -44,7 +44,7 @@ from scipy import stats
 
 from credo import credit as credit_registry
 from credo.audit_cache import load_cached, save_cached
-from credo.config import ConfigError, check, to_dict
+from credo.config import ConfigError, UserError, check, to_dict
 from credo.credit.values import MCValues, mc_values
 from credo.policy import load_policy
 from credo.policy.base import SamplingConfig
@@ -106,8 +106,12 @@ class AuditConfig:
 
 
 def _weights_digest(checkpoint: str) -> str:
+    """The cache key's name for the checkpoint's weights (sha256 of model.safetensors, 16 hex digits)."""
     h = hashlib.sha256()
-    with open(os.path.join(checkpoint, "model.safetensors"), "rb") as f:
+    path = os.path.join(checkpoint, "model.safetensors")
+    if not os.path.isfile(path):  # a checkpoint directory without its weights: one line, not a traceback
+        raise UserError(f"audit.checkpoint={checkpoint!r}: {path} is missing; the checkpoint is incomplete")
+    with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()[:16]

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from credo.cli_config import add_config_options, csv_flags, flag_values, input_paths, require_out, show_config
+from credo.cli_config import add_config_options, check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
 
 
 def _threads() -> None:
@@ -256,6 +256,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return show_config(config, "audit")
     checked_methods(config.methods)  # unknown estimators and options fail before any sampling starts
     out = require_out(args)
+    check_inputs(config.checkpoint, "audit.checkpoint", config.task, config.task_options, "audit.task_options.")
     claim_output(out, "audit", force=args.force, inputs=input_paths(args.config, config.checkpoint, config.task))
     report = run_audit(config, out, progress=not args.quiet)
     print(open(os.path.join(out, "audit.md")).read())

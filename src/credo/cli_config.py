@@ -50,3 +50,13 @@ def input_paths(config_file: str | None, start: str = "", task: str = "") -> tup
     checkpoint directory and a jsonl:<path> task's data (credo.runs.claim_output refuses to replace them)."""
     data = task[len("jsonl:"):] if task.startswith("jsonl:") else ""
     return tuple(p for p in (config_file, start, data) if p)
+
+
+def check_inputs(checkpoint: str, checkpoint_field: str, task: str, task_options: dict, options_prefix: str) -> None:
+    """What a command reads, checked before it claims --out (as `credo train` does by building its Trainer):
+    the checkpoint path, and the task with its options (an unknown task or a missing jsonl file is one line
+    naming it, and no empty --out is left behind)."""
+    from credo.policy import check_policy_path
+    from credo.tasks import make_task
+    check_policy_path(checkpoint, checkpoint_field)
+    make_task(task, task_options, prefix=options_prefix)

@@ -83,6 +83,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.report_only:
         results = rewrite_report(out)
     else:
+        from credo.policy import check_policy_path
+        check_policy_path(config.start, "compare --start")  # before --out is claimed or any run is timed
         interactive = sys.stdin is not None and sys.stdin.isatty()
         inputs = input_paths(args.config, config.start, config.task)
         if args.force or _foreign_output(out, "compare"):

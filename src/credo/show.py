@@ -293,7 +293,7 @@ def run_show(config: ShowConfig, out_dir: str, terminal: bool = False, progress:
 
 def cmd_show(args: Any) -> int:
     """`credo show ...` (errors are reported by the CLI as one line, exit 2)."""
-    from credo.cli_config import csv_flags, flag_values, input_paths, require_out, show_config
+    from credo.cli_config import check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
     from credo.config import load_config
     from credo.runs import claim_output
     flags = {**flag_values(args, {"checkpoint": "checkpoint", "task": "task", "n": "n", "k_ref": "k_ref",
@@ -302,6 +302,7 @@ def cmd_show(args: Any) -> int:
     if args.help_config:
         return show_config(config, "show")
     out = require_out(args)
+    check_inputs(config.checkpoint, "show.checkpoint", config.task, config.task_options, "show.task_options.")
     claim_output(out, "show", force=args.force, inputs=input_paths(args.config, config.checkpoint, config.task))
     path = run_show(config, out, terminal=args.terminal, progress=not args.quiet)
     print(f"wrote {path}")

@@ -30,6 +30,24 @@ def load_policy(path: str, device: str = "cpu", lora_r: int = 0, lora_alpha: int
     raise FileNotFoundError(f"{path} is neither a credo checkpoint (policy.json) nor a Hugging Face model (config.json)")
 
 
+def check_policy_path(path: str, field: str) -> None:
+    """Refuses, naming `field`, a non-empty `path` that load_policy could not read: neither an alias, a credo
+    checkpoint (policy.json) nor a Hugging Face model directory (config.json). Commands call it before they
+    claim --out, so a wrong path leaves nothing behind ('' is the task's SFT start, built when needed)."""
+    from credo.config import ConfigError
+    from credo.policy.smollm import ALIASES
+    if not path or path in ALIASES:
+        return
+    if not os.path.isdir(path):
+        raise ConfigError(f"{field}={path!r}: no such directory")
+    if not any(os.path.isfile(os.path.join(path, name)) for name in ("policy.json", "config.json")):
+        raise ConfigError(f"{field}={path!r}: {path} is neither a credo checkpoint (policy.json) nor a Hugging Face "
+                          "model (config.json)")
+    weights = os.path.join(path, "model.safetensors")
+    if read_policy_meta(path).get("backend") == "tiny" and not os.path.isfile(weights):
+        raise ConfigError(f"{field}={path!r}: {weights} is missing; the checkpoint is incomplete")
+
+
 def _checked_load(load, path: str, device: str) -> "Policy":
     """`load(path, device)`; a checkpoint whose files do not fit together (a missing key, a shape that differs
     from its config, a config transformers cannot read) is an error naming the directory, not a traceback."""
