@@ -171,6 +171,13 @@ def test_resume_refuses_a_run_whose_checkpoints_were_removed(tmp_path, capsys, s
     ("lora_targets={a: 1}", "train.lora_targets must be a list"),
     ("task_options=5", "train.task_options must be a mapping"),
     ("eval_n=0", "train.eval_n must be > 0, got 0"),
+    # a typo's extra digits: one line, not an allocation that fails with a traceback or a list built for hours
+    ("group_size=1000000000", "train.group_size must be in 2..1,024, got 1000000000"),
+    ("prompts_per_step=100000", "train.prompts_per_step x train.group_size must be <= 65,536 completions a step"),
+    ("eval_n=1000000000000", "train.eval_n must be in 1..100,000"),
+    ("final_eval_n=1000000000000", "train.final_eval_n must be in 0..100,000"),
+    ("epochs=1000000", "train.epochs must be in 1..100"),
+    ("dynamic_max_rounds=1000000000", "train.dynamic_max_rounds must be in 1..100"),
 ])
 def test_bad_overrides_name_their_field(override, expect):
     with pytest.raises(ConfigError) as err:
@@ -206,6 +213,8 @@ def test_report_only_on_a_damaged_results_json(tmp_path, content, expect):
 @pytest.mark.parametrize("override, expect", [
     ("batch_size=0", "audit.batch_size must be >= 1"), ("temperature=0", "audit.temperature must be > 0"),
     ("max_new_tokens=0", "audit.max_new_tokens must be in 1..4096"), ("segmenter=bogus", "audit.segmenter must be"),
+    ("n=1000000000", "audit.n must be in 2..100,000"), ("k_ref=1000000000", "audit.k_ref must be in 2..1,024"),
+    ("group_size=100000", "audit.group_size must be in 2..1,024"),
 ])
 def test_audit_numbers_are_range_checked(override, expect):
     with pytest.raises(ConfigError, match=expect):
@@ -236,8 +245,13 @@ def test_compare_refuses_duplicate_runs(seeds, methods, expect):
 
 def test_sft_eval_n_is_range_checked(tmp_path, capsys):
     line = one_line_error(capsys, ["sft", "--eval-n", "-5", "--out", str(tmp_path / "s"), "--quiet"])
-    assert "sft --eval-n must be >= 1, got -5" in line
+    assert "sft --eval-n must be in 1..100,000, got -5" in line
+    line = one_line_error(capsys, ["sft", "--eval-n", "1000000000000", "--out", str(tmp_path / "s"), "--quiet"])
+    assert "sft --eval-n must be in 1..100,000, got 1000000000000" in line
     assert not (tmp_path / "s").exists()
+    for flag, value, expect in (("--n", "1000000000000", "eval --n must be in 1..100,000"),
+                                ("--k", "100000000", "eval --k must be in 0..1,024")):
+        assert expect in one_line_error(capsys, ["eval", flag, value, "--quiet"])
 
 
 def test_a_file_system_without_locks_trains_unlocked_with_a_warning(tmp_path, monkeypatch):

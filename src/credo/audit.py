@@ -44,7 +44,7 @@ from scipy import stats
 
 from credo import credit as credit_registry
 from credo.audit_cache import load_cached, save_cached
-from credo.config import ConfigError, UserError, check, to_dict
+from credo.config import MAX_GROUP, MAX_HELD_OUT, MAX_SAMPLES, ConfigError, UserError, check, check_in, to_dict
 from credo.credit.values import MCValues, mc_values
 from credo.policy import load_policy
 from credo.policy.base import SamplingConfig
@@ -93,8 +93,11 @@ class AuditConfig:
     """Seed of the sampled traces and the reference."""
 
     def __post_init__(self) -> None:
+        check_in(self.group_size, 2, MAX_GROUP, "audit.group_size")
         check(self.n >= self.group_size >= 2, f"audit.n must be >= audit.group_size >= 2, got {self.n}/{self.group_size}")
         check(self.k_ref >= 2, f"audit.k_ref must be >= 2, got {self.k_ref}")
+        check_in(self.n, 2, MAX_HELD_OUT, "audit.n")
+        check_in(self.k_ref, 2, MAX_SAMPLES, "audit.k_ref")
         check(self.temperature > 0, f"audit.temperature must be > 0, got {self.temperature}")
         check(1 <= self.max_new_tokens <= 4096, f"audit.max_new_tokens must be in 1..4096, got {self.max_new_tokens}")
         check(self.batch_size >= 1, f"audit.batch_size must be >= 1, got {self.batch_size}")

@@ -35,11 +35,11 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from credo.config import ConfigError, load_config, to_dict, user_settings
+    from credo.config import MAX_HELD_OUT, ConfigError, load_config, to_dict, user_settings
     from credo.runs import claim_output
     from credo.sft import SFT_PRESETS, SFTConfig, copy_checkpoint, ensure_sft, sft_config_for
-    if args.eval_n < 1:
-        raise ConfigError(f"sft --eval-n must be >= 1, got {args.eval_n}")
+    if not 1 <= args.eval_n <= MAX_HELD_OUT:
+        raise ConfigError(f"sft --eval-n must be in 1..{MAX_HELD_OUT:,}, got {args.eval_n}")
     given = user_settings(args.config, args.set)  # a --config/--set naming a start or a gym/jsonl task: the HF SFT
     named_task = given.get("task") if isinstance(given.get("task"), str) else None  # (the tiny SFT's task is a section)
     if args.start or given.get("start") or (args.task or named_task or "arith") not in SFT_PRESETS:

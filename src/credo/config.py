@@ -280,3 +280,27 @@ def check(condition: bool, message: str) -> None:
     """Raise ConfigError(message) unless condition; used by __post_init__ range checks."""
     if not condition:
         raise ConfigError(message)
+
+
+# Upper bounds of the sizes a user sets. Each is far above any run this library is for (a GPU trainer's step is
+# ~512 prompts x 16 completions; a benchmark's held-out set a few thousand problems), and each stops a typo
+# from becoming an allocation that fails with a traceback or a problem list that is built for hours with
+# no progress shown.
+MAX_GROUP = 1024
+"""Completions per prompt (train.group_size, audit.group_size)."""
+MAX_STEP_COMPLETIONS = 65_536
+"""Completions of one training step (prompts_per_step x group_size)."""
+MAX_HELD_OUT = 100_000
+"""Held-out problems of one evaluation (eval_n, final_eval_n, eval --n, sft.eval_n, audit traces)."""
+MAX_SAMPLES = 1024
+"""Samples per problem or per step boundary (eval --k, audit.k_ref)."""
+MAX_EPOCHS = 100
+"""Optimiser passes over one batch (train.epochs)."""
+MAX_ROUNDS = 100
+"""Sampling rounds of one step (train.dynamic_max_rounds)."""
+
+
+def check_in(value: Any, low: Any, high: Any, name: str) -> None:
+    """ConfigError '<name> must be in <low>..<high>, got <value>' unless low <= value <= high."""
+    check(low <= value <= high, f"{name} must be in {low}..{high:,}, got {value}" if isinstance(high, int)
+          else f"{name} must be in {low}..{high}, got {value}")

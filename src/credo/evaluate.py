@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
-from credo.config import check
+from credo.config import MAX_HELD_OUT, MAX_SAMPLES, check, check_in
 from credo.policy.base import Policy, SamplingConfig
 from credo.tasks.base import Problem, Task
 
@@ -35,6 +35,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         for flag, value, low in (("--n", self.n, 1), ("--k", self.k, 0), ("--max-new-tokens", self.max_new_tokens, 1)):
             check(value >= low, f"eval {flag} must be >= {low}, got {value}")
+        check_in(self.n, 1, MAX_HELD_OUT, "eval --n")
+        check_in(self.k, 0, MAX_SAMPLES, "eval --k")
 
 
 @dataclass(frozen=True)

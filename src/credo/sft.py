@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from credo.config import check, config_hash, dump_yaml
+from credo.config import MAX_HELD_OUT, check, check_in, config_hash, dump_yaml
 from credo.evaluate import evaluate
 from credo.policy.base import right_pad
 from credo.policy.gpt import GPTConfig
@@ -84,6 +84,7 @@ class SFTConfig:
               f"sft.early_answer_frac + sft.reference_frac must be in [0, 1), got {self.early_answer_frac} + {self.reference_frac}")
         check(0 < self.target_accuracy <= 1, f"sft.target_accuracy must be in (0, 1], got {self.target_accuracy}")
         check(self.eval_every > 0 and self.eval_n > 0, "sft.eval_every and sft.eval_n must be > 0")
+        check_in(self.eval_n, 1, MAX_HELD_OUT, "sft.eval_n")
         check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"sft.beta1/beta2 must be in [0, 1), got {self.beta1}/{self.beta2}")
         check(self.weight_decay >= 0, f"sft.weight_decay must be >= 0, got {self.weight_decay}")
         check(self.grad_clip > 0, f"sft.grad_clip must be > 0, got {self.grad_clip}")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from credo.config import ConfigError, check, dump_yaml
+from credo.config import MAX_HELD_OUT, ConfigError, check, check_in, dump_yaml
 from credo.evaluate import evaluate
 from credo.runs import MetricsLog, atomic_directory, atomic_write_json, atomic_write_text
 from credo.sft import VALIDATION_SEED
@@ -68,6 +68,7 @@ class HFSFTConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "eval_n", "max_new_tokens"):
             check(getattr(self, name) > 0, f"sft.{name} must be > 0, got {getattr(self, name)}")
+        check_in(self.eval_n, 1, MAX_HELD_OUT, "sft.eval_n")
         check(self.lr > 0, f"sft.lr must be > 0, got {self.lr}")
         check(self.warmup_steps >= 0, f"sft.warmup_steps must be >= 0, got {self.warmup_steps}")
         check(self.weight_decay >= 0, f"sft.weight_decay must be >= 0, got {self.weight_decay}")

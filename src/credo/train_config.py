@@ -18,7 +18,7 @@ import torch
 
 from credo import credit as credit_registry
 from credo import methods
-from credo.config import ConfigError, check, from_dict, merge, read_yaml, to_dict, user_settings
+from credo.config import MAX_EPOCHS, MAX_GROUP, MAX_HELD_OUT, MAX_ROUNDS, MAX_STEP_COMPLETIONS, ConfigError, check, check_in, from_dict, merge, read_yaml, to_dict, user_settings
 from credo.loss import LossConfig
 from credo.policy.base import SamplingConfig
 from credo.strategies import STRATEGIES
@@ -111,6 +111,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check(self.prompts_per_step > 0, f"train.prompts_per_step must be > 0, got {self.prompts_per_step}")
         check(self.group_size >= 2, f"train.group_size must be >= 2 (group baselines need two samples), got {self.group_size}")
+        check_in(self.group_size, 2, MAX_GROUP, "train.group_size")
+        check(self.prompts_per_step * self.group_size <= MAX_STEP_COMPLETIONS,
+              f"train.prompts_per_step x train.group_size must be <= {MAX_STEP_COMPLETIONS:,} completions a step, "
+              f"got {self.prompts_per_step} x {self.group_size}")
         self._check_sampling()
         check(math.isfinite(self.lr) and self.lr > 0, f"train.lr must be a finite number > 0, got {self.lr}")
         check(0 <= self.beta1 < 1, f"train.beta1 must be in [0, 1), got {self.beta1}")
@@ -118,13 +122,17 @@ class TrainConfig:
         check(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got {self.weight_decay}")
         check(self.grad_clip > 0, f"train.grad_clip must be > 0 (a clip norm; <= 0 would freeze or reverse the "
               f"update), got {self.grad_clip}")
-        check(self.dynamic_max_rounds >= 1, f"train.dynamic_max_rounds must be >= 1, got {self.dynamic_max_rounds}")
+        check_in(self.dynamic_max_rounds, 1, MAX_ROUNDS, "train.dynamic_max_rounds")
         check(self.lora_r >= 0 and self.lora_alpha > 0, f"train.lora_r must be >= 0 and train.lora_alpha > 0, "
               f"got {self.lora_r}/{self.lora_alpha}")
         check(self.overlong_penalty >= 0, f"train.overlong_penalty must be >= 0, got {self.overlong_penalty}")
         check(self.reset.prompt_temperature > 0, f"train.reset.prompt_temperature must be > 0, got {self.reset.prompt_temperature}")
         check(self.epochs > 0 and self.minibatches > 0,
               f"train.epochs and train.minibatches must be > 0, got {self.epochs} and {self.minibatches}")
+        check_in(self.epochs, 1, MAX_EPOCHS, "train.epochs")
+        # more mini-batches than a step's completions leaves some empty (skipped), which is allowed: a reset
+        # method's batch of suffixes is smaller than prompts_per_step x group_size
+        check_in(self.minibatches, 1, MAX_STEP_COMPLETIONS, "train.minibatches")
         check(self.strategy in STRATEGIES.names(), f"train.strategy must be one of {tuple(STRATEGIES.names())}, got {self.strategy!r}")
         check(0 <= self.overlong_buffer < self.sampling.max_new_tokens,
               f"train.overlong_buffer must be in [0, max_new_tokens), got {self.overlong_buffer}")
@@ -132,6 +140,8 @@ class TrainConfig:
             check(getattr(self, name) > 0, f"train.{name} must be > 0, got {getattr(self, name)}")
         for name in ("final_eval_n", "eval_every_tokens", "max_generated_tokens"):
             check(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
+        check_in(self.eval_n, 1, MAX_HELD_OUT, "train.eval_n")
+        check_in(self.final_eval_n, 0, MAX_HELD_OUT, "train.final_eval_n")
         check(not self.data_parallel or self.strategy == "plain",
               f"train.data_parallel supports strategy 'plain' only, got {self.strategy!r}")
         estimator = credit_registry.get(resolve_method(self.method).estimator)
