@@ -185,6 +185,30 @@ def test_bad_overrides_name_their_field(override, expect):
     assert expect in str(err.value)
 
 
+@pytest.mark.parametrize("overrides, expect", [
+    (["sampling.max_new_tokens=100000000"], "train.sampling.max_new_tokens must be in 1..32,768"),
+    (["lora_r=100000"], "train.lora_r must be in 0..4,096"),
+    (["method=vineppo", "credit.k=1000000000"], "train.credit.k must be in 1..1,024"),
+    (["method=srpo", "reset.n_fresh=100000"], "train.reset.n_fresh must be in 2..1,024"),
+    (["method=srpo", "reset.max_fresh_attempts=1000000000"], "train.reset.max_fresh_attempts must be in 1..65,536"),
+])
+def test_the_sizes_of_generation_estimators_and_resets_have_upper_bounds(overrides, expect):
+    with pytest.raises(ConfigError) as err:
+        load_train_config(None, overrides)
+    assert expect in str(err.value)
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--schedule", "1000000x1"], "compare.epochs (--schedule EPOCHSxMINIBATCHES) must be in 1..100"),
+    (["--schedule", "1x1000000"], "compare.minibatches (--schedule EPOCHSxMINIBATCHES) must be in 1..65,536"),
+    (["--jobs", "100000"], "compare --jobs must be in 1..256"),
+])
+def test_compare_names_its_own_flag_when_a_schedule_or_jobs_is_out_of_range(tmp_path, capsys, argv, expect):
+    out = tmp_path / "cmp"
+    assert expect in one_line_error(capsys, ["compare", "--preset", "smoke", *argv, "--out", str(out), "--yes"])
+    assert not out.exists()
+
+
 def test_parse_overrides_keeps_valid_yaml_values():
     assert parse_overrides(["a.b=[1, 2]", "c=0.5"]) == {"a": {"b": [1, 2]}, "c": 0.5}
 

@@ -108,15 +108,25 @@ class AuditConfig:
             check(name in LOCALISERS.names(), f"audit.localisers: unknown localiser {name!r}; available: {tuple(LOCALISERS.names())}")
 
 
+WEIGHT_FILES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
+"""What a checkpoint's weights are in: one model.safetensors, or a Hugging Face model's shards and their index."""
+
+
 def _weights_digest(checkpoint: str) -> str:
-    """The cache key's name for the checkpoint's weights (sha256 of model.safetensors, 16 hex digits)."""
-    h = hashlib.sha256()
-    path = os.path.join(checkpoint, "model.safetensors")
-    if not os.path.isfile(path):  # a checkpoint directory without its weights: one line, not a traceback
-        raise UserError(f"audit.checkpoint={checkpoint!r}: {path} is missing; the checkpoint is incomplete")
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    """The cache key's name for the checkpoint's weights: sha256 over its weight files, by name (16 hex digits)."""
+    names = sorted(n for n in os.listdir(checkpoint) if n.endswith(WEIGHT_FILES)
+                   and os.path.isfile(os.path.join(checkpoint, n)))
+    if not names:  # a checkpoint directory without its weights: one line, not a traceback
+        raise UserError(f"audit.checkpoint={checkpoint!r}: no weights ({', '.join('*' + e for e in WEIGHT_FILES)}) "
+                        "in it; the checkpoint is incomplete")
+    if names == ["model.safetensors"]:
+        h = hashlib.sha256()  # the one-file digest keeps the keys of audits cached before shards were read
+    else:
+        h = hashlib.sha256(repr(names).encode())
+    for name in names:
+        with open(os.path.join(checkpoint, name), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
     return h.hexdigest()[:16]
 
 

@@ -214,7 +214,7 @@ def _claim_run(run_dir: str, force: bool, inputs: tuple[str, ...], config) -> bo
 def cmd_eval(args: argparse.Namespace) -> int:
     from credo.config import ConfigError, load_config
     from credo.evaluate import EvalConfig, evaluate
-    from credo.policy import bind_task, load_policy
+    from credo.policy import bind_task, load_policy, resolve_checkpoint
     from credo.tasks import make_task
     known = {f for f in EvalConfig.__dataclass_fields__}
     for item in args.set:  # before EvalConfig, `eval --set` set task options
@@ -227,17 +227,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "seed": "seed"}))
     if args.help_config:
         return show_config(config, "eval")
-    checkpoint = config.checkpoint
-    if checkpoint in ("", "sft"):
-        from credo.sft import ensure_sft
-        checkpoint = ensure_sft(progress=not args.quiet, task=config.task)
-    elif os.path.isdir(os.path.join(checkpoint, "final")):
-        checkpoint = os.path.join(checkpoint, "final")  # a run directory: evaluate its final policy
     task = make_task(config.task, config.task_options, prefix="eval.task_options.")
-    if os.path.isdir(checkpoint):
-        from credo.state_io import check_safetensors
-        check_safetensors(checkpoint)
-    policy = bind_task(load_policy(checkpoint), task)
+    checkpoint = resolve_checkpoint(config.checkpoint, "eval.checkpoint", task=config.task, progress=not args.quiet)
+    from credo.state_io import check_safetensors
+    check_safetensors(checkpoint)
+    policy = bind_task(load_policy(checkpoint), task, check_as="eval.checkpoint")
     result = evaluate(policy, task, task.heldout_problems(config.n), k=config.k, max_new_tokens=config.max_new_tokens,
                       seed=config.seed, progress=not args.quiet)
     print(json.dumps(result.as_dict()))
@@ -246,6 +240,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    from dataclasses import replace
     from credo.audit import AuditConfig, checked_methods, run_audit
     from credo.config import load_config
     from credo.runs import claim_output
@@ -256,9 +251,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return show_config(config, "audit")
     checked_methods(config.methods)  # unknown estimators and options fail before any sampling starts
     out = require_out(args)
-    check_inputs(config.checkpoint, "audit.checkpoint", config.task, config.task_options, "audit.task_options.")
+    policy_dir = check_inputs(config.checkpoint, "audit.checkpoint", config.task, config.task_options,
+                              "audit.task_options.", progress=not args.quiet)
     claim_output(out, "audit", force=args.force, inputs=input_paths(args.config, config.checkpoint, config.task))
-    report = run_audit(config, out, progress=not args.quiet)
+    report = run_audit(replace(config, checkpoint=policy_dir), out, progress=not args.quiet)
     print(open(os.path.join(out, "audit.md")).read())
     failures = report["config"].get("failures", {})
     return 1 if failures else 0

@@ -52,11 +52,16 @@ def input_paths(config_file: str | None, start: str = "", task: str = "") -> tup
     return tuple(p for p in (config_file, start, data) if p)
 
 
-def check_inputs(checkpoint: str, checkpoint_field: str, task: str, task_options: dict, options_prefix: str) -> None:
+def check_inputs(checkpoint: str, checkpoint_field: str, task: str, task_options: dict, options_prefix: str,
+                 progress: bool = True) -> str:
     """What a command reads, checked before it claims --out (as `credo train` does by building its Trainer):
-    the checkpoint path, and the task with its options (an unknown task or a missing jsonl file is one line
-    naming it, and no empty --out is left behind)."""
-    from credo.policy import check_policy_path
+    the task with its options (an unknown task or a missing jsonl file is one line naming it), the checkpoint
+    (credo.policy.resolve_checkpoint: '' the task's SFT start, an alias, a run directory's final/), and, for a
+    tiny policy, that it can read the task's prompts. Returns the checkpoint's directory."""
+    from credo.policy import check_task_fits, load_policy, read_policy_meta, resolve_checkpoint
     from credo.tasks import make_task
-    check_policy_path(checkpoint, checkpoint_field)
-    make_task(task, task_options, prefix=options_prefix)
+    built = make_task(task, task_options, prefix=options_prefix)
+    path = resolve_checkpoint(checkpoint, checkpoint_field, task=task, progress=progress)
+    if read_policy_meta(path).get("backend") == "tiny":  # loads in a moment; a Hugging Face tokenizer reads any text
+        check_task_fits(load_policy(path), built, checkpoint_field)
+    return path

@@ -15,11 +15,12 @@ from typing import Any
 
 from credo import methods as method_registry
 from credo.compare_stats import parse_method_spec
-from credo.config import SEED_LIMIT, ConfigError, check, parse_yaml_value, to_dict
+from credo.config import MAX_EPOCHS, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigError, check, parse_yaml_value, to_dict
 from credo.train_config import config_from_run, flatten_config, load_train_config
 
 ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain", "rredcot", "ibpo", "sc_grpo", "rrpo", "srpo")
 SCHEDULE = ("epochs", "minibatches", "lr")  # the optimiser schedule every method of a comparison shares
+MAX_JOBS = 256  # runs at a time: each is a process holding a policy; more is a typo, not a machine
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,12 @@ class CompareConfig:
         check(self.jobs is None or self.jobs >= 1, f"compare --jobs must be >= 1, got {self.jobs}")
         check(all(n is None or n >= 1 for n in (self.epochs, self.minibatches)),
               f"compare.epochs and compare.minibatches (--schedule) must be >= 1, got {self.epochs}x{self.minibatches}")
+        check(self.epochs is None or self.epochs <= MAX_EPOCHS,
+              f"compare.epochs (--schedule EPOCHSxMINIBATCHES) must be in 1..{MAX_EPOCHS}, got {self.epochs}")
+        check(self.minibatches is None or self.minibatches <= MAX_STEP_COMPLETIONS,
+              f"compare.minibatches (--schedule EPOCHSxMINIBATCHES) must be in 1..{MAX_STEP_COMPLETIONS:,}, got "
+              f"{self.minibatches}")
+        check(self.jobs is None or self.jobs <= MAX_JOBS, f"compare --jobs must be in 1..{MAX_JOBS}, got {self.jobs}")
         check(self.lr is None or self.lr > 0, f"compare --lr must be > 0, got {self.lr}")
         check(self.seeds is None or len(self.seeds) > 0, "compare.seeds: give at least one seed")
         check_method_specs(self.methods or (), where="compare --methods")

@@ -298,6 +298,10 @@ MAX_EPOCHS = 100
 """Optimiser passes over one batch (train.epochs)."""
 MAX_ROUNDS = 100
 """Sampling rounds of one step (train.dynamic_max_rounds)."""
+MAX_NEW_TOKENS = 32_768
+"""Generation limit of one completion (train.sampling.max_new_tokens, eval --max-new-tokens, sft)."""
+MAX_LORA_RANK = 4096
+"""LoRA rank (train.lora_r, sft.lora_r)."""
 
 
 def check_in(value: Any, low: Any, high: Any, name: str) -> None:

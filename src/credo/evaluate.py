@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
-from credo.config import MAX_HELD_OUT, MAX_SAMPLES, check, check_in
+from credo.config import MAX_HELD_OUT, MAX_NEW_TOKENS, MAX_SAMPLES, check, check_in
 from credo.policy.base import Policy, SamplingConfig
 from credo.tasks.base import Problem, Task
 
@@ -37,6 +37,7 @@ class EvalConfig:
             check(value >= low, f"eval {flag} must be >= {low}, got {value}")
         check_in(self.n, 1, MAX_HELD_OUT, "eval --n")
         check_in(self.k, 0, MAX_SAMPLES, "eval --k")
+        check_in(self.max_new_tokens, 1, MAX_NEW_TOKENS, "eval --max-new-tokens")
 
 
 @dataclass(frozen=True)

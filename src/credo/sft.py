@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from credo.config import MAX_HELD_OUT, check, check_in, config_hash, dump_yaml
+from credo.config import MAX_HELD_OUT, MAX_STEP_COMPLETIONS, check, check_in, config_hash, dump_yaml
 from credo.evaluate import evaluate
 from credo.policy.base import right_pad
 from credo.policy.gpt import GPTConfig
@@ -79,6 +79,7 @@ class SFTConfig:
     def __post_init__(self) -> None:
         check(self.max_steps > 0, f"sft.max_steps must be > 0, got {self.max_steps}")
         check(self.batch_size > 0, f"sft.batch_size must be > 0, got {self.batch_size}")
+        check_in(self.batch_size, 1, MAX_STEP_COMPLETIONS, "sft.batch_size")
         check(self.lr > 0, f"sft.lr must be > 0, got {self.lr}")
         check(0 <= self.early_answer_frac and 0 <= self.reference_frac and self.early_answer_frac + self.reference_frac < 1,
               f"sft.early_answer_frac + sft.reference_frac must be in [0, 1), got {self.early_answer_frac} + {self.reference_frac}")

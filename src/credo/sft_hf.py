@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from credo.config import MAX_HELD_OUT, ConfigError, check, check_in, dump_yaml
+from credo.config import MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_STEP_COMPLETIONS, ConfigError, check, check_in, dump_yaml
 from credo.evaluate import evaluate
 from credo.runs import MetricsLog, atomic_directory, atomic_write_json, atomic_write_text
 from credo.sft import VALIDATION_SEED
@@ -69,12 +69,15 @@ class HFSFTConfig:
         for name in ("steps", "batch_size", "eval_every", "eval_n", "max_new_tokens"):
             check(getattr(self, name) > 0, f"sft.{name} must be > 0, got {getattr(self, name)}")
         check_in(self.eval_n, 1, MAX_HELD_OUT, "sft.eval_n")
+        check_in(self.batch_size, 1, MAX_STEP_COMPLETIONS, "sft.batch_size")
+        check_in(self.max_new_tokens, 1, MAX_NEW_TOKENS, "sft.max_new_tokens")
         check(self.lr > 0, f"sft.lr must be > 0, got {self.lr}")
         check(self.warmup_steps >= 0, f"sft.warmup_steps must be >= 0, got {self.warmup_steps}")
         check(self.weight_decay >= 0, f"sft.weight_decay must be >= 0, got {self.weight_decay}")
         check(self.grad_clip > 0, f"sft.grad_clip must be > 0, got {self.grad_clip}")
         check(self.lora_r >= 0 and self.lora_alpha > 0, f"sft.lora_r must be >= 0 and sft.lora_alpha > 0, got "
               f"{self.lora_r}/{self.lora_alpha}")
+        check_in(self.lora_r, 0, MAX_LORA_RANK, "sft.lora_r")
         check(0 < self.target_accuracy <= 1, f"sft.target_accuracy must be in (0, 1], got {self.target_accuracy}")
 
 

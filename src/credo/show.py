@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import torch
@@ -152,7 +152,8 @@ def build_page(title: str, subtitle: str, task: Any, policy: Any, rollouts: Any,
         diffs = step_differences(reference)
         summary.append({"label": "mc_reference", "first_error_top1": first_error_top1(diffs, firsts),
                         "cost_vs_step": reference_cost, "tokens_per_trace": None})
-    every = torch.cat([r.credit[row_ids][segment_ids[row_ids] >= 0].abs() for r in runs])
+    # no runs: an audit of baselines only (grpo is a row of its table, not a credit to colour)
+    every = torch.cat([r.credit[row_ids][segment_ids[row_ids] >= 0].abs() for r in runs] or [torch.zeros(0)])
     every = every[every > 0]
     scale = float(torch.quantile(every, 0.98)) if every.numel() else 1.0
     return Page(title, subtitle, summary, [r.label for r in runs], traces, scale or 1.0, reference is not None)
@@ -302,9 +303,10 @@ def cmd_show(args: Any) -> int:
     if args.help_config:
         return show_config(config, "show")
     out = require_out(args)
-    check_inputs(config.checkpoint, "show.checkpoint", config.task, config.task_options, "show.task_options.")
+    policy_dir = check_inputs(config.checkpoint, "show.checkpoint", config.task, config.task_options,
+                              "show.task_options.", progress=not args.quiet)
     claim_output(out, "show", force=args.force, inputs=input_paths(args.config, config.checkpoint, config.task))
-    path = run_show(config, out, terminal=args.terminal, progress=not args.quiet)
+    path = run_show(replace(config, checkpoint=policy_dir), out, terminal=args.terminal, progress=not args.quiet)
     print(f"wrote {path}")
     return 0
 

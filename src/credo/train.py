@@ -31,7 +31,7 @@ from credo.config import ConfigError, UserError, dump_yaml, to_dict
 from credo.distributed import DataParallel, Sharded
 from credo.evaluate import evaluate
 from credo.loss import policy_loss
-from credo.policy import bind_task, load_policy
+from credo.policy import bind_task, check_policy_path, load_policy
 from credo.policy.base import Policy
 from credo.provenance import loaded_commit
 from credo.probe import Probe
@@ -69,7 +69,7 @@ class Trainer:
         if policy is None:
             policy = load_policy(self.start_path(), lora_r=config.lora_r, lora_alpha=config.lora_alpha,
                                  lora_targets=config.lora_targets)
-        self.policy = bind_task(policy, self.task)
+        self.policy = bind_task(policy, self.task, check_as="train.start")  # else a traceback at the first sample
         self.reference = self.policy.copy() if config.loss.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad], lr=config.lr,
                                            betas=(config.beta1, config.beta2), weight_decay=config.weight_decay)
@@ -88,8 +88,8 @@ class Trainer:
             self.strategy = Sharded(self.strategy, self.dp, config.seed)
 
     def start_path(self) -> str:
-        if self.config.start:
-            return self.config.start
+        if self.config.start:  # checked first: load_policy's error would not name the field
+            return check_policy_path(self.config.start, "train.start")
         from credo.sft import ensure_sft
         return ensure_sft(progress=self.progress, task=self.config.task)
 

@@ -18,7 +18,7 @@ import torch
 
 from credo import credit as credit_registry
 from credo import methods
-from credo.config import MAX_EPOCHS, MAX_GROUP, MAX_HELD_OUT, MAX_ROUNDS, MAX_STEP_COMPLETIONS, ConfigError, check, check_in, from_dict, merge, read_yaml, to_dict, user_settings
+from credo.config import MAX_EPOCHS, MAX_GROUP, MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_ROUNDS, MAX_STEP_COMPLETIONS, ConfigError, check, check_in, from_dict, merge, read_yaml, to_dict, user_settings
 from credo.loss import LossConfig
 from credo.policy.base import SamplingConfig
 from credo.strategies import STRATEGIES
@@ -125,6 +125,7 @@ class TrainConfig:
         check_in(self.dynamic_max_rounds, 1, MAX_ROUNDS, "train.dynamic_max_rounds")
         check(self.lora_r >= 0 and self.lora_alpha > 0, f"train.lora_r must be >= 0 and train.lora_alpha > 0, "
               f"got {self.lora_r}/{self.lora_alpha}")
+        check_in(self.lora_r, 0, MAX_LORA_RANK, "train.lora_r")
         check(self.overlong_penalty >= 0, f"train.overlong_penalty must be >= 0, got {self.overlong_penalty}")
         check(self.reset.prompt_temperature > 0, f"train.reset.prompt_temperature must be > 0, got {self.reset.prompt_temperature}")
         check(self.epochs > 0 and self.minibatches > 0,
@@ -157,6 +158,7 @@ class TrainConfig:
               f"identical and every advantage 0), got {s.temperature}")
         check(0 < s.top_p <= 1, f"train.sampling.top_p must be in (0, 1], got {s.top_p}")
         check(s.max_new_tokens > 0, f"train.sampling.max_new_tokens must be > 0, got {s.max_new_tokens}")
+        check_in(s.max_new_tokens, 1, MAX_NEW_TOKENS, "train.sampling.max_new_tokens")
 
     @property
     def estimator(self) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from credo.config import check
+from credo.config import MAX_SAMPLES, MAX_STEP_COMPLETIONS, check, check_in
 from credo.credit.registry import register
 from credo.credit.values import mc_values
 from credo.probe import Probe
@@ -52,7 +52,9 @@ class VinePPOConfig:
 
     def __post_init__(self) -> None:
         check(self.k > 0, f"credit.k must be > 0, got {self.k}")
+        check_in(self.k, 1, MAX_SAMPLES, "credit.k")
         check(self.batch_size > 0, f"credit.batch_size must be > 0, got {self.batch_size}")
+        check_in(self.batch_size, 1, MAX_STEP_COMPLETIONS, "credit.batch_size")
         check_segmenter_option(self.segmenter)
 
 
@@ -85,6 +87,7 @@ class SPOChainConfig:
 
     def __post_init__(self) -> None:
         check(self.k > 0, f"credit.k must be > 0, got {self.k}")
+        check_in(self.k, 1, MAX_SAMPLES, "credit.k")
         check(0 < self.p <= 1, f"credit.p must be in (0, 1], got {self.p}")
         check(self.every > 0, f"credit.every must be > 0, got {self.every}")
 

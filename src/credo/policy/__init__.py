@@ -6,6 +6,7 @@ import os
 
 from credo.policy.base import Policy, SamplingConfig, Samples, read_policy_meta  # noqa: F401
 from credo.policy.tiny import TinyPolicy  # noqa: F401
+from credo.policy.locate import check_policy_path, check_task_fits, resolve_checkpoint  # noqa: F401
 
 
 def load_policy(path: str, device: str = "cpu", lora_r: int = 0, lora_alpha: int = 16,
@@ -30,24 +31,6 @@ def load_policy(path: str, device: str = "cpu", lora_r: int = 0, lora_alpha: int
     raise FileNotFoundError(f"{path} is neither a credo checkpoint (policy.json) nor a Hugging Face model (config.json)")
 
 
-def check_policy_path(path: str, field: str) -> None:
-    """Refuses, naming `field`, a non-empty `path` that load_policy could not read: neither an alias, a credo
-    checkpoint (policy.json) nor a Hugging Face model directory (config.json). Commands call it before they
-    claim --out, so a wrong path leaves nothing behind ('' is the task's SFT start, built when needed)."""
-    from credo.config import ConfigError
-    from credo.policy.smollm import ALIASES
-    if not path or path in ALIASES:
-        return
-    if not os.path.isdir(path):
-        raise ConfigError(f"{field}={path!r}: no such directory")
-    if not any(os.path.isfile(os.path.join(path, name)) for name in ("policy.json", "config.json")):
-        raise ConfigError(f"{field}={path!r}: {path} is neither a credo checkpoint (policy.json) nor a Hugging Face "
-                          "model (config.json)")
-    weights = os.path.join(path, "model.safetensors")
-    if read_policy_meta(path).get("backend") == "tiny" and not os.path.isfile(weights):
-        raise ConfigError(f"{field}={path!r}: {weights} is missing; the checkpoint is incomplete")
-
-
 def _checked_load(load, path: str, device: str) -> "Policy":
     """`load(path, device)`; a checkpoint whose files do not fit together (a missing key, a shape that differs
     from its config, a config transformers cannot read) is an error naming the directory, not a traceback."""
@@ -61,9 +44,12 @@ def _checked_load(load, path: str, device: str) -> "Policy":
         raise UserError(f"{path}: cannot load the checkpoint ({type(err).__name__}: {first})") from None
 
 
-def bind_task(policy: "Policy", task: object) -> "Policy":
+def bind_task(policy: "Policy", task: object, check_as: str = "") -> "Policy":
     """Give the policy the task's system prompt (the answer format its verifier expects), unless it has one
-    already (a saved chat checkpoint keeps its own). Only a chat backend renders it."""
+    already (a saved chat checkpoint keeps its own). Only a chat backend renders it. With `check_as` (the
+    field that named the policy), first refuse a policy that cannot encode the task's prompts (check_task_fits)."""
+    if check_as:
+        check_task_fits(policy, task, check_as)
     task_system = getattr(task, "system_prompt", None)  # a task without one (arith) states none
     if task_system and not policy.system_prompt:
         policy.system_prompt = task_system

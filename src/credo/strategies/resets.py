@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-from credo.config import check
+from credo.config import MAX_GROUP, MAX_STEP_COMPLETIONS, check, check_in
 from credo.credit.values import continue_and_verify
 from credo.policy.base import left_pad, right_pad
 from credo.probe import prompt_tokens
@@ -63,6 +63,9 @@ class ResetConfig:
     def __post_init__(self) -> None:
         check(self.n_fresh >= 2 and self.n_reset >= 2, f"reset.n_fresh and reset.n_reset must be >= 2, got {self.n_fresh}/{self.n_reset}")
         check(self.max_fresh_attempts >= 1, f"reset.max_fresh_attempts must be >= 1, got {self.max_fresh_attempts}")
+        check_in(self.n_fresh, 2, MAX_GROUP, "reset.n_fresh")
+        check_in(self.n_reset, 2, MAX_GROUP, "reset.n_reset")
+        check_in(self.max_fresh_attempts, 1, MAX_STEP_COMPLETIONS, "reset.max_fresh_attempts")
         names = tuple(LOCALISERS.names())
         check(self.localiser in names, f"reset.localiser must be one of {names}, got {self.localiser!r}")
         check(self.backoff >= 0, f"reset.backoff must be >= 0, got {self.backoff}")

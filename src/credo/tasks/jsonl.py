@@ -65,6 +65,10 @@ def _parse_row(raw: bytes, max_question_chars: int) -> Problem:
     return Problem(key=question, prompt=question, answer=str(row["answer"]), data=data)
 
 
+_REPORTED: set[tuple[str, int]] = set()
+"""(file, rows skipped) already reported by this process."""
+
+
 def read_rows(path: str, skip_bad_rows: bool, max_question_chars: int = 16_000) -> list[Problem]:
     """The file's problems; a bad row is a UserError naming its line, or (skip_bad_rows) skipped and counted."""
     problems, bad = [], []
@@ -85,7 +89,8 @@ def read_rows(path: str, skip_bad_rows: bool, max_question_chars: int = 16_000) 
                 bad.append(message)
                 continue
             problems.append(Problem(problem.key, problem.prompt, problem.answer, data={"line": number, **problem.data}))
-    if bad:
+    if bad and (path, len(bad)) not in _REPORTED:  # a command may build the task more than once: say it once
+        _REPORTED.add((path, len(bad)))
         print(f"jsonl task: skipped {len(bad)} malformed row(s); first: {bad[0]}", file=sys.stderr)
     if not problems:
         raise UserError(f"{path}: no usable rows")

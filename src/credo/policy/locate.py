@@ -1,0 +1,73 @@
+"""Where a command's policy is, checked before the command claims its --out (so a wrong path, a run directory
+passed for its policy, or a policy that cannot read the task is one line naming the field, with nothing left
+behind). One resolution for every command that reads a checkpoint: eval, audit and show alike."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from credo.config import ConfigError
+from credo.policy.base import read_policy_meta
+
+DEFAULT_START = ("", "sft")
+"""Names of the task's SFT start (built or fetched by credo.sft.ensure_sft)."""
+PROBE_PROBLEMS = 8
+"""Held-out problems whose prompts check_task_fits encodes: enough to meet a task's every prompt character
+in practice (a task's prompts share one template)."""
+
+
+def resolve_checkpoint(path: str, field: str, task: str = "arith", progress: bool = True) -> str:
+    """The policy directory `path` names, checked: '' or 'sft' is the task's SFT start, an alias
+    (smollm2-135m) its cached Hugging Face copy, a run directory its final/ policy, anything else itself."""
+    if path in DEFAULT_START:
+        from credo.sft import ensure_sft
+        return ensure_sft(progress=progress, task=task)
+    from credo.policy.smollm import ALIASES, ensure_smollm2
+    if path in ALIASES:
+        return ensure_smollm2()
+    if not _is_policy(path) and os.path.isdir(os.path.join(path, "final")):
+        path = os.path.join(path, "final")  # a training run: its final policy
+    return check_policy_path(path, field)
+
+
+def _is_policy(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, name)) for name in ("policy.json", "config.json"))
+
+
+def check_policy_path(path: str, field: str) -> str:
+    """`path`, after refusing, naming `field`, a path that load_policy could not read: a tiny policy (policy.json with
+    backend 'tiny') needs its model.safetensors, anything else a Hugging Face config.json. '' (the task's SFT
+    start) and an alias are resolved later, by load_policy or resolve_checkpoint."""
+    from credo.policy.smollm import ALIASES
+    if path in DEFAULT_START or path in ALIASES:
+        return path
+    if not os.path.isdir(path):
+        raise ConfigError(f"{field}={path!r}: no such directory")
+    if not _is_policy(path):
+        hint = f" (a training run? its policy is {os.path.join(path, 'final')}, written when it finishes)" \
+            if os.path.isfile(os.path.join(path, "config.yaml")) else ""
+        raise ConfigError(f"{field}={path!r}: {path} is neither a credo checkpoint (policy.json) nor a Hugging Face "
+                          f"model (config.json){hint}")
+    backend = read_policy_meta(path).get("backend")
+    if backend == "tiny":
+        weights = os.path.join(path, "model.safetensors")
+        if not os.path.isfile(weights):
+            raise ConfigError(f"{field}={path!r}: {weights} is missing; the checkpoint is incomplete")
+    elif not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError(f"{field}={path!r}: its policy.json names backend {backend!r}, which needs a Hugging Face "
+                          f"config.json, and {path} has none; the checkpoint is incomplete")
+    return path
+
+
+def check_task_fits(policy: Any, task: Any, field: str) -> None:
+    """Refuses, naming `field`, a policy whose tokenizer cannot encode the task's prompts: the tiny policy's
+    character alphabet holds arith's characters only, so a gym: or jsonl: task needs a Hugging Face start."""
+    problems = task.heldout_problems(PROBE_PROBLEMS)
+    try:
+        policy.encode_prompts([p.prompt for p in problems])
+    except ValueError as err:
+        what = str(err).split(" in ")[0]  # "character 'S'": the prompt itself would make the line unreadable
+        raise ConfigError(f"{field}: this policy cannot read the prompts of task {getattr(task, 'name', '')!r} ({what} "
+                          "is not in its alphabet); a tiny policy reads arith tasks only: use a Hugging Face start "
+                          "(e.g. smollm2-135m after `credo sft`, README 'Real models and tasks')") from None

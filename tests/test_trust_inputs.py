@@ -1,0 +1,94 @@
+"""What a command reads, resolved and checked before it claims --out (credo.policy.locate): the valid forms
+are accepted, each wrong one is one line naming the field, and the audit's cache key reads every weight file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from credo.audit import _weights_digest
+from credo.config import ConfigError, UserError
+from credo.policy import check_policy_path, check_task_fits, load_policy, resolve_checkpoint
+from credo.tasks import make_task
+from trust_helpers import one_line_error
+
+
+def test_the_valid_forms_of_a_checkpoint_resolve_to_a_policy_directory(tmp_path, saved_policy, monkeypatch):
+    import credo.policy.smollm as smollm
+    import credo.sft as sft
+    monkeypatch.setattr(sft, "ensure_sft", lambda progress=True, task="arith": f"<sft start of {task}>")
+    monkeypatch.setattr(smollm, "ensure_smollm2", lambda: "<smollm2 copy>")
+    assert resolve_checkpoint("", "f", task="arith-long") == "<sft start of arith-long>"
+    assert resolve_checkpoint("sft", "f") == "<sft start of arith>"
+    assert resolve_checkpoint("smollm2-135m", "f") == "<smollm2 copy>"
+    assert resolve_checkpoint(saved_policy, "f") == saved_policy
+    run = tmp_path / "run"  # a finished training run: its final/ policy
+    shutil.copytree(saved_policy, run / "final")
+    (run / "config.yaml").write_text("method: grpo\n")
+    assert resolve_checkpoint(str(run), "f") == str(run / "final")
+    hf = tmp_path / "hf"  # a Hugging Face model directory needs no policy.json
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    check_policy_path(str(hf), "f")
+
+
+@pytest.mark.parametrize("files, expect", [
+    ({}, "is neither a credo checkpoint"),
+    ({"config.yaml": "method: grpo\n"}, "a training run? its policy is"),
+    ({"policy.json": '{"backend": "tiny"}'}, "model.safetensors is missing"),
+    ({"policy.json": '{"backend": "hf"}'}, "names backend 'hf', which needs a Hugging Face config.json"),
+])
+def test_a_directory_load_policy_could_not_read_is_refused_naming_the_field(tmp_path, files, expect):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    with pytest.raises(ConfigError) as err:
+        check_policy_path(str(folder), "audit.checkpoint")
+    assert str(err.value).startswith(f"audit.checkpoint={str(folder)!r}: ") and expect in str(err.value)
+
+
+def test_a_tiny_policy_refuses_a_task_whose_prompts_it_cannot_encode(saved_policy, tmp_path, capsys):
+    policy = load_policy(saved_policy)
+    check_task_fits(policy, make_task("arith-long"), "train.start")  # its own alphabet: accepted
+    data = tmp_path / "words.jsonl"
+    data.write_text("".join(f'{{"question": "What is {i} plus 2?", "answer": "{i + 2}"}}\n' for i in range(20)))
+    with pytest.raises(ConfigError, match="train.start: this policy cannot read the prompts of task .*character 'W'"):
+        check_task_fits(policy, make_task(f"jsonl:{data}"), "train.start")
+    out = tmp_path / "out"  # before, a ValueError traceback at the first sample, with --out already written
+    line = one_line_error(capsys, ["train", "--start", saved_policy, "--task", f"jsonl:{data}", "--out", str(out)])
+    assert "cannot read the prompts" in line and not out.exists()
+
+
+def test_the_audit_cache_key_reads_every_shard_of_a_sharded_checkpoint(tmp_path, saved_policy):
+    one = _weights_digest(saved_policy)
+    shards = tmp_path / "sharded"
+    shards.mkdir()
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        (shards / name).write_bytes(b"a" * 10)
+    (shards / "model.safetensors.index.json").write_text("{}")
+    first = _weights_digest(str(shards))
+    (shards / "model-00002-of-00002.safetensors").write_bytes(b"b" * 10)  # a change in the second shard
+    assert _weights_digest(str(shards)) != first and len(first) == len(one) == 16
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no weights"):
+        _weights_digest(str(tmp_path / "empty"))
+
+
+def test_a_skipped_jsonl_row_is_reported_once_though_the_task_is_built_again(tmp_path, capsys):
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"question": "1+1", "answer": "2"}\nnot json\n{"question": "2+2", "answer": "4"}\n')
+    for _ in range(3):  # a command checks the task before --out, then builds it where it runs
+        make_task(f"jsonl:{data}", {"skip_bad_rows": True})
+    assert capsys.readouterr().err.count("skipped 1 malformed row(s)") == 1
+
+
+def test_an_audit_of_baselines_only_writes_its_page(tmp_path, capsys, saved_policy):
+    # grpo is a table row, not a credit to colour: the page once failed on an empty list of credits
+    from credo.cli import main
+    out = tmp_path / "audit"
+    code = main(["audit", "--checkpoint", saved_policy, "--n", "8", "--group-size", "4", "--k-ref", "2",
+                 "--methods", "grpo", "--out", str(out), "--quiet"])
+    assert code == 0 and os.path.isfile(out / "audit.html")
