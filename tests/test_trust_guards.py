@@ -191,6 +191,9 @@ def test_bad_overrides_name_their_field(override, expect):
     (["method=vineppo", "credit.k=1000000000"], "train.credit.k must be in 1..1,024"),
     (["method=srpo", "reset.n_fresh=100000"], "train.reset.n_fresh must be in 2..1,024"),
     (["method=srpo", "reset.max_fresh_attempts=1000000000"], "train.reset.max_fresh_attempts must be in 1..65,536"),
+    (["method=srpo", "reset.n_reset=100000"], "train.reset.n_reset must be in 2..1,024"),
+    (["method=spo_chain", "credit.k=1000000000"], "train.credit.k must be in 1..1,024"),
+    (["method=vineppo", "credit.batch_size=1000000000"], "train.credit.batch_size must be in 1..65,536"),
 ])
 def test_the_sizes_of_generation_estimators_and_resets_have_upper_bounds(overrides, expect):
     with pytest.raises(ConfigError) as err:
@@ -204,8 +207,9 @@ def test_the_sizes_of_generation_estimators_and_resets_have_upper_bounds(overrid
     (["--jobs", "100000"], "compare --jobs must be in 1..256"),
 ])
 def test_compare_names_its_own_flag_when_a_schedule_or_jobs_is_out_of_range(tmp_path, capsys, argv, expect):
-    out = tmp_path / "cmp"
-    assert expect in one_line_error(capsys, ["compare", "--preset", "smoke", *argv, "--out", str(out), "--yes"])
+    out = tmp_path / "cmp"  # a start that does not exist: were the bound gone, it still stops at once
+    assert expect in one_line_error(capsys, ["compare", "--preset", "smoke", *argv, "--start", str(tmp_path / "none"),
+                                             "--out", str(out), "--yes"])
     assert not out.exists()
 
 
@@ -274,7 +278,8 @@ def test_sft_eval_n_is_range_checked(tmp_path, capsys):
     assert "sft --eval-n must be in 1..100,000, got 1000000000000" in line
     assert not (tmp_path / "s").exists()
     for flag, value, expect in (("--n", "1000000000000", "eval --n must be in 1..100,000"),
-                                ("--k", "100000000", "eval --k must be in 0..1,024")):
+                                ("--k", "100000000", "eval --k must be in 0..1,024"),
+                                ("--max-new-tokens", "100000000", "eval --max-new-tokens must be in 1..32,768")):
         assert expect in one_line_error(capsys, ["eval", flag, value, "--quiet"])
 
 
@@ -502,3 +507,16 @@ def test_a_broken_worker_pool_reports_each_run_left_as_failed(tmp_path, saved_po
     outcomes = cmp._run_parallel(plan, preset, saved_policy, cmp.tqdm(disable=True), jobs=2)
     assert [o[0]["seed"] for o in outcomes[:2]] == [0, 0]
     assert all(result is None and "BrokenProcessPool" in error for result, error in outcomes[2:])
+
+
+@pytest.mark.parametrize("which, override, expect", [
+    ("tiny", "batch_size=100000000", "sft.batch_size must be in 1..65,536"),
+    ("hf", "batch_size=100000000", "sft.batch_size must be in 1..65,536"),
+    ("hf", "max_new_tokens=100000000", "sft.max_new_tokens must be in 1..32,768"),
+    ("hf", "lora_r=100000", "sft.lora_r must be in 0..4,096"),
+])
+def test_sft_sizes_have_upper_bounds(which, override, expect):
+    from credo.sft import SFTConfig
+    from credo.sft_hf import HFSFTConfig
+    with pytest.raises(ConfigError, match=expect):
+        load_config(SFTConfig if which == "tiny" else HFSFTConfig, None, [override], prefix="sft.")

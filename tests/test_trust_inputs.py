@@ -3,6 +3,7 @@ are accepted, each wrong one is one line naming the field, and the audit's cache
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 
@@ -50,12 +51,49 @@ def test_a_directory_load_policy_could_not_read_is_refused_naming_the_field(tmp_
     assert str(err.value).startswith(f"audit.checkpoint={str(folder)!r}: ") and expect in str(err.value)
 
 
+@pytest.mark.parametrize("command", [["eval"], ["audit", "--out", "{out}"], ["show", "--out", "{out}"],
+                                     ["train", "--out", "{out}", "--start"]])
+def test_every_command_refuses_a_tiny_policy_for_a_task_of_words_before_out(tmp_path, capsys, saved_policy, command):
+    # its held-out row is digits only, its training rows are words: every prompt is read, not the first few
+    data = tmp_path / "mixed.jsonl"
+    data.write_text('{"question": "1+2", "answer": "3"}\n'
+                    + "".join(f'{{"question": "What is {i} plus 2?", "answer": "{i + 2}"}}\n' for i in range(20)))
+    out = tmp_path / "out"
+    flag = [] if command[-1] == "--start" else ["--checkpoint"]
+    argv = [a.format(out=out) for a in command] + flag + [saved_policy, "--task", f"jsonl:{data}",
+                                                          "--set", "task_options.heldout_permille=0"]
+    line = one_line_error(capsys, argv)
+    assert "this tiny policy cannot read the prompts" in line and "'W'" in line and not out.exists()
+
+
+def test_force_never_removes_the_run_whose_final_policy_is_the_checkpoint(tmp_path, capsys, saved_policy):
+    run = tmp_path / "run"
+    shutil.copytree(saved_policy, run / "final")
+    (run / "config.yaml").write_text("method: grpo\n")
+    for command in ("audit", "show"):
+        one_line_error(capsys, [command, "--checkpoint", str(run), "--out", str(run / "final"), "--force"])
+        assert (run / "final" / "model.safetensors").is_file()
+
+
+def test_sft_names_the_start_and_a_damaged_weights_file_is_one_line(tmp_path, capsys, saved_policy):
+    out = tmp_path / "out"
+    assert "train.start='sft': no such directory" in one_line_error(
+        capsys, ["train", "--start", "sft", "--out", str(out)])  # `train` says '' for the SFT start
+    damaged = tmp_path / "damaged"
+    shutil.copytree(saved_policy, damaged)
+    (damaged / "model.safetensors").write_bytes(b"garbage")
+    for argv in (["audit", "--checkpoint", str(damaged)], ["show", "--checkpoint", str(damaged)],
+                 ["train", "--start", str(damaged)]):
+        line = one_line_error(capsys, argv + ["--out", str(out)])
+        assert "model.safetensors is not a valid safetensors file" in line and not out.exists()
+
+
 def test_a_tiny_policy_refuses_a_task_whose_prompts_it_cannot_encode(saved_policy, tmp_path, capsys):
     policy = load_policy(saved_policy)
     check_task_fits(policy, make_task("arith-long"), "train.start")  # its own alphabet: accepted
     data = tmp_path / "words.jsonl"
     data.write_text("".join(f'{{"question": "What is {i} plus 2?", "answer": "{i + 2}"}}\n' for i in range(20)))
-    with pytest.raises(ConfigError, match="train.start: this policy cannot read the prompts of task .*character 'W'"):
+    with pytest.raises(ConfigError, match="train.start: this tiny policy cannot read the prompts of task .*'W'"):
         check_task_fits(policy, make_task(f"jsonl:{data}"), "train.start")
     out = tmp_path / "out"  # before, a ValueError traceback at the first sample, with --out already written
     line = one_line_error(capsys, ["train", "--start", saved_policy, "--task", f"jsonl:{data}", "--out", str(out)])
@@ -64,6 +102,8 @@ def test_a_tiny_policy_refuses_a_task_whose_prompts_it_cannot_encode(saved_polic
 
 def test_the_audit_cache_key_reads_every_shard_of_a_sharded_checkpoint(tmp_path, saved_policy):
     one = _weights_digest(saved_policy)
+    with open(os.path.join(saved_policy, "model.safetensors"), "rb") as f:  # one file: the key audits were cached by
+        assert one == hashlib.sha256(f.read()).hexdigest()[:16]
     shards = tmp_path / "sharded"
     shards.mkdir()
     for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
@@ -71,7 +111,9 @@ def test_the_audit_cache_key_reads_every_shard_of_a_sharded_checkpoint(tmp_path,
     (shards / "model.safetensors.index.json").write_text("{}")
     first = _weights_digest(str(shards))
     (shards / "model-00002-of-00002.safetensors").write_bytes(b"b" * 10)  # a change in the second shard
-    assert _weights_digest(str(shards)) != first and len(first) == len(one) == 16
+    second = _weights_digest(str(shards))
+    (shards / "model.safetensors.index.json").write_text('{"weight_map": {}}')  # and in the index
+    assert len({first, second, _weights_digest(str(shards))}) == 3 and len(first) == 16
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no weights"):
         _weights_digest(str(tmp_path / "empty"))

@@ -46,7 +46,7 @@ from credo import credit as credit_registry
 from credo.audit_cache import load_cached, save_cached
 from credo.config import MAX_GROUP, MAX_HELD_OUT, MAX_SAMPLES, ConfigError, UserError, check, check_in, to_dict
 from credo.credit.values import MCValues, mc_values
-from credo.policy import load_policy
+from credo.policy import load_policy, resolve_checkpoint
 from credo.policy.base import SamplingConfig
 from credo.probe import Probe
 from credo.rollouts import Rollouts
@@ -64,7 +64,8 @@ class AuditConfig:
     """What `credo audit` scores against the Monte Carlo reference."""
 
     checkpoint: str = ""
-    """Policy directory ('' = the task's SFT start)."""
+    """A credo checkpoint, a Hugging Face model directory, smollm2-135m or a training run (its final/);
+    '' or 'sft' = the task's SFT start (credo.policy.resolve_checkpoint)."""
     task: str = "arith"
     """Task: 'arith', 'arith-long', 'gym:<dataset>' or 'jsonl:<path>'."""
     task_options: dict = field(default_factory=dict)
@@ -191,10 +192,7 @@ def segment_credit_of(result: Any, segment_ids: torch.Tensor) -> list[torch.Tens
 def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[str, Any]:
     """Run the audit and write audit.json, audit.md, audit.png and audit.html (with a `credo show` grid) into out_dir."""
     methods = checked_methods(config.methods)  # before the (slow) reference: a typo fails at once
-    checkpoint = config.checkpoint
-    if not checkpoint:
-        from credo.sft import ensure_sft
-        checkpoint = ensure_sft(progress=progress, task=config.task)
+    checkpoint = resolve_checkpoint(config.checkpoint, "audit.checkpoint", task=config.task, progress=progress)
     task = make_task(config.task, config.task_options, prefix="audit.task_options.")
     config = with_task_segmenter(config, task)
     data = build_reference(config, checkpoint, progress)

@@ -253,7 +253,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     out = require_out(args)
     policy_dir = check_inputs(config.checkpoint, "audit.checkpoint", config.task, config.task_options,
                               "audit.task_options.", progress=not args.quiet)
-    claim_output(out, "audit", force=args.force, inputs=input_paths(args.config, config.checkpoint, config.task))
+    claim_output(out, "audit", force=args.force,  # both the path given and the policy it names (a run's final/)
+                 inputs=input_paths(args.config, config.checkpoint, config.task) + (policy_dir,))
     report = run_audit(replace(config, checkpoint=policy_dir), out, progress=not args.quiet)
     print(open(os.path.join(out, "audit.md")).read())
     failures = report["config"].get("failures", {})
@@ -312,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_parser(sub)
 
     p = sub.add_parser("audit", help="score estimators' segment credit against Monte Carlo reference values")
-    p.add_argument("--checkpoint", help="policy directory (default: the SFT start)")
+    p.add_argument("--checkpoint", help="a credo checkpoint, a Hugging Face model directory, smollm2-135m or a "
+                   "training run (its final/) (default: the task's SFT start)")
     p.add_argument("--task", help="task: arith (default), arith-long, gym:<dataset>, jsonl:<path>; the default "
                    "--checkpoint is this task's SFT start")
     p.add_argument("--n", type=int, help="held-out traces to audit (default 256)")
@@ -335,7 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_show_parser(sub)
 
     p = sub.add_parser("eval", help="held-out accuracy of a checkpoint; the last line is accuracy=<float>")
-    p.add_argument("--checkpoint", help="policy directory or run directory (default: the SFT start)")
+    p.add_argument("--checkpoint", help="a credo checkpoint, a Hugging Face model directory, smollm2-135m or a "
+                   "training run (its final/) (default: the task's SFT start)")
     p.add_argument("--task", help="task name (default arith; arith-long, gym:<dataset>, jsonl:<path>); "
                    "the default --checkpoint is this task's SFT start")
     add_config_options(p, "EvalConfig", "--set task_options.digits=3")

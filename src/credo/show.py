@@ -25,7 +25,8 @@ class ShowConfig:
     """What `credo show` samples and colours."""
 
     checkpoint: str = ""
-    """Policy directory ('' = the task's SFT start)."""
+    """A credo checkpoint, a Hugging Face model directory, smollm2-135m or a training run (its final/);
+    '' or 'sft' = the task's SFT start (credo.policy.resolve_checkpoint)."""
     task: str = "arith"
     """Task: 'arith', 'arith-long', 'gym:<dataset>' or 'jsonl:<path>'."""
     task_options: dict = field(default_factory=dict)
@@ -184,18 +185,15 @@ def run_methods(specs: Sequence[str], rollouts: Any, policy: Any, task: Any, sam
 def collect(config: ShowConfig, progress: bool = True) -> Page:
     """Sample, score every method, and (k_ref > 0) the MC reference of the shown traces."""
     from credo.credit.values import mc_values
-    from credo.policy import bind_task, load_policy
+    from credo.policy import bind_task, load_policy, resolve_checkpoint
     from credo.policy.base import SamplingConfig
     from credo.probe import Probe
     from credo.segment import default_segmenter
     from credo.strategies import sample_groups
     from credo.tasks import make_task
-    checkpoint = config.checkpoint
-    if not checkpoint:
-        from credo.sft import ensure_sft
-        checkpoint = ensure_sft(progress=progress, task=config.task)
+    checkpoint = resolve_checkpoint(config.checkpoint, "show.checkpoint", task=config.task, progress=progress)
     task = make_task(config.task, config.task_options, prefix="show.task_options.")
-    policy = bind_task(load_policy(checkpoint), task)
+    policy = bind_task(load_policy(checkpoint), task, check_as="show.checkpoint")
     policy.model.eval()
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
     rollouts = sample_groups(policy, task, task.heldout_problems(config.n), config.group_size, sampling,
@@ -305,7 +303,8 @@ def cmd_show(args: Any) -> int:
     out = require_out(args)
     policy_dir = check_inputs(config.checkpoint, "show.checkpoint", config.task, config.task_options,
                               "show.task_options.", progress=not args.quiet)
-    claim_output(out, "show", force=args.force, inputs=input_paths(args.config, config.checkpoint, config.task))
+    claim_output(out, "show", force=args.force,  # both the path given and the policy it names (a run's final/)
+                 inputs=input_paths(args.config, config.checkpoint, config.task) + (policy_dir,))
     path = run_show(replace(config, checkpoint=policy_dir), out, terminal=args.terminal, progress=not args.quiet)
     print(f"wrote {path}")
     return 0
@@ -315,7 +314,8 @@ def add_show_parser(sub: Any) -> None:
     """The `credo show` subcommand (argparse), kept beside the code it runs."""
     p = sub.add_parser("show", help="see the credit: per-token credit of each method on sampled traces, as HTML")
     from credo.cli_config import add_config_options
-    p.add_argument("--checkpoint", help="policy directory (default: the task's SFT start)")
+    p.add_argument("--checkpoint", help="a credo checkpoint, a Hugging Face model directory, smollm2-135m or a "
+                   "training run (its final/) (default: the task's SFT start)")
     p.add_argument("--task", help="task (default arith; arith-long, gym:<dataset>, jsonl:<path>)")
     p.add_argument("--methods", help="comma-separated estimators, each 'name' or "
                    "'name:key=value:...' as in `credo audit` (default grpo,rredcot)")

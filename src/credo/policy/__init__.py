@@ -34,12 +34,13 @@ def load_policy(path: str, device: str = "cpu", lora_r: int = 0, lora_alpha: int
 def _checked_load(load, path: str, device: str) -> "Policy":
     """`load(path, device)`; a checkpoint whose files do not fit together (a missing key, a shape that differs
     from its config, a config transformers cannot read) is an error naming the directory, not a traceback."""
+    from safetensors import SafetensorError
     from credo.config import UserError
     try:
         return load(path, device)
     except UserError:
         raise
-    except (KeyError, TypeError, ValueError, RuntimeError, OSError) as err:
+    except (KeyError, TypeError, ValueError, RuntimeError, OSError, SafetensorError) as err:
         first = " ".join(str(err).split())[:200]
         raise UserError(f"{path}: cannot load the checkpoint ({type(err).__name__}: {first})") from None
 

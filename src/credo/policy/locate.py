@@ -40,7 +40,7 @@ def check_policy_path(path: str, field: str) -> str:
     backend 'tiny') needs its model.safetensors, anything else a Hugging Face config.json. '' (the task's SFT
     start) and an alias are resolved later, by load_policy or resolve_checkpoint."""
     from credo.policy.smollm import ALIASES
-    if path in DEFAULT_START or path in ALIASES:
+    if path == "" or path in ALIASES:  # 'sft' is resolve_checkpoint's: load_policy would not know it
         return path
     if not os.path.isdir(path):
         raise ConfigError(f"{field}={path!r}: no such directory")
@@ -57,17 +57,33 @@ def check_policy_path(path: str, field: str) -> str:
     elif not os.path.isfile(os.path.join(path, "config.json")):
         raise ConfigError(f"{field}={path!r}: its policy.json names backend {backend!r}, which needs a Hugging Face "
                           f"config.json, and {path} has none; the checkpoint is incomplete")
+    from credo.state_io import check_safetensors
+    check_safetensors(path)  # a damaged header: one line naming the file, before --out is touched
     return path
 
 
+def task_prompts(task: Any) -> list[str]:
+    """Prompts that stand for all of the task's: every row of a task that holds its rows (jsonl: its train
+    and held-out lists), else PROBE_PROBLEMS held-out and PROBE_PROBLEMS training problems, drawn with a
+    generator of their own (the run's random streams are untouched)."""
+    import torch
+    held, train = getattr(task, "heldout", None), getattr(task, "train", None)
+    if isinstance(held, list) and isinstance(train, list):
+        return [p.prompt for p in held + train]
+    drawn = task.train_problems(PROBE_PROBLEMS, torch.Generator().manual_seed(0))
+    return [p.prompt for p in task.heldout_problems(PROBE_PROBLEMS) + drawn]
+
+
 def check_task_fits(policy: Any, task: Any, field: str) -> None:
-    """Refuses, naming `field`, a policy whose tokenizer cannot encode the task's prompts: the tiny policy's
-    character alphabet holds arith's characters only, so a gym: or jsonl: task needs a Hugging Face start."""
-    problems = task.heldout_problems(PROBE_PROBLEMS)
-    try:
-        policy.encode_prompts([p.prompt for p in problems])
-    except ValueError as err:
-        what = str(err).split(" in ")[0]  # "character 'S'": the prompt itself would make the line unreadable
-        raise ConfigError(f"{field}: this policy cannot read the prompts of task {getattr(task, 'name', '')!r} ({what} "
-                          "is not in its alphabet); a tiny policy reads arith tasks only: use a Hugging Face start "
-                          "(e.g. smollm2-135m after `credo sft`, README 'Real models and tasks')") from None
+    """Refuses, naming `field`, a character-level policy (the tiny GPT) whose alphabet lacks a character of
+    the task's prompts: it holds arith's characters only, so a gym: or jsonl: task of words needs a Hugging
+    Face start. (A Hugging Face tokenizer encodes any text: nothing to check.)"""
+    alphabet = getattr(getattr(policy, "tokenizer", None), "alphabet", None)
+    if not isinstance(alphabet, str):
+        return
+    missing = sorted(set("".join(task_prompts(task))) - set(alphabet))
+    if missing:
+        shown = ", ".join(repr(c) for c in missing[:5]) + (", ..." if len(missing) > 5 else "")
+        raise ConfigError(f"{field}: this tiny policy cannot read the prompts of task {getattr(task, 'name', '')!r} "
+                          f"(characters {shown} are not in its alphabet); it reads arith tasks only: use a Hugging "
+                          "Face start (e.g. smollm2-135m after `credo sft`, README 'Real models and tasks')")
