@@ -114,3 +114,15 @@ def test_terminal_view_prints_every_method(policy):
     render_terminal(page_of(policy), console)
     out = console.export_text()
     assert out.splitlines().count(" rredcot:mode=replace") == 4 and "first error step 1" in out
+
+
+def test_text_from_someone_elses_file_is_escaped_in_the_page(policy):
+    # a jsonl prompt, a method label or a generated token is data, never markup: a <script> in any of them
+    # arrives as text (the page must be safe to open from another person's run)
+    from dataclasses import replace
+    page = page_of(policy, methods=("grpo",), with_reference=False)
+    evil = "<script>alert(1)</script><img src=x onerror=alert(2)>'\""
+    traces = [replace(t, prompt=evil, segments=[replace(s, tokens=[evil]) for s in t.segments]) for t in page.traces]
+    text = render(replace(page, title=evil, subtitle=evil, traces=traces))
+    assert "<script" not in text and "<img" not in text  # no tag of it survives
+    assert text.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 1 + len(traces)  # the title, each prompt
