@@ -134,3 +134,10 @@ def test_an_audit_of_baselines_only_writes_its_page(tmp_path, capsys, saved_poli
     code = main(["audit", "--checkpoint", saved_policy, "--n", "8", "--group-size", "4", "--k-ref", "2",
                  "--methods", "grpo", "--out", str(out), "--quiet"])
     assert code == 0 and os.path.isfile(out / "audit.html")
+
+
+def test_compare_refuses_a_start_that_cannot_read_its_task_before_out(tmp_path, capsys, saved_policy):
+    out = tmp_path / "cmp"
+    line = one_line_error(capsys, ["compare", "--preset", "smoke", "--start", saved_policy, "--task", "gym:chain_sum",
+                                   "--out", str(out), "--yes"])
+    assert line.startswith("credo compare: error: compare --start: this tiny policy cannot read") and not out.exists()

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 
-from credo.cli_config import add_config_options, csv_flags, flag_values, input_paths, require_out, show_config
+from credo.cli_config import add_config_options, check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
 from credo.config import ConfigError
 
 
@@ -83,8 +84,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.report_only:
         results = rewrite_report(out)
     else:
-        from credo.policy import check_policy_path
-        check_policy_path(config.start, "compare --start")  # before --out is claimed or any run is timed
+        if config.start == "sft":  # the task's SFT start, which a comparison's runs record as ''
+            config = replace(config, start="")
+        if config.start:  # before --out is claimed or any run is timed: each run would fail on it
+            from credo.compare_presets import resolve_preset
+            preset = resolve_preset(config.preset, config.methods or None, config.seeds, config.budget,
+                                    config.schedule, config.task or None)
+            check_inputs(config.start, "compare --start", preset.task, preset.train.get("task_options", {}),
+                         "compare.task_options.", progress=not args.quiet)
         interactive = sys.stdin is not None and sys.stdin.isatty()
         inputs = input_paths(args.config, config.start, config.task)
         if args.force or _foreign_output(out, "compare"):

@@ -43,7 +43,8 @@ def check_policy_path(path: str, field: str) -> str:
     if path == "" or path in ALIASES:  # 'sft' is resolve_checkpoint's: load_policy would not know it
         return path
     if not os.path.isdir(path):
-        raise ConfigError(f"{field}={path!r}: no such directory")
+        hint = " (the task's SFT start is the default: leave it unset)" if path == "sft" else ""
+        raise ConfigError(f"{field}={path!r}: no such directory{hint}")
     if not _is_policy(path):
         hint = f" (a training run? its policy is {os.path.join(path, 'final')}, written when it finishes)" \
             if os.path.isfile(os.path.join(path, "config.yaml")) else ""
