@@ -19,11 +19,14 @@ from trust_helpers import one_line_error
 def test_the_valid_forms_of_a_checkpoint_resolve_to_a_policy_directory(tmp_path, saved_policy, monkeypatch):
     import credo.policy.smollm as smollm
     import credo.sft as sft
-    monkeypatch.setattr(sft, "ensure_sft", lambda progress=True, task="arith": f"<sft start of {task}>")
-    monkeypatch.setattr(smollm, "ensure_smollm2", lambda: "<smollm2 copy>")
-    assert resolve_checkpoint("", "f", task="arith-long") == "<sft start of arith-long>"
-    assert resolve_checkpoint("sft", "f") == "<sft start of arith>"
-    assert resolve_checkpoint("smollm2-135m", "f") == "<smollm2 copy>"
+    places = {name: str(tmp_path / name) for name in ("sft-arith", "sft-arith-long", "smollm2")}
+    for place in places.values():  # each a policy directory, as the resolved path is checked too
+        shutil.copytree(saved_policy, place)
+    monkeypatch.setattr(sft, "ensure_sft", lambda progress=True, task="arith": places[f"sft-{task}"])
+    monkeypatch.setattr(smollm, "ensure_smollm2", lambda: places["smollm2"])
+    assert resolve_checkpoint("", "f", task="arith-long") == places["sft-arith-long"]
+    assert resolve_checkpoint("sft", "f") == places["sft-arith"]
+    assert resolve_checkpoint("smollm2-135m", "f") == places["smollm2"]
     assert resolve_checkpoint(saved_policy, "f") == saved_policy
     run = tmp_path / "run"  # a finished training run: its final/ policy
     shutil.copytree(saved_policy, run / "final")

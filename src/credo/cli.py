@@ -229,8 +229,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return show_config(config, "eval")
     task = make_task(config.task, config.task_options, prefix="eval.task_options.")
     checkpoint = resolve_checkpoint(config.checkpoint, "eval.checkpoint", task=config.task, progress=not args.quiet)
-    from credo.state_io import check_safetensors
-    check_safetensors(checkpoint)
     policy = bind_task(load_policy(checkpoint), task, check_as="eval.checkpoint")
     result = evaluate(policy, task, task.heldout_problems(config.n), k=config.k, max_new_tokens=config.max_new_tokens,
                       seed=config.seed, progress=not args.quiet)

@@ -58,10 +58,12 @@ def check_inputs(checkpoint: str, checkpoint_field: str, task: str, task_options
     the task with its options (an unknown task or a missing jsonl file is one line naming it), the checkpoint
     (credo.policy.resolve_checkpoint: '' the task's SFT start, an alias, a run directory's final/), and, for a
     tiny policy, that it can read the task's prompts. Returns the checkpoint's directory."""
-    from credo.policy import check_task_fits, load_policy, read_policy_meta, resolve_checkpoint
+    from credo.policy import read_policy_meta, resolve_checkpoint
+    from credo.policy.locate import check_alphabet
     from credo.tasks import make_task
     built = make_task(task, task_options, prefix=options_prefix)
     path = resolve_checkpoint(checkpoint, checkpoint_field, task=task, progress=progress)
-    if read_policy_meta(path).get("backend") == "tiny":  # loads in a moment; a Hugging Face tokenizer reads any text
-        check_task_fits(load_policy(path), built, checkpoint_field)
+    alphabet = (read_policy_meta(path).get("tokenizer") or {}).get("alphabet")  # a tiny policy's, without loading it
+    if isinstance(alphabet, str):
+        check_alphabet(alphabet, built, checkpoint_field)
     return path

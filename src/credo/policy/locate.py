@@ -13,20 +13,20 @@ from credo.policy.base import read_policy_meta
 DEFAULT_START = ("", "sft")
 """Names of the task's SFT start (built or fetched by credo.sft.ensure_sft)."""
 PROBE_PROBLEMS = 8
-"""Held-out problems whose prompts check_task_fits encodes: enough to meet a task's every prompt character
-in practice (a task's prompts share one template)."""
+"""Held-out and training problems each whose prompts stand for a generated task's (task_prompts): enough to
+meet its every prompt character in practice (a task's prompts share one template)."""
 
 
 def resolve_checkpoint(path: str, field: str, task: str = "arith", progress: bool = True) -> str:
     """The policy directory `path` names, checked: '' or 'sft' is the task's SFT start, an alias
     (smollm2-135m) its cached Hugging Face copy, a run directory its final/ policy, anything else itself."""
+    from credo.policy.smollm import ALIASES, ensure_smollm2
     if path in DEFAULT_START:
         from credo.sft import ensure_sft
-        return ensure_sft(progress=progress, task=task)
-    from credo.policy.smollm import ALIASES, ensure_smollm2
-    if path in ALIASES:
-        return ensure_smollm2()
-    if not _is_policy(path) and os.path.isdir(os.path.join(path, "final")):
+        path = ensure_sft(progress=progress, task=task)
+    elif path in ALIASES:
+        path = ensure_smollm2()
+    elif not _is_policy(path) and os.path.isdir(os.path.join(path, "final")):
         path = os.path.join(path, "final")  # a training run: its final policy
     return check_policy_path(path, field)
 
@@ -77,11 +77,16 @@ def task_prompts(task: Any) -> list[str]:
 
 def check_task_fits(policy: Any, task: Any, field: str) -> None:
     """Refuses, naming `field`, a character-level policy (the tiny GPT) whose alphabet lacks a character of
-    the task's prompts: it holds arith's characters only, so a gym: or jsonl: task of words needs a Hugging
-    Face start. (A Hugging Face tokenizer encodes any text: nothing to check.)"""
+    the task's prompts (check_alphabet). A Hugging Face tokenizer encodes any text: nothing to check."""
     alphabet = getattr(getattr(policy, "tokenizer", None), "alphabet", None)
-    if not isinstance(alphabet, str):
-        return
+    if isinstance(alphabet, str):
+        check_alphabet(alphabet, task, field)
+
+
+def check_alphabet(alphabet: str, task: Any, field: str) -> None:
+    """Refuses, naming `field`, an alphabet (a tiny policy's, from the policy or its policy.json) that lacks a
+    character of the task's prompts: it holds arith's characters only, so a gym: or jsonl: task of words
+    needs a Hugging Face start."""
     missing = sorted(set("".join(task_prompts(task))) - set(alphabet))
     if missing:
         shown = ", ".join(repr(c) for c in missing[:5]) + (", ..." if len(missing) > 5 else "")
