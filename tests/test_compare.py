@@ -575,3 +575,46 @@ def test_equal_updates_add_the_first_count_where_grpo_is_measured():
     del results["methods"]["vineppo"]
     summarise(results)
     assert results["equal_updates"]["updates"] == [15, 20]
+
+
+def test_clipping_counts_steps_above_the_clip_and_takes_the_median_norm():
+    from credo.compare_stats import clipping, method_clipping
+    run = clipping([0.5, 2.0, 1.0, 3.0], clip=1.0)  # 1.0 is at the clip, not above it
+    assert run == {"clipped_share": 0.5, "grad_norm_median": 1.5, "grad_clip": 1.0}
+    other = clipping([0.1, 0.2], clip=0.5)
+    assert method_clipping({"0": run, "1": other}) == {"clipped_share": 0.25, "grad_norm_median": 0.825,
+                                                       "grad_clip": [0.5, 1.0], "runs": 2}
+    assert method_clipping({"0": {"final_accuracy": 0.5}}) is None  # runs from before the record
+
+
+def test_the_report_shows_clipping_per_method_and_reads_out_the_heavily_clipped_and_the_few_updates():
+    from credo.compare import report, summarise
+    results = _synthetic({"grpo": [0.5, 0.6], "ibpo": [0.5, 0.6], "vineppo": [0.4, 0.4]},
+                         {"grpo": [None, None], "ibpo": [None, None], "vineppo": [None, None]})
+    shares = {"grpo": 0.01, "ibpo": 1.0, "vineppo": 0.2}
+    for name, entry in results["methods"].items():
+        for seed in entry["seeds"].values():
+            seed.update(clipped_share=shares[name], grad_norm_median=19.0 if name == "ibpo" else 0.6, grad_clip=1.0)
+            if name == "vineppo":
+                seed["steps"] = 5
+    summarise(results)
+    text = report({**results, "preset": "t", "start": "s", "commit": "c", "date": "d", "machine": "m"})
+    assert "| ibpo | 100% | 19.00 | 1 |" in text and "| grpo | 1% | 0.60 | 1 |" in text
+    reading = text.split("## Reading", 1)[1]
+    assert "more than half the steps of ibpo (100%) (GRPO: 1%)" in reading and "vineppo (20%)" not in reading
+    assert "under half GRPO's updates" in reading and "vineppo (5 against GRPO's 20)" in reading
+
+
+def test_a_run_result_reads_gradient_norms_and_the_runs_own_clip(tmp_path):
+    from credo.compare import run_result
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("method: grpo\ngrad_clip: 0.5\n")
+    (run / "summary.json").write_text(json.dumps({"step": 2, "tokens_generated": 10, "seconds": 2.0,
+                                                  "final_accuracy": 0.5}))
+    rows = [{"step": 0, "tokens_generated": 0, "seconds": 0.0, "eval_accuracy": 0.4},
+            {"step": 1, "tokens_generated": 5, "seconds": 1.0, "grad_norm": 0.4},
+            {"step": 2, "tokens_generated": 10, "seconds": 2.0, "grad_norm": 0.9}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = run_result(str(run))
+    assert (result["clipped_share"], result["grad_norm_median"], result["grad_clip"]) == (0.5, 0.65, 0.5)

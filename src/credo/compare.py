@@ -33,6 +33,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+import yaml
 from tqdm import tqdm
 
 from credo import methods as method_registry
@@ -41,12 +42,13 @@ from credo.audit import AuditConfig, run_audit
 from credo.compare_report import goals, plot_curves, report, summarise  # noqa: F401  (re-exported)
 from credo.compare_presets import (ALL_METHODS, PRESETS, Preset, check_reusable, protocol,  # noqa: F401  (re-exported)
                                    resolve_preset, run_config, run_dir_name)
-from credo.compare_stats import parse_method_spec, stalled_seconds
+from credo.compare_stats import clipping, parse_method_spec, stalled_seconds
 from credo.config import ConfigError, UserError
 from credo.disk_errors import DiskError, as_disk_error, is_disk_error
 from credo.provenance import loaded_commit
 from credo.runs import MetricsLog, atomic_write_json, atomic_write_text, is_locked, run_lock
 from credo.train import Trainer
+from credo.train_config import TrainConfig
 
 def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on_step: Any) -> dict[str, Any]:
     if not os.path.exists(os.path.join(run_dir, "summary.json")):  # else finished earlier: reuse (resumable)
@@ -72,12 +74,22 @@ def run_result(run_dir: str) -> dict[str, Any]:
                   "seconds": summary["seconds"], "accuracy": summary["final_accuracy"], "final": True})
     # a paused process's clock is not the method's cost: its stalled steps count at the run's median step
     stalled, stalled_steps = stalled_seconds([float(r["seconds"]) for r in steps if "seconds" in r])
+    norms = [float(r["grad_norm"]) for r in steps if "grad_norm" in r]
     return {"curve": curve, "final_accuracy": summary["final_accuracy"], "steps": summary["step"],
             "tokens_generated": summary["tokens_generated"], "seconds": summary["seconds"] - stalled,
             "stalled_seconds": stalled, "stalled_steps": stalled_steps,
             "seconds_per_step": (summary["seconds"] - stalled) / max(summary["step"], 1),
             "tokens_scored": steps[-1].get("tokens_scored", 0) if steps else 0,
+            **(clipping(norms, run_grad_clip(run_dir)) if norms else {}),
             **({"commit": summary["credo_commit"]} if "credo_commit" in summary else {})}
+
+
+def run_grad_clip(run_dir: str) -> float:
+    """The gradient-norm clip a run trained with, from its config.yaml (TrainConfig's default where absent)."""
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        config = yaml.safe_load(f)
+    clip = config.get("grad_clip", TrainConfig.grad_clip) if isinstance(config, dict) else TrainConfig.grad_clip
+    return float(clip)
 
 
 def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm) -> list[tuple[Any, str | None]]:

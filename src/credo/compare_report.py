@@ -17,7 +17,7 @@ from credo.provenance import short
 from credo.compare_plots import plot_curves  # noqa: F401  (re-exported)
 from credo.compare_goals import goals, points  # noqa: F401  (re-exported)
 from credo.compare_stats import (MAX_SEEDS, POWER, STALL_FACTOR, control_pairs, equal_updates, grpo_first_evaluations,
-                                 paired, paired_deltas, parse_method_spec)
+                                 method_clipping, paired, paired_deltas, parse_method_spec)
 
 
 def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
@@ -67,6 +67,8 @@ def summarise(results: dict[str, Any]) -> None:
         per_seed = [r["seconds_per_step"] / grpo[s]["seconds_per_step"] for s, r in runs.items()
                     if s in grpo and grpo[s].get("seconds_per_step")]
         entry["step_time_ratio_range"] = [min(per_seed), max(per_seed)] if per_seed else None
+        if (clipped := method_clipping(runs)) is not None:  # runs from before grad_norm was read: no key
+            entry["clipping"] = clipped
     results["equal_updates"] = equal_updates(results)
     results["controls"] = control_pairs(results)
 
@@ -209,8 +211,49 @@ def report(results: dict[str, Any]) -> str:
              *([f"Note: {results['note']}", ""] if results.get("note") else []),
              *commit_lines(results), *protocol_lines(results), "", f"## At equal generated tokens ({results['token_budget']:,} per run)", "",
              *main_table(results), "",
-             *equal_updates_lines(results), *controls_lines(results), "## Reading", "", reading(results)]
+             *equal_updates_lines(results), *controls_lines(results), *clipping_lines(results),
+             "## Reading", "", reading(results)]
     return "\n".join(lines) + "\n"
+
+
+def clipping_lines(results: dict[str, Any]) -> list[str]:
+    """The table of what gradient-norm clipping did to each method (it acts unequally: a method whose credit
+    sits on few tokens has larger gradients); nothing when no run recorded gradient norms."""
+    rows = [(name, entry["clipping"]) for name, entry in results["methods"].items() if entry.get("clipping")]
+    if not rows:
+        return []
+    lines = ["## What acts unequally on methods: gradient-norm clipping", "",
+             "Each step's pre-clip gradient norm is the mean over its updates (`grad_norm` in metrics.jsonl). With "
+             "Adam a clipped step mostly changes direction, not size; the share still differs between methods.", "",
+             "| method | steps above the clip (mean over seeds) | median pre-clip gradient norm | clip |",
+             "|---|---|---|---|"]
+    for name, c in rows:
+        clip = ", ".join(f"{v:g}" for v in c["grad_clip"])
+        lines.append(f"| {name} | {100 * c['clipped_share']:.0f}% | {c['grad_norm_median']:.2f} | {clip} |")
+    return lines + [""]
+
+
+def unequal_reading(results: dict[str, Any], entries: dict[str, Any]) -> list[str]:
+    """Reading lines for what acts unequally: methods clipped on more than half their steps, and methods
+    that made far fewer updates than GRPO in the token budget (their final says little about their credit)."""
+    parts = []
+    clipped = [f"{k} ({100 * v['clipping']['clipped_share']:.0f}%)" for k, v in entries.items()
+               if k != "grpo" and v.get("clipping") and v["clipping"]["clipped_share"] > 0.5]
+    if clipped:
+        grpo = entries["grpo"].get("clipping")
+        parts.append("Gradient-norm clipping acted on more than half the steps of " + ", ".join(clipped)
+                     + (f" (GRPO: {100 * grpo['clipped_share']:.0f}%)" if grpo else "")
+                     + "; with Adam that turns their updates more than it shortens them (see the clipping table).")
+    grpo_steps = [r["steps"] for r in entries["grpo"]["seeds"].values() if "steps" in r]
+    if grpo_steps:
+        few = [f"{k} ({min(r['steps'] for r in v['seeds'].values())} against GRPO's {min(grpo_steps)})"
+               for k, v in entries.items() if k != "grpo" and all("steps" in r for r in v["seeds"].values())
+               and v["seeds"] and max(r["steps"] for r in v["seeds"].values()) < 0.5 * min(grpo_steps)]
+        if few:
+            parts.append("Made under half GRPO's updates in the same generated tokens, so their final accuracy "
+                         "measures their cost more than their credit (compare them at equal updates above): "
+                         + ", ".join(few) + ".")
+    return parts
 
 
 def commit_lines(results: dict[str, Any]) -> list[str]:
@@ -267,6 +310,7 @@ def reading(results: dict[str, Any]) -> str:
                      "curves on average (a seed's count is its first evaluation at or above it, so it moves in steps "
                      "of the eval interval" + (f", and no ratio below {floor:.2f}x can be seen" if floor else "")
                      + "): " + ", ".join(f"{k} ({entries[k]['tokens_to_grpo_final_ratio']:.2f}x)" for k in faster) + ".")
+    parts += unequal_reading(results, entries)
     n_eval = results.get("final_eval_n", 500)
     se = (0.25 / n_eval) ** 0.5
     parts.append(f"One final evaluation on {n_eval} problems has a standard error of up to {se:.3f}; "

@@ -190,3 +190,24 @@ def control_pairs(results: dict[str, Any]) -> list[dict[str, Any]]:
                   if method else [])
         out.append({"method": target, "control": spec, "delta": paired(deltas) if method else None})
     return out
+
+
+def clipping(grad_norms: list[float], clip: float) -> dict[str, Any]:
+    """How gradient-norm clipping acted on one run: the share of its steps whose mean pre-clip gradient norm
+    (`grad_norm` in metrics.jsonl, the mean over the step's updates) exceeds the clip, and the median of those
+    norms. Clipping acts unequally on methods (an estimator that puts a group's advantage on a few tokens has
+    a larger gradient), so a comparison reports it beside accuracy. `grad_norms` must not be empty."""
+    return {"clipped_share": sum(n > clip for n in grad_norms) / len(grad_norms),
+            "grad_norm_median": statistics.median(grad_norms), "grad_clip": clip}
+
+
+def method_clipping(runs: dict[str, Any]) -> dict[str, Any] | None:
+    """One method's clipping over its seeds: the mean of the runs' clipped shares and the median of their
+    median norms; None when no run recorded gradient norms."""
+    recorded = [r for r in runs.values() if r.get("clipped_share") is not None]
+    if not recorded:
+        return None
+    return {"clipped_share": statistics.mean(r["clipped_share"] for r in recorded),
+            "grad_norm_median": statistics.median(r["grad_norm_median"] for r in recorded),
+            "grad_clip": sorted({r["grad_clip"] for r in recorded}), "runs": len(recorded)}
+
