@@ -232,10 +232,33 @@ def test_every_method_shares_one_schedule_unless_its_recipe_sets_its_own(monkeyp
     assert recorded["schedule"]["epochs"] == 1 and recorded["schedule"]["minibatches"] == 4
     assert recorded["methods"]["grpo"]["source"] == "shared" and recorded["methods"]["rredcot"]["source"] == "shared"
     assert recorded["methods"]["paper_x"] == {"epochs": 3, "minibatches": 4, "lr": recorded["schedule"]["lr"],
-                                              "source": "recipe"}
+                                              "grad_clip": 1.0, "source": "recipe"}
     text = report({**_synthetic({"grpo": [0.4]}, {"grpo": [None]}), "protocol": recorded, "preset": "t", "start": "s",
                    "commit": "c", "date": "d", "machine": "m"})
     assert "every method 1 epoch(s) × 4 mini-batch(es)" in text and "| paper_x | 3 × 4 |" in text
+
+
+def test_a_shared_gradient_clip_reaches_every_method_and_the_report(saved_policy):
+    from dataclasses import replace
+    from credo.compare import PRESETS, protocol, run_config
+    from credo.compare_presets import CompareConfig
+    from credo.compare_report import report
+    from credo.config import ConfigError, load_config
+    config = load_config(CompareConfig, None, ["grad_clip=0.5"], prefix="compare.")
+    assert config.schedule == {"grad_clip": 0.5}
+    preset = replace(PRESETS["smoke"], methods=("grpo", "ibpo", "dapo"), schedule=config.schedule)
+    assert {run_config(m, 0, preset, saved_policy).grad_clip for m in preset.methods} == {0.5}
+    recorded = protocol(preset, saved_policy, jobs=1)
+    text = report({**_synthetic({"grpo": [0.4]}, {"grpo": [None]}), "protocol": recorded, "preset": "t", "start": "s",
+                   "commit": "c", "date": "d", "machine": "m"})
+    assert "gradient-norm clip 0.5 (one schedule for all)" in text
+    for bad in ("0", "-1", "2e6"):
+        try:
+            load_config(CompareConfig, None, [f"grad_clip={bad}"], prefix="compare.")
+        except ConfigError as err:
+            assert "compare.grad_clip" in str(err)
+        else:
+            raise AssertionError(f"grad_clip={bad} was accepted")
 
 
 def test_a_method_spec_becomes_credit_options_and_the_task_comes_from_the_preset(saved_policy):

@@ -19,7 +19,8 @@ from credo.config import MAX_EPOCHS, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigErr
 from credo.train_config import config_from_run, flatten_config, load_train_config
 
 ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain", "rredcot", "ibpo", "sc_grpo", "rrpo", "srpo")
-SCHEDULE = ("epochs", "minibatches", "lr")  # the optimiser schedule every method of a comparison shares
+MAX_GRAD_CLIP = 1e6  # a clip norm above any real gradient: clipping off
+SCHEDULE = ("epochs", "minibatches", "lr", "grad_clip")  # the optimiser schedule every method of a comparison shares
 MAX_JOBS = 256  # runs at a time: each is a process holding a policy; more is a typo, not a machine
 
 
@@ -120,6 +121,9 @@ class CompareConfig:
     lr: float | None = None
     """Learning rate shared by every method (None = the training default); a sweep is one comparison per
     value, each into its own --out."""
+    grad_clip: float | None = None
+    """Gradient-norm clip shared by every method (None = the training default, 1.0). Clipping acts unequally
+    on methods (the report shows each one's share of clipped steps); a very large value turns it off for all."""
 
     def __post_init__(self) -> None:
         check(self.preset in PRESETS, f"compare --preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
@@ -135,12 +139,14 @@ class CompareConfig:
               f"{self.minibatches}")
         check(self.jobs is None or self.jobs <= MAX_JOBS, f"compare --jobs must be in 1..{MAX_JOBS}, got {self.jobs}")
         check(self.lr is None or self.lr > 0, f"compare --lr must be > 0, got {self.lr}")
+        check(self.grad_clip is None or 0 < self.grad_clip <= MAX_GRAD_CLIP,
+              f"compare.grad_clip must be in (0, {MAX_GRAD_CLIP:g}], got {self.grad_clip}")
         check(self.seeds is None or len(self.seeds) > 0, "compare.seeds: give at least one seed")
         check_method_specs(self.methods or (), where="compare --methods")
 
     @property
     def schedule(self) -> dict[str, Any]:
-        """The shared-schedule fields given (epochs, minibatches, lr), as `compare(schedule=...)` takes them."""
+        """The shared-schedule fields given (epochs, minibatches, lr, grad_clip), as `compare(schedule=...)` takes them."""
         return {k: getattr(self, k) for k in SCHEDULE if getattr(self, k) is not None}
 
 

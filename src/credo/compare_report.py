@@ -141,7 +141,8 @@ def protocol_lines(results: dict[str, Any]) -> list[str]:
              f"problems (the same set at every evaluation) every {protocol['eval_every_tokens']:,} generated tokens · "
              f"final: the first {protocol['final_eval_n']} held-out problems.", "",
              f"Schedule: every method {shared['epochs']} epoch(s) × {shared['minibatches']} mini-batch(es) per batch "
-             f"(AdamW), lr {shared['lr']:g}, unless listed here:"]
+             f"(AdamW), lr {shared['lr']:g}"
+             + (f", gradient-norm clip {shared['grad_clip']:g}" if "grad_clip" in shared else "") + ", unless listed here:"]
     own = {m: s for m, s in protocol["methods"].items() if s["source"] != "shared"}
     if not own:
         return lines[:-1] + [lines[-1].replace(", unless listed here:", " (one schedule for all).")]
