@@ -9,7 +9,7 @@ from credo.policy import load_policy
 from credo.train import Trainer, load_train_config
 
 FAST = ["eval_n=8", "final_eval_n=8", "eval_every=2", "checkpoint_every=2", "prompts_per_step=3", "group_size=4",
-        "max_new_tokens=20", "overlong_buffer=12", "lr=1e-3"]
+        "max_new_tokens=20", "overlong_buffer=12", "overlong_fit_task=false", "lr=1e-3"]
 
 
 def config(start, *extra):
@@ -93,3 +93,33 @@ def test_one_epoch_of_one_minibatch_reads_its_own_logprobs_as_old_and_skips_the_
     a, b = fast.policy.model.state_dict(), slow.policy.model.state_dict()
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
     assert any(not torch.equal(a[k], load_policy(saved_policy).model.state_dict()[k]) for k in a)
+
+
+def test_dapo_fits_its_overlong_buffer_beyond_every_worked_solution_of_the_task(saved_policy):
+    """DAPO's buffer sits past the expected length: on arith the worked solutions are short and the full buffer
+    stays; squeezed by a max_new_tokens near the longest solution, the buffer shrinks so that none is penalised."""
+    import torch
+    from credo.tasks import make_task
+    from credo.train_config import overlong_buffer_for_task, overlong_penalty
+    task = make_task("arith", {})
+    def encode(texts):  # one token a character, plus EOS, as the tiny policy encodes
+        return torch.nn.utils.rnn.pad_sequence([torch.ones(len(t) + 1) for t in texts], batch_first=True)
+    problems = task.train_problems(256, torch.Generator().manual_seed(0))
+    longest = max(len(task.solution(p)) + 1 for p in problems)
+    assert overlong_buffer_for_task(task, encode, longest + 40, 16) == (16, longest)
+    buffer, _ = overlong_buffer_for_task(task, encode, longest + 5, 16)
+    assert buffer == 5
+    lengths = torch.tensor([len(task.solution(p)) + 1 for p in problems])
+    assert overlong_penalty(lengths, longest + 5, buffer, 1.0).eq(0).all()  # no worked solution penalised
+    assert overlong_penalty(lengths, longest + 5, 16, 1.0).lt(0).any()  # the unfitted buffer penalised some
+    assert overlong_buffer_for_task(task, encode, longest - 3, 16)[0] == 0  # no room at all: the penalty is off
+
+
+def test_a_dapo_run_records_the_buffer_it_fitted_and_the_longest_worked_solution(saved_policy, tmp_path):
+    fitted = Trainer(config(saved_policy, "steps=1", "overlong_fit_task=true", "max_new_tokens=64"),
+                     str(tmp_path / "fit"), progress=False)
+    summary = fitted.train()
+    longest = summary["longest_worked_solution"]
+    assert summary["overlong_buffer_used"] == max(0, min(12, 64 - longest)) and 20 < longest <= 64
+    plain = Trainer(config(saved_policy, "steps=1"), str(tmp_path / "plain"), progress=False).train()
+    assert "overlong_buffer_used" not in plain

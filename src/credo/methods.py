@@ -33,7 +33,7 @@ RECIPES: dict[str, Recipe] = {
                       {"loss": {"aggregation": "seq-mean-token-sum-norm"}}),
     "dapo": Recipe("grpo", "DAPO: clip-higher 0.2/0.28, token-mean loss, dynamic sampling, overlong penalty",
                    {"loss": {"eps_low": 0.2, "eps_high": 0.28, "aggregation": "token-mean"},
-                    "strategy": "dynamic", "overlong_buffer": 16}),
+                    "strategy": "dynamic", "overlong_buffer": 16, "overlong_fit_task": True}),
     "rrpo": Recipe("grpo", "RRPO: reset a failed trace at a random step, resample suffixes; groups z-scored apart",
                    {"strategy": "resets", "reset": {"localiser": "random"}, "credit": {"std": "population"},
                     "loss": {"kind": "pg"}}),

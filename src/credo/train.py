@@ -43,7 +43,8 @@ from credo.state_io import (CorruptStateError, check_safetensors, load_state, op
 from credo.strategies import Collected, SamplingContext, Strategy
 from credo.streams import RandomStreams
 from credo.train_eta import estimate_run_seconds, evaluations_left, format_seconds, steps_within, time_step_pieces
-from credo.train_config import TrainConfig, config_from_run, load_train_config, overlong_penalty  # noqa: F401  (re-exported)
+from credo.train_config import (TrainConfig, config_from_run, load_train_config,  # noqa: F401  (re-exported)
+                                overlong_buffer_for_task, overlong_penalty)
 from credo.tasks import make_task
 
 
@@ -84,6 +85,11 @@ class Trainer:
             gather = process_group_gather()
         self.probe = Probe(self.policy, self.task, config.sampling, self.streams.probe, gather=gather)
         self.strategy: Strategy = strategies.make(config.strategy, strategy_options(config))
+        self.overlong_buffer, self.longest_solution = config.overlong_buffer, None
+        if config.overlong_fit_task and config.overlong_buffer > 0:
+            self.overlong_buffer, self.longest_solution = overlong_buffer_for_task(
+                self.task, lambda texts: self.policy.encode_completions(texts)[1], config.sampling.max_new_tokens,
+                config.overlong_buffer)
         if self.dp is not None:
             self.strategy = Sharded(self.strategy, self.dp, config.seed)
 
@@ -137,7 +143,7 @@ class Trainer:
     def prepare(self, collected: Collected) -> Rollouts:
         """Shaped rewards, exact old log-probs (same forward as training) and reference log-probs."""
         c, rollouts = self.config, collected.rollouts
-        rewards = rollouts.rewards + overlong_penalty(rollouts.lengths, c.sampling.max_new_tokens, c.overlong_buffer, c.overlong_penalty)
+        rewards = rollouts.rewards + overlong_penalty(rollouts.lengths, c.sampling.max_new_tokens, self.overlong_buffer, c.overlong_penalty)
         args = (rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, rollouts.completion_mask)
         # one epoch of one mini-batch updates the very policy that sampled: the update reads its own log-probs,
         # detached, as the old ones (ratio exactly 1, as TRL does with num_iterations=1), so this forward is
@@ -303,6 +309,8 @@ class Trainer:
         if self.config.final_eval_n > 0:
             final["final_accuracy"] = self.evaluate(self.config.final_eval_n)
             final["final_eval_n"] = self.eval_size  # the task may hold fewer than asked for
+        if self.longest_solution is not None:
+            final["overlong_buffer_used"], final["longest_worked_solution"] = self.overlong_buffer, self.longest_solution
         if self.is_main:
             self.policy.save(os.path.join(self.run_dir, "final"))
             atomic_write_text(os.path.join(self.run_dir, "summary.json"), json.dumps(final, indent=2) + "\n")

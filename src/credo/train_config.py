@@ -12,7 +12,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -89,6 +89,11 @@ class TrainConfig:
     """> 0 applies DAPO's overlong penalty over the last `overlong_buffer` tokens of max_new_tokens."""
     overlong_penalty: float = 1.0
     """The overlong penalty at max_new_tokens (linear from 0 over the buffer)."""
+    overlong_fit_task: bool = False
+    """True shrinks overlong_buffer so that no worked solution of the task (the longest of 256 training problems,
+    in the policy's tokens, EOS included) lies in the penalised region: DAPO puts its buffer beyond the expected
+    length (4,096 tokens past 16,384), so a correct solution of ordinary length is never penalised. The buffer
+    used and the longest solution are in summary.json (`overlong_buffer_used`, `longest_worked_solution`)."""
     eval_every: int = 10
     """Steps between held-out evaluations (greedy accuracy on eval_n problems)."""
     eval_every_tokens: int = 0
@@ -295,6 +300,20 @@ def resume_differences(run: TrainConfig, requested: dict[str, Any]) -> list[str]
     old, new = flatten_config(to_dict(run)), flatten_config(to_dict(merged))
     return [f"train.{k}: run has {old.get(k)!r}, command asks {new.get(k)!r}"
             for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+OVERLONG_FIT_PROBLEMS = 256  # training problems whose worked solutions bound the penalised region
+
+
+def overlong_buffer_for_task(task: Any, encode: Callable[[list[str]], torch.Tensor], max_new_tokens: int,
+                             buffer: int) -> tuple[int, int]:
+    """(buffer used, longest worked solution): the largest buffer <= `buffer` whose penalised region, the last
+    `buffer` of `max_new_tokens` tokens, no worked solution of OVERLONG_FIT_PROBLEMS training problems reaches.
+    The problems come from a generator of their own (seed 0), so the run's own problem stream is untouched.
+    `encode` maps texts to a [N, L] completion mask (the policy's tokens, EOS included)."""
+    problems = task.train_problems(OVERLONG_FIT_PROBLEMS, torch.Generator().manual_seed(0))
+    longest = int(encode([task.solution(p) for p in problems]).sum(dim=1).max())
+    return max(0, min(buffer, max_new_tokens - longest)), longest
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float) -> torch.Tensor:
