@@ -5,6 +5,7 @@ import torch
 
 from credo.tasks import make_task
 from credo.tasks.jsonl import last_boxed
+from credo.config import ConfigError
 
 
 def write(tmp_path, lines):
@@ -76,3 +77,36 @@ def test_one_heldout_hash_split_for_every_task():
         assert [in_heldout_split(k, permille) for k in keys] == \
             [int(hashlib.sha256(k.encode()).hexdigest()[:8], 16) % 1000 < permille for k in keys]
     assert 150 < sum(in_heldout_split(k, 100) for k in keys) < 250
+
+
+def test_gym_step_labels_mark_the_first_wrong_line_of_a_running_sum():
+    from credo.tasks.gym import running_sum_step_truth
+    task = make_task("gym:chain_sum", {"min_terms": 4, "max_terms": 4, "min_digits": 1, "max_digits": 1,
+                                       "step_labels": True})
+    assert task.has_step_labels and task.default_segmenter == "lines"
+    extract = task.extract_answer
+    right = "5 - 5 = 0\n0 + 4 = 4\n4 + 1 = 5\n<answer>5</answer>"
+    truth = running_sum_step_truth("5 - 5 + 4 + 1", right, extract)
+    assert truth.correct == (True, True, True, True) and truth.first_error is None
+    slip = "5 - 5 = 0\n0 + 4 = 3\n3 + 1 = 4\n<answer>4</answer>"  # one slip, carried on consistently
+    assert running_sum_step_truth("5 - 5 + 4 + 1", slip, extract).correct == (True, False, True, True)
+    copied = "5 - 5 = 0\n0 + 4 = 3\n4 + 1 = 5\n<answer>5</answer>"  # the next line ignores what was written
+    assert running_sum_step_truth("5 - 5 + 4 + 1", copied, extract).correct == (True, False, False, True)
+    assert running_sum_step_truth("5 - 5 + 4 + 1", "5 - 5 = 0\n0 + 4 = 4", extract).first_error == 2
+    assert running_sum_step_truth("5 - 5 + 4 + 1", right + "\nmore", extract).first_error == 4
+    assert running_sum_step_truth("5 - 5 + 4 + 1", "5 + 5 = 10\n10 + 4 = 14\n14 + 1 = 15\n<answer>15</answer>",
+                                  extract).first_error == 0  # the wrong operator
+    assert running_sum_step_truth("2 * 3", right, extract) is None
+    problem = task.heldout_problems(1)[0]
+    worked = task.worked_solution(problem) + "\n<answer>" + problem.answer + "</answer>"
+    assert task.step_truth(problem, worked).first_error is None and task.reward(problem, worked) == 1.0
+
+
+def test_gym_step_labels_are_off_by_default_and_refused_where_steps_are_not_a_chain():
+    plain = make_task("gym:chain_sum", {"min_terms": 2, "max_terms": 2})
+    assert not plain.has_step_labels and plain.default_segmenter == "keyword_entropy"
+    assert plain.step_truth(plain.heldout_problems(1)[0], "1 + 1 = 2\n<answer>2</answer>") is None
+    with pytest.raises(ConfigError, match="task_options.step_labels"):
+        make_task("gym:chain_sum", {"step_labels": "yes"})
+    with pytest.raises(ConfigError, match="task_options.step_labels: gym:basic_arithmetic"):
+        make_task("gym:basic_arithmetic", {"step_labels": True, "min_terms": 3, "max_terms": 3, "operators": ["*"]})

@@ -2,7 +2,10 @@
 
 Train and held-out problems come from different generator seeds; a training problem whose question
 also occurs among the first `heldout_size` held-out problems is dropped, so the splits are disjoint.
-Dataset options (e.g. min_terms, max_digits for chain_sum) pass straight to reasoning-gym.
+Dataset options (e.g. min_terms, max_digits for chain_sum) pass straight to reasoning-gym, except credo's own
+`step_labels`: true labels each line of a running-sum solution of a +/- chain (chain_sum, and basic_arithmetic's
++/- problems) right or wrong, as `arith` does, and cuts completions into lines, so the audit can score credit
+against the first wrong step on a pretrained model.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ from typing import Any
 import torch
 
 from credo.config import ConfigError, UserError
-from credo.tasks.base import HELDOUT_SEED, Problem
+from credo.tasks.base import HELDOUT_SEED, Problem, StepTruth
 from credo.tasks.chat import FreeFormTask
 
 
 TERM = re.compile(r"^-?\d+$")
+STEP_LINE = re.compile(r"^\s*(-?\d+)\s*([+-])\s*(-?\d+)\s*=\s*(-?\d+)\s*$")
 
 
 def running_sum_solution(expression: object) -> str | None:
@@ -38,6 +42,41 @@ def running_sum_solution(expression: object) -> str | None:
     return "\n".join(lines)
 
 
+def running_sum_step_truth(expression: str, completion: str, extract_answer: Any) -> StepTruth | None:
+    """Which lines of `completion` are right, for the running-sum solution of the +/- chain `expression`:
+    line k (k < the number of operations) must be "previous op term_k+1 = result" with the value the line
+    before wrote (so an error is counted once, where it is made), and the line after them must hold the last
+    value as its answer (`extract_answer` reads it); a missing line is the error. None when `expression` is
+    not a +/- chain. The layout follows `running_sum_solution`, which the SFT start learns."""
+    if running_sum_solution(expression) is None:
+        return None
+    tokens = expression.split()
+    terms, ops = [int(t) for t in tokens[::2]], tokens[1::2]
+    lines = completion.split("\n")
+    if lines and lines[-1].strip() == "":
+        lines = lines[:-1]
+    correct: list[bool] = []
+    previous: int | None = terms[0]
+    for k, line in enumerate(lines):
+        if k < len(ops):
+            match = STEP_LINE.match(line)
+            ok = False
+            if match:
+                left, op, right, result = int(match.group(1)), match.group(2), int(match.group(3)), int(match.group(4))
+                ok = (previous is None or left == previous) and op == ops[k] and right == terms[k + 1] \
+                    and result == (left + right if op == "+" else left - right)
+            previous = int(match.group(4)) if match else None
+            correct.append(ok)
+        elif k == len(ops):
+            answer = extract_answer(line)
+            correct.append(previous is not None and answer is not None and TERM.match(answer) is not None
+                           and int(answer) == previous)
+        else:
+            correct.append(False)  # anything after the answer line is an error
+    first = correct.index(False) if False in correct else len(correct) if len(correct) < len(ops) + 1 else None
+    return StepTruth(tuple(correct), first)
+
+
 class GymTask(FreeFormTask):
     def __init__(self, name: str, options: dict[str, Any] | None = None, heldout_size: int = 1000) -> None:
         try:
@@ -48,6 +87,9 @@ class GymTask(FreeFormTask):
         self.name = f"gym:{name}"
         self.dataset_name = name
         self.options = dict(options or {})
+        step_labels = self.options.pop("step_labels", False)
+        if not isinstance(step_labels, bool):
+            raise ConfigError(f"task_options.step_labels must be true or false, got {step_labels!r}")
         self._create = reasoning_gym.create_dataset
         self._extract = extract_answer
         self.system_prompt = SYSTEM_PROMPTS["default"]
@@ -57,6 +99,23 @@ class GymTask(FreeFormTask):
             raise ConfigError(f"task gym:{name} with options {self.options}: {err}") from None
         self.heldout_size = heldout_size
         self._heldout: list[Problem] = []
+        if step_labels:
+            sample = self._problems(HELDOUT_SEED, 1)[0]
+            if running_sum_solution(self.expression(sample)) is None:
+                raise ConfigError(f"task_options.step_labels: gym:{name} problems are not +/- chains (e.g. "
+                                  f"{sample.prompt[:60]!r}), so their steps cannot be labelled")
+            self.has_step_labels, self.default_segmenter = True, "lines"  # one step a line, as on arith
+
+    def expression(self, problem: Problem) -> object:
+        """The reasoning-gym entry's `metadata.expression` (None where it has none)."""
+        return (self.entry(problem).get("metadata") or {}).get("expression")
+
+    def step_truth(self, problem: Problem, completion: str) -> StepTruth | None:
+        """Per-line truth of a running-sum completion (`step_labels`); None without step labels or for a
+        problem that is not a +/- chain."""
+        if not self.has_step_labels:
+            return None
+        return running_sum_step_truth(str(self.expression(problem)), completion, self.extract_answer)
 
     def _problems(self, seed: int, n: int) -> list[Problem]:
         dataset = self._create(self.dataset_name, size=n, seed=seed, **self.options)
