@@ -39,8 +39,8 @@ def token_entropies(rollouts: Rollouts, probe: Probe) -> torch.Tensor:
 def quantile_threshold(values: torch.Tensor, level: float) -> float:
     """The `level` quantile of 1-D `values` by linear interpolation (torch.quantile's default, as TRL)."""
     if values.numel() <= TORCH_QUANTILE_LIMIT:
-        return float(torch.quantile(values.float(), level))
-    return float(np.quantile(values.float().cpu().numpy(), level))
+        return float(torch.quantile(values.detach().float(), level))
+    return float(np.quantile(values.detach().float().cpu().numpy(), level))
 
 
 def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, q: float,
