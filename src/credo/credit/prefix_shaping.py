@@ -2,7 +2,7 @@
 
 Specification: docs/methods.md, "## First-error prefix shaping (VPPO-style)". With A_i GRPO's advantage and
 A+_g the mean of the positive advantages in row i's group (0 when none is positive):
-  a row that is wrong (verifier verdict) with A_i < 0: a localiser (credo.strategies.localisers: random,
+  a row that is wrong (verifier verdict) with A_i < 0: a localiser (credo.credit.localisers: random,
       value, prompt, oracle, self or credit) names its first wrong step e; tokens of steps < e get
       prefix_credit * A+_g, tokens of step e and after keep A_i;
   every other row keeps A_i on every token; padding and masked tokens get 0.
@@ -19,17 +19,12 @@ from typing import Any
 import torch
 
 from credo.config import check
+from credo.credit import localisers
 from credo.credit.groups import grpo_advantages
 from credo.credit.registry import get, parse_spec, register
 from credo.probe import Probe
 from credo.rollouts import Credit, Rollouts
 from credo.segment import check_segmenter_option, segment_bounds, segments_for
-
-
-def _localisers() -> Any:
-    """The localiser registry; imported on use because credo.strategies imports credo.credit."""
-    from credo.strategies import localisers
-    return localisers
 
 
 @dataclass(frozen=True)
@@ -39,7 +34,8 @@ class PrefixShapingConfig:
     localiser: str = "value"
     """Who names a wrong trace's first wrong step: random, value, prompt, oracle, self or credit (`credo methods`)."""
     credit_method: str = "rredcot"
-    """For localiser=credit: the estimator spec ('name' or 'name:key=value:...') whose most negative segment it picks."""
+    """For localiser=credit: the estimator spec ('name' or 'name:key=value:...') whose most negative segment it
+    picks."""
     prefix_credit: float = 1.0
     """The prefix's credit as a share of the group's positive advantage (0: the prefix is neither rewarded nor
     penalised)."""
@@ -55,7 +51,7 @@ class PrefixShapingConfig:
     """The steps: '' = the batch's segments (the task's own segmenter), or a segmenter of its own."""
 
     def __post_init__(self) -> None:
-        names = _localisers().LOCALISERS.names()
+        names = localisers.LOCALISERS.names()
         check(self.localiser in names, f"credit.localiser must be one of {names}, got {self.localiser!r}")
         try:
             name, options = parse_spec(self.credit_method)
@@ -72,9 +68,8 @@ class PrefixShapingConfig:
 
 def localiser_privileged(config: PrefixShapingConfig) -> bool:
     """Privileged (credo.credit.registry.EstimatorSpec) exactly when its localiser is."""
-    module = _localisers()
-    options = module.LocaliserOptions(credit_method=config.credit_method)
-    return module.LOCALISERS.get(config.localiser).reads_privileged(options)
+    options = localisers.LocaliserOptions(credit_method=config.credit_method)
+    return localisers.LOCALISERS.get(config.localiser).reads_privileged(options)
 
 
 def positive_credit(advantages: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
@@ -109,7 +104,7 @@ def prefix_shaping(rollouts: Rollouts, probe: Probe, config: PrefixShapingConfig
     starts: dict[int, int] = {}
     if rows:
         digest = zlib.crc32(rollouts.completion_ids.cpu().numpy().tobytes())
-        picks = _localisers().localise(config.localiser, rollouts, rows, probe, segment_ids,
+        picks = localisers.localise(config.localiser, rollouts, rows, probe, segment_ids,
                                        random.Random(config.seed * 1_000_003 + digest), value_drop=config.value_drop,
                                        credit_method=config.credit_method)
         bounds = segment_bounds(segment_ids)
