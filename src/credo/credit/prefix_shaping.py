@@ -77,8 +77,9 @@ def positive_credit(advantages: torch.Tensor, group: torch.Tensor) -> torch.Tens
     _, inverse = torch.unique(group, return_inverse=True)
     positive = advantages.clamp(min=0)
     n = int(inverse.max()) + 1 if inverse.numel() else 0
-    sums = torch.zeros(n, dtype=advantages.dtype).index_add_(0, inverse, positive)
-    counts = torch.zeros(n, dtype=advantages.dtype).index_add_(0, inverse, (advantages > 0).to(advantages.dtype))
+    inverse = inverse.to(advantages.device)
+    sums = torch.zeros(n, dtype=advantages.dtype, device=advantages.device).index_add_(0, inverse, positive)
+    counts = torch.zeros_like(sums).index_add_(0, inverse, (advantages > 0).to(advantages.dtype))
     return torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))[inverse]
 
 
@@ -102,17 +103,20 @@ def prefix_shaping(rollouts: Rollouts, probe: Probe, config: PrefixShapingConfig
     adv = grpo_advantages(rollouts.rewards.float(), rollouts.group, std=config.std, eps=config.eps)
     rows = [i for i in range(rollouts.batch_size) if not bool(rollouts.correct[i]) and float(adv[i]) < 0]
     starts: dict[int, int] = {}
-    if rows:
+    # the credit localiser runs an estimator whose batch statistics are collectives over data-parallel shards
+    # (Probe.gather): every shard must call it, also one with no row to shape
+    if rows or config.localiser == "credit":
         digest = zlib.crc32(rollouts.completion_ids.cpu().numpy().tobytes())
         picks = localisers.localise(config.localiser, rollouts, rows, probe, segment_ids,
-                                       random.Random(config.seed * 1_000_003 + digest), value_drop=config.value_drop,
-                                       credit_method=config.credit_method)
+                                    random.Random(config.seed * 1_000_003 + digest), value_drop=config.value_drop,
+                                    credit_method=config.credit_method)
         bounds = segment_bounds(segment_ids)
         for row, step in zip(rows, picks):
             if bounds[row]:
                 starts[row] = bounds[row][min(step, len(bounds[row]) - 1)][0]
     prefix_value = config.prefix_credit * positive_credit(adv, rollouts.group)
     mask = rollouts.trainable_mask()
+    adv, prefix_value = adv.to(mask.device), prefix_value.to(mask.device)  # verl's rows: rewards on the CPU
     advantages = shape_prefixes(adv, mask, starts, prefix_value)
     prefix_tokens = sum(int(mask[row, :start].sum()) for row, start in starts.items())
     return Credit(advantages=advantages, info={"shaped_rows": float(len(starts)),
