@@ -31,7 +31,7 @@ def make_trainer(tmp_path, credit, **extra):
                              args=args, train_dataset=datasets.Dataset.from_list(rows), credit=credit, task=task, **extra)
 
 
-@pytest.mark.parametrize("credit", ["grpo", "rredcot"])
+@pytest.mark.parametrize("credit", ["grpo", "rredcot", "lambda_grpo", "entropy_mask"])
 def test_two_training_steps(tmp_path, credit):
     trainer = make_trainer(tmp_path, credit)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}

@@ -161,6 +161,19 @@ def test_apply_credit_equals_credo_trainers_credit(setup, method, tmp_path):
     assert batch.batch["credo_cost"][0, 0] > 0
 
 
+# lambda_grpo is left out: these groups' completions differ from their first token, so its weights are all 1
+@pytest.mark.parametrize("method", ["tempo", "entropy_mask", "gtpo", "otb"])
+def test_apply_credit_runs_the_issue_38_estimators_as_credos_trainer_does(setup, method, tmp_path):
+    policy, task, r = setup
+    order = shuffled(r.batch_size)  # balance_batch's reordering: none of them depends on the row order
+    expected = credo_trainer_credit(policy, task, r, method, tmp_path)[order]
+    batch = apply_credit(to_dataproto(r, task, order), method, module=policy.model, tokenizer=policy.tokenizer,
+                         task=task)
+    grpo_only = credo_trainer_credit(policy, task, r, "grpo", tmp_path)[order]
+    assert (expected - grpo_only).abs().max() > 1e-3  # the estimator moved credit: the comparison has teeth
+    assert (batch.batch["advantages"] - expected).abs().max() <= 1e-5
+
+
 class ThreadGather:
     """Probe.gather across `world` threads (one per simulated data-parallel shard)."""
 
@@ -195,7 +208,7 @@ def dispatch(policy, task, world, gather=True):
     return call
 
 
-@pytest.mark.parametrize("method", ["grpo", "rredcot", "sc_grpo"])
+@pytest.mark.parametrize("method", ["grpo", "rredcot", "sc_grpo", "entropy_mask"])
 def test_two_shards_give_the_same_advantages_as_one(setup, method):
     policy, task, r = setup
     order = shuffled(r.batch_size, seed=3)

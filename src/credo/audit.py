@@ -53,7 +53,8 @@ from credo.rollouts import Rollouts
 from credo.runs import atomic_write_json, atomic_write_text, cache_root
 from credo.segment import SEGMENTERS, default_segmenter, segment_means
 from credo.audit_report import (FLOORS, METRICS, Labels, fidelity, first_error_top1, floor_credit,  # noqa: F401
-                                localisable_errors, localiser_table, markdown_table, most_frequent_position,
+                                weight_concentration, localisable_errors, localiser_table, markdown_table,
+                                most_frequent_position,
                                 checked_methods, pairwise_rank, parse_method, plot_audit, score_row,
                                 split_half_spearman, random_expectation)
 from credo.strategies import sample_groups
@@ -232,7 +233,9 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
                    "reference_reliability_spearman_brown": reliability,
                    "spearman_ceiling": math.sqrt(reliability) if reliability >= 0 else float("nan"),
                    "random_first_error_expectation": random_expectation(reference, first),
-                   "trace_tokens": data.trace_tokens, "failures": failures},
+                   "trace_tokens": data.trace_tokens, "failures": failures,
+                   "privileged_methods": [label for label, name, options in methods
+                                          if credit_registry.get(name).reads_privileged(options)]},
         "methods": rows,
     }
     table = markdown_table(report)
@@ -279,7 +282,8 @@ def score_methods(config: AuditConfig, methods: list[tuple[str, str, Any]], roll
                 credits[label] = result
             record(label, segment_credit_of(result, segment_ids),
                    {"tokens_scored_per_trace": result.cost.tokens_scored / n,
-                    "tokens_generated_per_trace": result.cost.tokens_generated / n, "seconds_per_trace": seconds / n})
+                    "tokens_generated_per_trace": result.cost.tokens_generated / n, "seconds_per_trace": seconds / n,
+                    **weight_concentration(result.weights, rollouts.trainable_mask())})
         except Exception as err:  # noqa: BLE001 (reported in the table and the exit status)
             failures[label] = f"{type(err).__name__}: {err}"
     return failures
@@ -293,11 +297,12 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
     reference value V(s_k) of its reset state (prefix = steps < k); after_error_success = mean
     V(s_{e+1}); clean_prefix_gain = their difference (the paper's "a clean prefix corrects more often")."""
     import random as _random
-    from credo.strategies.localisers import localise
+    from credo.strategies.localisers import LOCALISERS, localise
     first = labels.first
     rows = [i for i, f in enumerate(first) if f is not None and f < len(reference.values[i]) - 1]
     out: dict[str, Any] = {"traces": len(rows), "oracle_step1_share": sum(first[i] == 0 for i in rows) / max(len(rows), 1),
-                           "localisers": {}, "failures": {}}
+                           "localisers": {}, "failures": {},
+                           "privileged_localisers": [n for n in config.localisers if LOCALISERS.get(n).reads_privileged()]}
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
     for name in config.localisers:
         if progress:

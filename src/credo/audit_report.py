@@ -19,7 +19,8 @@ from credo.credit.values import MCValues, step_differences
 
 METRICS = ("spearman", "pearson", "first_error_top1", "pairwise", "spearman_localisable",
            "first_error_top1_localisable", "pairwise_localisable", "tokens_scored_per_trace",
-           "tokens_generated_per_trace", "seconds_per_trace", "cost_vs_grpo_step")
+           "tokens_generated_per_trace", "seconds_per_trace", "cost_vs_grpo_step", "weight_gini",
+           "effective_token_ratio")
 FLOORS = ("random", "grpo", "first_step", "position_prior")
 LOCALISABLE_DROP = 0.15  # reference value drop at the labelled error that makes a trace localisable
 TIE = 1e-6  # segment means of a constant credit differ by float32 rounding: treat them as ties
@@ -156,16 +157,37 @@ class Labels:
     localisable: list[int | None]
 
 
+def weight_concentration(weights: torch.Tensor | None, mask: torch.Tensor) -> dict[str, float]:
+    """How concentrated a method's token weights[B, T] are over the trainable tokens mask[B, T], pooled over
+    the audited batch (ARCA's diagnostics): `weight_gini`, the Gini coefficient of |w| (0: uniform, -> 1: all
+    weight on one token), and `effective_token_ratio` = (sum |w|)^2 / (N sum w^2), the effective number of
+    tokens over N (1: uniform; q for a 0/1 mask keeping a share q). NaN for a method without token weights
+    (weights None) and where every weight is 0."""
+    nan = {"weight_gini": math.nan, "effective_token_ratio": math.nan}
+    if weights is None:
+        return nan
+    w = weights[mask.bool()].abs().double().flatten()
+    total = float(w.sum())
+    if w.numel() == 0 or total <= 0:
+        return nan
+    n = w.numel()
+    ranks = torch.arange(1, n + 1, dtype=torch.float64)
+    gini = float(2 * (ranks * torch.sort(w).values).sum() / (n * total) - (n + 1) / n)
+    return {"weight_gini": gini, "effective_token_ratio": total ** 2 / (n * float((w ** 2).sum()))}
+
+
 def score_row(credit: Sequence[torch.Tensor], reference: Sequence[torch.Tensor], labels: Labels,
               cost: dict[str, float], trace_tokens: float) -> dict[str, float]:
-    """Every METRICS figure of one row of segment credit."""
+    """Every METRICS figure of one row of segment credit; `cost` holds its cost figures and, for a method
+    with token weights, its weight_concentration (NaN otherwise)."""
     sp, pe, _ = fidelity(credit, reference)
     keep = [f is not None for f in labels.localisable]
     sp_loc = fidelity([c for c, k in zip(credit, keep) if k], [r for r, k in zip(reference, keep) if k])[0]
     return {"spearman": sp, "pearson": pe, "first_error_top1": first_error_top1(credit, labels.first),
             "pairwise": pairwise_rank(credit, labels.first), "spearman_localisable": sp_loc,
             "first_error_top1_localisable": first_error_top1(credit, labels.localisable),
-            "pairwise_localisable": pairwise_rank(credit, labels.localisable), **cost,
+            "pairwise_localisable": pairwise_rank(credit, labels.localisable),
+            **weight_concentration(None, torch.zeros(0)), **cost,
             "cost_vs_grpo_step": (cost["tokens_scored_per_trace"] + cost["tokens_generated_per_trace"]) / trace_tokens}
 
 
@@ -190,16 +212,28 @@ def markdown_table(report: dict[str, Any]) -> str:
              f"{cfg['position_prior_step'] + 1}) is the `position_prior` row. `loc` = on localisable traces; "
              "`pairwise` = share of (first wrong step, earlier correct step) pairs ranked right.", "",
              "| method | spearman | spearman loc | pairwise | pairwise loc | first_error_top1 | top1 loc | "
-             "tokens scored / trace | tokens generated / trace | s / trace | cost vs GRPO step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "tokens scored / trace | tokens generated / trace | s / trace | cost vs GRPO step | weight Gini | "
+             "effective-token ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    privileged = set(cfg.get("privileged_methods", ()))
     for name, m in report["methods"].items():
-        lines.append(f"| {name} | {m['spearman']:.3f} | {m['spearman_localisable']:.3f} | {m['pairwise']:.3f} | "
+        mark = " †" if name in privileged else ""
+        lines.append(f"| {name}{mark} | {m['spearman']:.3f} | {m['spearman_localisable']:.3f} | {m['pairwise']:.3f} | "
                      f"{m['pairwise_localisable']:.3f} | {m['first_error_top1']:.3f} | "
                      f"{m['first_error_top1_localisable']:.3f} | {m['tokens_scored_per_trace']:.0f} | "
-                     f"{m['tokens_generated_per_trace']:.0f} | {m['seconds_per_trace']:.4f} | {m['cost_vs_grpo_step']:.2f} |")
+                     f"{m['tokens_generated_per_trace']:.0f} | {m['seconds_per_trace']:.4f} | {m['cost_vs_grpo_step']:.2f} | "
+                     f"{_figure(m.get('weight_gini'))} | {_figure(m.get('effective_token_ratio'))} |")
     for name, why in cfg.get("failures", {}).items():
-        lines.append(f"| {name} | failed: {why} |" + " |" * 10)
+        lines.append(f"| {name} | failed: {why} |" + " |" * 12)
+    if privileged:
+        lines += ["", "† privileged: reads the task's reference solution, step labels or gold answer beyond the reward. "
+                  "Weight Gini and effective-token ratio: of the token weights of methods that have them (— otherwise)."]
     return "\n".join(lines) + "\n"
+
+
+def _figure(value: float | None) -> str:
+    """A table cell: 3 decimals, or — where the figure is undefined (NaN) or absent."""
+    return "—" if value is None or math.isnan(value) else f"{value:.3f}"
 
 
 def plot_audit(report: dict[str, Any], path: str) -> None:
@@ -230,8 +264,9 @@ def localiser_table(loc: dict[str, Any]) -> str:
              "| localiser | localisation_top1 | top1 loc | step-1 share | reset_success | after_error_success | "
              "clean_prefix_gain | tokens scored / trace |",
              "|---|---|---|---|---|---|---|---|"]
+    privileged = set(loc.get("privileged_localisers", ()))
     for name, m in loc["localisers"].items():
-        lines.append(f"| {name} | {m['localisation_top1']:.3f} | {m['localisation_top1_localisable']:.3f} | "
+        lines.append(f"| {name}{' †' if name in privileged else ''} | {m['localisation_top1']:.3f} | {m['localisation_top1_localisable']:.3f} | "
                      f"{m['step1_share']:.3f} | {m['reset_success']:.3f} | {m['after_error_success']:.3f} | "
                      f"{m['clean_prefix_gain']:+.3f} | {m['tokens_scored_per_trace']:.0f} |")
     for name, why in loc["failures"].items():

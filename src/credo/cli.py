@@ -27,10 +27,16 @@ def _threads() -> None:
 def cmd_methods(args: argparse.Namespace) -> int:
     from credo import methods
     from credo.strategies import LOCALISERS, STRATEGIES
+    marks = {name: methods.privileged(name) for name, _, _ in methods.describe()}
+    marks.update({name: LOCALISERS.get(name).reads_privileged() for name in LOCALISERS.names()})
     rows = methods.describe() + STRATEGIES.describe() + LOCALISERS.describe()
     width = max(len(r[0]) for r in rows)
+    print(f"{'name':<{width}}  {'kind':<9}  {'privileged':<10}  description")
     for name, kind, description in rows:
-        print(f"{name:<{width}}  {kind:<9}  {description}")
+        mark = "-" if kind == "strategy" else "yes" if marks[name] else "no"
+        print(f"{name:<{width}}  {kind:<9}  {mark:<10}  {description}")
+    print("privileged: reads the task's reference solution, step labels or gold answer beyond the reward "
+          "(with its default options; see docs/methods.md)")
     return 0
 
 

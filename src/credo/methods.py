@@ -66,6 +66,19 @@ def available() -> list[str]:
     return names + [r for r in RECIPES if r not in names]
 
 
+def privileged(method: str) -> bool:
+    """Whether `method` (an estimator, a spec with options or a recipe) reads privileged task data (the
+    reference solution, step labels or the gold answer beyond the reward): its estimator with the recipe's
+    credit options, or its reset localiser (credo.credit.registry.EstimatorSpec.privileged)."""
+    from credo.strategies import LOCALISERS
+    recipe = resolve(method)
+    spec = credit.get(recipe.estimator)
+    if spec.reads_privileged(spec.make_config(recipe.defaults.get("credit", {}))):
+        return True
+    localiser = recipe.defaults.get("reset", {}).get("localiser") if recipe.defaults.get("strategy") == "resets" else None
+    return localiser is not None and LOCALISERS.get(localiser).reads_privileged()
+
+
 def describe() -> list[tuple[str, str, str]]:
     """(name, kind, one-line description) for every trainable method."""
     rows = []

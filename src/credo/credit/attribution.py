@@ -173,8 +173,13 @@ def loo_scores(rollouts: Rollouts, probe: Probe, pl: Players, config: Attributio
     return scores
 
 
+def reads_gold(config: AttributionConfig) -> bool:
+    """Privileged (credo.credit.registry.EstimatorSpec): `target=gold` forces the task's gold answer."""
+    return config.target == "gold"
+
+
 @register("loo", "Leave-one-segment-out change in the answer log-likelihood (AttriBoT-style; coarse-to-fine option)",
-          AttributionConfig, uses_model=True, needs_segments=True)
+          AttributionConfig, uses_model=True, needs_segments=True, privileged=reads_gold)
 def loo(rollouts: Rollouts, probe: Probe, config: AttributionConfig) -> Credit:
     """Needs: the answer template and target answer. Cost: (segments + 1) forwards per trace."""
     segment_ids, pl = players(rollouts, probe, config)
@@ -216,7 +221,7 @@ def shapley_values(rollouts: Rollouts, probe: Probe, pl: Players, config: Attrib
 
 
 @register("shapley", "Permutation-sampling Shapley values of segments for the answer log-likelihood (sum to f(all) - f(empty))",
-          AttributionConfig, uses_model=True, needs_segments=True)
+          AttributionConfig, uses_model=True, needs_segments=True, privileged=reads_gold)
 def shapley(rollouts: Rollouts, probe: Probe, config: AttributionConfig) -> Credit:
     """Needs: the answer template and target. Cost: permutations x (segments + 1) forwards per trace."""
     segment_ids, pl = players(rollouts, probe, config)
@@ -226,7 +231,7 @@ def shapley(rollouts: Rollouts, probe: Probe, config: AttributionConfig) -> Cred
 
 
 @register("counterfactual", "Causal credit: drop in answer log-prob when a segment is removed, as token weights in [0.5, 2] on GRPO",
-          AttributionConfig, uses_model=True, needs_segments=True)
+          AttributionConfig, uses_model=True, needs_segments=True, privileged=reads_gold)
 def counterfactual(rollouts: Rollouts, probe: Probe, config: AttributionConfig) -> Credit:
     """Needs: the answer template and target. Cost: (segments + 1) forwards per trace."""
     segment_ids, pl = players(rollouts, probe, config)
@@ -252,7 +257,7 @@ def oar_weights(u: torch.Tensor) -> torch.Tensor:
 
 
 @register("oar", "Outcome-grounded reshaping: KL of the answer distribution with/without each token -> bi-level weights on GRPO",
-          AttributionConfig, uses_model=True, needs_segments=True)
+          AttributionConfig, uses_model=True, needs_segments=True, privileged=reads_gold)
 def oar(rollouts: Rollouts, probe: Probe, config: AttributionConfig) -> Credit:
     """Needs: the group's candidate answers and the template. Cost: (units + 1) x candidates forwards
     per trace (unit=token is the paper's; unit=segment is far cheaper)."""

@@ -25,7 +25,10 @@ class NoConfig:
 class EstimatorSpec:
     """A registered estimator. uses_model: it needs a Probe. needs_segments: it reads the batch's segments
     (`rollouts.segment_ids`): unless its config names a `segmenter` of its own, the call fills them first,
-    once, by the task's default segmenter (the segmentation stage, credo.segment.with_segments)."""
+    once, by the task's default segmenter (the segmentation stage, credo.segment.with_segments).
+    privileged: it reads what a deployed trainer would not have, the task's reference solution, its step
+    labels or its gold answer beyond the reward: a bool, or a function of the estimator's config (e.g.
+    RREDCoT reads the reference solution only with `include_reference`); see `reads_privileged`."""
 
     name: str
     fn: Callable[..., Any]
@@ -33,6 +36,13 @@ class EstimatorSpec:
     description: str
     uses_model: bool
     needs_segments: bool
+    privileged: bool | Callable[[Any], bool] = False
+
+    def reads_privileged(self, config: Any = None) -> bool:
+        """Whether this estimator, configured by `config` (default: its defaults), reads privileged task data."""
+        if callable(self.privileged):
+            return bool(self.privileged(config if config is not None else self.make_config()))
+        return bool(self.privileged)
 
     def make_config(self, values: Any = None, prefix: str = "credit.") -> Any:
         """The estimator's frozen config from a mapping of options (an instance of it is returned as is)."""
@@ -85,13 +95,14 @@ _REGISTRY: dict[str, EstimatorSpec] = {}
 
 
 def register(name: str, description: str, config_cls: type = NoConfig, *, uses_model: bool = False,
-             needs_segments: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: register `fn(rollouts, probe, config) -> Credit` under `name`."""
+             needs_segments: bool = False,
+             privileged: bool | Callable[[Any], bool] = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: register `fn(rollouts, probe, config) -> Credit` under `name` (`privileged`: see EstimatorSpec)."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         if name in _REGISTRY:
             raise ValueError(f"estimator {name!r} is registered twice")
-        _REGISTRY[name] = EstimatorSpec(name, fn, config_cls, description, uses_model, needs_segments)
+        _REGISTRY[name] = EstimatorSpec(name, fn, config_cls, description, uses_model, needs_segments, privileged)
         return fn
 
     return wrap

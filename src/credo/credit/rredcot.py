@@ -84,6 +84,12 @@ class RREDCoTConfig:
         return self.probe or ("absolute" if self.candidates == "suffixes" else "normalized")
 
 
+def reads_solution(config: RREDCoTConfig) -> bool:
+    """Privileged (credo.credit.registry.EstimatorSpec): the reference-solution tail among the suffixes, or
+    the gold answer among the forced answers."""
+    return config.include_reference if config.candidates == "suffixes" else config.include_gold
+
+
 def probe_values(rollouts: Rollouts, probe: Probe, segment_ids: torch.Tensor, config: RREDCoTConfig) -> list[torch.Tensor]:
     """Per row, V(s_0..s_K) (K = its segment count; V(s_K) = r) by the configured value probe."""
     if config.candidates == "suffixes":
@@ -136,7 +142,7 @@ def _standardise(R: list[torch.Tensor], gather: Any = None) -> list[torch.Tensor
 
 
 @register("rredcot", "RREDCoT: segment credit V(s_k) - V(s_{k-1}), V the policy's own IS value over its group's tails (+ reference), no generation",
-          RREDCoTConfig, uses_model=True, needs_segments=True)
+          RREDCoTConfig, uses_model=True, needs_segments=True, privileged=reads_solution)
 def rredcot(rollouts: Rollouts, probe: Probe, config: RREDCoTConfig) -> Credit:
     segment_ids = segments_for(rollouts, probe, config.segmenter)
     values = probe_values(rollouts, probe, segment_ids, config)

@@ -85,8 +85,14 @@ def permutations(bounds: list[list[tuple[int, int]]], rollouts: Rollouts, seed: 
     return [torch.randperm(len(b), generator=generator) for b in bounds]
 
 
+def wrapped_privileged(config: ShuffledConfig) -> bool:
+    """Privileged when the method it wraps is (credo.credit.registry.EstimatorSpec)."""
+    inner = get(config.of)
+    return inner.reads_privileged(inner.make_config(config.options))
+
+
 @register("shuffled", "control: a method's own segment credit permuted among each trace's segments (shuffled:of=<method>)",
-          ShuffledConfig, needs_segments=True)
+          ShuffledConfig, needs_segments=True, privileged=wrapped_privileged)
 def shuffled(rollouts: Rollouts, probe: Any, config: ShuffledConfig) -> Credit:
     inner = get(config.of)
     inner_config = inner.make_config(config.options)

@@ -10,7 +10,11 @@
   oracle  the task's labelled first wrong step (synthetic tasks only: the credit-assignment oracle);
   self    SRPO's self-localisation (the `srpo` recipe): `prompt` where the task has a localisation
           request (instruction models, as the paper), `value` otherwise (the tiny arith policy cannot
-          follow instructions).
+          follow instructions);
+  credit  the most negative segment of any estimator's credit (`credit_method`, e.g. rredcot), the
+          estimator run on the parents' batch as it is (its groups included).
+Privileged localisers (Entry.privileged) read the task's reference solution (`value`, and `self` where it
+falls back to `value`) or its step labels (`oracle`); `credit` is as privileged as its estimator.
 A localiser is `fn(parents: Parents, options: LocaliserOptions) -> list[int]` (a 0-based step per
 parent) registered with `@LOCALISERS.register(name, description)`; its knobs are the reset
 config's (`LocaliserOptions`).
@@ -28,7 +32,7 @@ import torch
 from credo.policy.base import SamplingConfig
 from credo.probe import Probe
 from credo.rollouts import Rollouts
-from credo.segment import segment_bounds
+from credo.segment import segment_bounds, segment_means
 from credo.strategies.registry import Registry
 
 LOCALISERS = Registry("localiser")
@@ -37,11 +41,13 @@ LOCALISERS = Registry("localiser")
 @dataclass(frozen=True)
 class LocaliserOptions:
     """The localisers' knobs (ResetConfig's fields of the same names): the prompt localiser's sampling
-    temperature and reply budget, and the value localiser's threshold on a step's value drop."""
+    temperature and reply budget, the value localiser's threshold on a step's value drop, and the estimator
+    spec ('name' or 'name:key=value:...') whose most negative segment the credit localiser picks."""
 
     prompt_temperature: float = 0.3
     prompt_max_new_tokens: int = 4096
     value_drop: float = 0.05
+    credit_method: str = "rredcot"
 
 
 @dataclass(frozen=True)
@@ -59,12 +65,12 @@ class Parents:
 
 def localise(name: str, rollouts: Rollouts, rows: Sequence[int], probe: Probe, segment_ids: torch.Tensor,
              rng: random.Random | None, prompt_temperature: float = 0.3, value_drop: float = 0.05, *,
-             prompt_max_new_tokens: int = 4096) -> list[int]:
+             prompt_max_new_tokens: int = 4096, credit_method: str = "rredcot") -> list[int]:
     """The 0-based step to reset at for each row in `rows` (each a failed trace), by the localiser `name`."""
     fn = LOCALISERS.get(name).fn
     n_steps = [len(b) for b in segment_bounds(segment_ids[list(rows)])]
     parents = Parents(rollouts, list(rows), segment_ids, n_steps, probe, rng)
-    return fn(parents, LocaliserOptions(prompt_temperature, prompt_max_new_tokens, value_drop))
+    return fn(parents, LocaliserOptions(prompt_temperature, prompt_max_new_tokens, value_drop, credit_method))
 
 
 @LOCALISERS.register("random", "uniform over the failed trace's steps (RRPO)")
@@ -72,7 +78,8 @@ def localise_randomly(parents: Parents, options: LocaliserOptions) -> list[int]:
     return [parents.rng.randrange(max(n, 1)) for n in parents.n_steps]
 
 
-@LOCALISERS.register("value", "the first step whose drop in the policy's own suffix value exceeds value_drop (ours)")
+@LOCALISERS.register("value", "the first step whose drop in the policy's own suffix value exceeds value_drop (ours)",
+                     privileged=True)  # the reference-solution tail is one of its candidates
 def localise_by_value_drop(parents: Parents, options: LocaliserOptions) -> list[int]:
     return localise_by_value(parents.rollouts, parents.rows, parents.probe, parents.segment_ids, options.value_drop)
 
@@ -84,7 +91,8 @@ def localise_by_prompt(parents: Parents, options: LocaliserOptions) -> list[int]
     return [parse_step_index(reply, max(n, 1)) for reply, n in zip(replies, parents.n_steps)]
 
 
-@LOCALISERS.register("oracle", "the task's labelled first wrong step (synthetic tasks with step labels)")
+@LOCALISERS.register("oracle", "the task's labelled first wrong step (synthetic tasks with step labels)",
+                     privileged=True)
 def localise_by_oracle(parents: Parents, options: LocaliserOptions) -> list[int]:
     task = parents.probe.task
     if not getattr(task, "has_step_labels", False):
@@ -96,10 +104,34 @@ def localise_by_oracle(parents: Parents, options: LocaliserOptions) -> list[int]
     return out
 
 
-@LOCALISERS.register("self", "SRPO: `prompt` where the task has a localisation request, `value` otherwise")
+@LOCALISERS.register("self", "SRPO: `prompt` where the task has a localisation request, `value` otherwise",
+                     privileged=True)  # `value` wherever the task has no localisation request
 def localise_by_self(parents: Parents, options: LocaliserOptions) -> list[int]:
     asks = getattr(parents.probe.task, "localisation_prompt", None) is not None
     return LOCALISERS.get("prompt" if asks else "value").fn(parents, options)
+
+
+def credit_privileged(options: LocaliserOptions | None) -> bool:
+    """The credit localiser reads what its estimator reads (credo.credit.registry.EstimatorSpec.privileged)."""
+    from credo import credit  # here, not at the top: credo.credit's estimators import this module
+    name, values = credit.parse_spec((options or LocaliserOptions()).credit_method)
+    spec = credit.get(name)
+    return spec.reads_privileged(spec.make_config(values))
+
+
+@LOCALISERS.register("credit", "the most negative segment of an estimator's credit (credit_method, default rredcot)",
+                     privileged=credit_privileged)
+def localise_by_credit(parents: Parents, options: LocaliserOptions) -> list[int]:
+    """For each parent, the first of its segments with the lowest mean of advantage x weight (as the audit
+    scores credit) under the estimator `options.credit_method`, run once on the parents' whole batch."""
+    from credo import credit  # here, not at the top: credo.credit's estimators import this module
+    name, values = credit.parse_spec(options.credit_method)
+    spec = credit.get(name)
+    batch = parents.rollouts.with_fields(segment_ids=parents.segment_ids)
+    result = spec(batch, parents.probe, spec.make_config(values))
+    effective = result.advantages if result.weights is None else result.advantages * result.weights
+    means = segment_means(effective[parents.rows], parents.segment_ids[parents.rows])
+    return [int(torch.argmin(m)) if m.numel() else 0 for m in means]
 
 
 def localise_by_value(rollouts: Rollouts, rows: Sequence[int], probe: Probe, segment_ids: torch.Tensor,

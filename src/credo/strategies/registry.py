@@ -15,12 +15,19 @@ from credo.config import ConfigError, from_dict
 
 @dataclass(frozen=True)
 class Entry:
-    """One registered implementation: `fn`, the frozen dataclass of its knobs (None: it has none) and what it does."""
+    """One registered implementation: `fn`, the frozen dataclass of its knobs (None: it has none) and what it does.
+    privileged: it reads the task's reference solution or step labels (a bool, or a function of the options
+    it runs with, e.g. the `credit` localiser is as privileged as the estimator it asks)."""
 
     name: str
     fn: Callable[..., Any]
     config_cls: type | None
     description: str
+    privileged: bool | Callable[[Any], bool] = False
+
+    def reads_privileged(self, options: Any = None) -> bool:
+        """Whether this entry, run with `options` (None: its defaults), reads privileged task data."""
+        return bool(self.privileged(options)) if callable(self.privileged) else bool(self.privileged)
 
     def make_config(self, values: Any = None, prefix: str = "") -> Any:
         """The entry's config: `values` as is when it already is one, else built from a dict of fields
@@ -41,14 +48,14 @@ class Registry:
         self.kind = kind
         self._entries: dict[str, Entry] = {}
 
-    def register(self, name: str, description: str,
-                 config_cls: type | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator: register `fn` under `name` (a name registered twice is an error)."""
+    def register(self, name: str, description: str, config_cls: type | None = None, *,
+                 privileged: bool | Callable[[Any], bool] = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: register `fn` under `name` (a name registered twice is an error; `privileged`: see Entry)."""
 
         def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
             if name in self._entries:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
-            self._entries[name] = Entry(name, fn, config_cls, description)
+            self._entries[name] = Entry(name, fn, config_cls, description, privileged)
             return fn
 
         return wrap

@@ -1,0 +1,146 @@
+"""Entropy-based token credit: the high-entropy token mask and GTPO-style entropy-weighted token rewards.
+
+Specification: docs/methods.md, "## Entropy-based token credit". Both put GRPO's advantage on every token
+and return token weights (Credit.weights), from H_{i,t}, the policy's entropy at each completion position
+(one scoring pass through the Probe, counted as the estimator's cost):
+  entropy_mask  w = 1 on the tokens whose entropy is >= the (1 - q) quantile of the batch's trainable
+                tokens' entropies (torch.quantile's linear interpolation, over every data-parallel shard),
+                0 elsewhere: TRL's `top_entropy_quantile=q` (GRPOTrainer.get_high_entropy_mask, TRL 1.16),
+                which multiplies the per-token loss by the mask and keeps the loss's normaliser;
+  gtpo          rows above their group's mean (O+): w = a1 + a2 * d_t * H_{i,t} / sum_{k in O+, live at t} H_{k,t};
+                rows below it (O-): w = a1 + a2 * h_t * H_{i,t}^-1 / sum_{k in O-, live at t} H_{k,t}^-1;
+                d_t, h_t = how many O+ / O- rows are live at position t (ours: weights on GRPO's advantage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from credo.config import check
+from credo.credit.groups import group_rows, grpo_advantages
+from credo.credit.registry import register
+from credo.probe import Probe
+from credo.rollouts import Credit, Rollouts
+
+TORCH_QUANTILE_LIMIT = 16_000_000  # torch.quantile refuses larger inputs; numpy's linear rule is the same
+
+
+def token_entropies(rollouts: Rollouts, probe: Probe) -> torch.Tensor:
+    """H[B, T]: the policy's entropy (nats) at each completion position, 0 on padding (one scoring pass)."""
+    _, entropies = probe.score(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids,
+                               rollouts.completion_mask, entropy=True)
+    return entropies.float() * rollouts.completion_mask.float()
+
+
+def quantile_threshold(values: torch.Tensor, level: float) -> float:
+    """The `level` quantile of 1-D `values` by linear interpolation (torch.quantile's default, as TRL)."""
+    if values.numel() <= TORCH_QUANTILE_LIMIT:
+        return float(torch.quantile(values.detach().float(), level))
+    return float(np.quantile(values.detach().float().cpu().numpy(), level))
+
+
+def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, q: float,
+                      gather: Any = None) -> torch.Tensor:
+    """entropies[B, T], mask[B, T] -> bool[B, T]: the valid tokens whose entropy is >= the (1 - q) quantile of
+    the valid tokens' entropies (`gather`: of every shard's). All False when no token is valid."""
+    valid = mask.bool()
+    pooled = entropies[valid].float()
+    pooled = gather(pooled) if gather is not None else pooled
+    if pooled.numel() == 0:
+        return torch.zeros_like(valid)
+    threshold = quantile_threshold(pooled, 1.0 - q)
+    return (entropies * valid.float() >= threshold) & valid
+
+
+@dataclass(frozen=True)
+class EntropyMaskConfig:
+    """The high-entropy token mask (docs/methods.md, "## Entropy-based token credit")."""
+
+    q: float = 0.2
+    """Share of the batch's trainable tokens kept, by entropy (TRL's top_entropy_quantile; 0.2 as the 80/20 paper)."""
+    std: str = "sample"
+    """GRPO's group std: 'sample' (Bessel-corrected, as TRL/verl) or 'population'."""
+    eps: float = 1e-6
+    """Added to the group std."""
+
+    def __post_init__(self) -> None:
+        check(0 <= self.q <= 1, f"credit.q must be in [0, 1], got {self.q}")
+        check(self.std in ("sample", "population"), f"credit.std must be 'sample' or 'population', got {self.std!r}")
+        check(self.eps >= 0, f"credit.eps must be >= 0, got {self.eps}")
+
+
+@register("entropy_mask", "high-entropy token mask: GRPO on the top q (0.2) of the batch's tokens by the "
+          "policy's entropy only, as TRL's top_entropy_quantile", EntropyMaskConfig, uses_model=True)
+def entropy_mask(rollouts: Rollouts, probe: Probe, config: EntropyMaskConfig) -> Credit:
+    mask = rollouts.trainable_mask()
+    entropies = token_entropies(rollouts, probe)
+    keep = high_entropy_mask(entropies, mask, config.q, probe.gather)
+    adv = grpo_advantages(rollouts.rewards.float(), rollouts.group, std=config.std, eps=config.eps)
+    return Credit(advantages=adv[:, None] * mask.float(), weights=keep.float(),
+                  info={"kept_token_share": float(keep.sum() / mask.sum().clamp(min=1))})
+
+
+@dataclass(frozen=True)
+class GTPOConfig:
+    """GTPO-style entropy-weighted token rewards (docs/methods.md, "## Entropy-based token credit")."""
+
+    a1: float = 1.0
+    """Weight every token keeps (the paper's alpha_1)."""
+    a2: float = 0.1
+    """Weight of the entropy share (the paper's alpha_2; 0: plain GRPO)."""
+    h_min: float = 1e-6
+    """Floor of H before it is inverted for the O- rows (an entropy-0 token would take the whole share)."""
+    std: str = "sample"
+    """GRPO's group std: 'sample' (Bessel-corrected, as TRL/verl) or 'population'."""
+    eps: float = 1e-6
+    """Added to the group std."""
+
+    def __post_init__(self) -> None:
+        check(0 <= self.a1 <= 10, f"credit.a1 must be in [0, 10], got {self.a1}")
+        check(0 <= self.a2 <= 10, f"credit.a2 must be in [0, 10], got {self.a2}")
+        check(self.a1 + self.a2 > 0, f"credit.a1 + credit.a2 must be > 0, got {self.a1} + {self.a2}")
+        check(0 < self.h_min <= 1, f"credit.h_min must be in (0, 1], got {self.h_min}")
+        check(self.std in ("sample", "population"), f"credit.std must be 'sample' or 'population', got {self.std!r}")
+        check(self.eps >= 0, f"credit.eps must be >= 0, got {self.eps}")
+
+
+def entropy_shares(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """scores[n, T] >= 0 of n rows, mask[n, T] -> count_t * scores / sum over the live rows at t (the
+    share of position t's total, times the rows live there: 1 on average); 1 where the total is 0."""
+    m = mask.float()
+    total = (scores * m).sum(0, keepdim=True)
+    live = m.sum(0, keepdim=True)
+    share = torch.where(total > 0, scores * live / total.clamp(min=1e-30), torch.ones_like(scores))
+    return share * m
+
+
+def gtpo_weights(entropies: torch.Tensor, mask: torch.Tensor, group: torch.Tensor, advantages: torch.Tensor,
+                 config: GTPOConfig) -> torch.Tensor:
+    """entropies[B, T], mask[B, T], group[B], advantages[B] (GRPO) -> weights[B, T] (module docstring);
+    rows with a zero advantage keep weight 1 (their credit is 0 anyway)."""
+    weights = mask.float().clone()
+    for rows in group_rows(group).values():
+        index = torch.tensor(rows, dtype=torch.long, device=entropies.device)
+        a = advantages[index]
+        for side, score in ((a > 0, entropies[index]), (a < 0, 1.0 / entropies[index].clamp(min=config.h_min))):
+            if not bool(side.any()):
+                continue
+            members = index[side]
+            share = entropy_shares(score[side], mask[members])
+            weights[members] = (config.a1 + config.a2 * share) * mask[members].float()
+    return weights
+
+
+@register("gtpo", "GTPO-style: GRPO with entropy-weighted token rewards (above-mean rows: high entropy weighs more; "
+          "below-mean rows: confident tokens weigh more)", GTPOConfig, uses_model=True)
+def gtpo(rollouts: Rollouts, probe: Probe, config: GTPOConfig) -> Credit:
+    mask = rollouts.trainable_mask()
+    entropies = token_entropies(rollouts, probe)
+    adv = grpo_advantages(rollouts.rewards.float(), rollouts.group, std=config.std, eps=config.eps)
+    weights = gtpo_weights(entropies, mask, rollouts.group, adv, config)
+    return Credit(advantages=adv[:, None] * mask.float(), weights=weights,
+                  info={"entropy_mean": float((entropies * mask).sum() / mask.sum().clamp(min=1))})
