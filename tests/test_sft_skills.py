@@ -96,3 +96,26 @@ def test_example_kinds_follow_the_shares():
 def test_shares_are_range_checked(values, field):
     with pytest.raises(ConfigError, match=field):
         from_dict(SFTConfig, values, prefix="sft.")
+
+
+def test_init_copies_a_start_and_keeps_fresh_rows_for_new_characters(tmp_path):
+    from dataclasses import replace
+    from credo.policy.gpt import GPTConfig
+    from credo.policy.tiny import TinyPolicy
+    from credo.sft import initialise_from, make_tokenizer
+    small = GPTConfig(n_layer=1, d_model=16, n_head=2, max_len=64)
+    old_tok, new_tok = make_tokenizer(), make_tokenizer(sft_config_for("arith-long-skilled"))
+    source = TinyPolicy.create(replace(small, vocab_size=old_tok.vocab_size), old_tok, seed=1)
+    source.save(str(tmp_path / "src"))
+    target = TinyPolicy.create(replace(small, vocab_size=new_tok.vocab_size), new_tok, seed=2)
+    fresh = target.model.tok_emb.weight.detach().clone()
+    initialise_from(target, str(tmp_path / "src"))
+    rows = old_tok.vocab_size
+    assert torch.equal(target.model.tok_emb.weight[:rows], source.model.tok_emb.weight)
+    assert torch.equal(target.model.tok_emb.weight[rows:], fresh[rows:])
+    assert torch.equal(target.model.blocks[0].mlp[0].weight, source.model.blocks[0].mlp[0].weight)
+    wider = TinyPolicy.create(replace(small, d_model=32, vocab_size=new_tok.vocab_size), new_tok)
+    with pytest.raises(ConfigError, match="sft.init"):
+        initialise_from(wider, str(tmp_path / "src"))
+    with pytest.raises(ConfigError, match="sft.init"):
+        from_dict(SFTConfig, {"init": "nope"}, prefix="sft.")

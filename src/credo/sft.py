@@ -77,6 +77,9 @@ class SFTConfig:
     localisation_right_frac: float = field(default=0.2, metadata={"omit_default": True})
     """Share of the localisation examples whose trace is right (target `Step 0`); the others are corrupted
     at a uniform line."""
+    init: str = field(default="", metadata={"omit_default": True})
+    """'' = random initial weights; an SFT preset's name (e.g. arith) = start from that preset's start, whose
+    model must have the same shape (its alphabet may be shorter: new characters get fresh embeddings)."""
     eval_every: int = 100
     """Steps between validation checks (validation problems come from the training split with a fixed
     seed, so held-out numbers stay untouched by checkpoint selection)."""
@@ -105,6 +108,8 @@ class SFTConfig:
         check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"sft.beta1/beta2 must be in [0, 1), got {self.beta1}/{self.beta2}")
         check(self.weight_decay >= 0, f"sft.weight_decay must be >= 0, got {self.weight_decay}")
         check(self.grad_clip > 0, f"sft.grad_clip must be > 0, got {self.grad_clip}")
+        check(self.init == "" or self.init in SFT_PRESETS, f"sft.init must be '' or an SFT preset "
+              f"({', '.join(SFT_PRESETS)}), got {self.init!r}")
         check(self.warmup_steps >= 0, f"sft.warmup_steps must be >= 0, got {self.warmup_steps}")
 
 
@@ -115,12 +120,14 @@ class SFTConfig:
 # gains ~20 points in 400k tokens. SFT cost: 500 steps, 23 min on 2 shared cores (~4x the small model's step).
 # Its teacher cannot read its verified solution and it cannot answer a localisation request
 # (docs/results/arith-long-skilled). arith-long-skilled: the same problems, a mixture with 30% solution-in-context
-# and 20% localisation examples, so that SC-GRPO's teacher and SRPO's self-localisation have a model to work on.
+# and 20% localisation examples, so that SC-GRPO's teacher and SRPO's self-localisation have a model to work on;
+# the default 0.83M GPT, fine-tuned from the `arith` start (lr 1e-3) because training the wider GPT from scratch
+# took ~28 s a step on the shared 2-core machine.
 SFT_PRESETS: dict[str, dict] = {
     "arith": {},
     "arith-long-first": {"max_steps": 1200, "eval_every": 25, "target_accuracy": 0.35,
                          "model": GPTConfig(d_model=256, n_head=8)},
-    "arith-long-skilled": {"max_steps": 1500, "eval_every": 50, "target_accuracy": 0.35,
+    "arith-long-skilled": {"max_steps": 1000, "eval_every": 25, "target_accuracy": 0.35, "init": "arith", "lr": 1e-3,
                            "early_answer_frac": 0.1, "reference_frac": 0.3, "localisation_frac": 0.2},
 }
 PRESET_TASKS: dict[str, str] = {"arith": "arith", "arith-long-first": "arith-long", "arith-long-skilled": "arith-long"}
@@ -222,6 +229,8 @@ def train_sft(config: SFTConfig, out_dir: str, progress: bool = True) -> dict:
     task = ArithTask(config.task)
     tokenizer = make_tokenizer(config)
     policy = TinyPolicy.create(replace(config.model, vocab_size=tokenizer.vocab_size), tokenizer, seed=config.seed)
+    if config.init:
+        initialise_from(policy, ensure_sft(sft_config_for(config.init), progress=progress))
     model = policy.model
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
                                   weight_decay=config.weight_decay)
@@ -264,6 +273,24 @@ def train_sft(config: SFTConfig, out_dir: str, progress: bool = True) -> dict:
         for row in history:
             log.append(row)
     return summary
+
+
+def initialise_from(policy: TinyPolicy, directory: str) -> None:
+    """Copy the weights of the tiny start in `directory` into `policy` (sft.init). Its alphabet must be a prefix
+    of the policy's (so every character keeps its id); the rows of characters it lacks keep their fresh init."""
+    source = TinyPolicy.load(directory)
+    mine, theirs = policy.model.config, source.model.config
+    shape = ("n_layer", "d_model", "n_head", "max_len")
+    if any(getattr(mine, f) != getattr(theirs, f) for f in shape) or \
+            not policy.tokenizer.alphabet.startswith(source.tokenizer.alphabet):
+        raise ConfigError(f"sft.init: the start in {directory} ({', '.join(f'{f}={getattr(theirs, f)}' for f in shape)}, "
+                          f"alphabet {source.tokenizer.alphabet!r}) does not fit sft.model "
+                          f"({', '.join(f'{f}={getattr(mine, f)}' for f in shape)}, alphabet {policy.tokenizer.alphabet!r})")
+    state = policy.model.state_dict()
+    for name, value in source.model.state_dict().items():
+        rows = value.shape[0]
+        state[name][:rows] = value  # the embedding's extra rows (new characters) keep their init
+    policy.model.load_state_dict(state)
 
 
 def packaged_start(config: SFTConfig) -> str | None:
