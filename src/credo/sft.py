@@ -122,12 +122,13 @@ class SFTConfig:
 # (docs/results/arith-long-skilled). arith-long-skilled: the same problems, a mixture with 30% solution-in-context
 # and 20% localisation examples, so that SC-GRPO's teacher and SRPO's self-localisation have a model to work on;
 # the default 0.83M GPT, fine-tuned from the `arith` start (lr 1e-3) because training the wider GPT from scratch
-# took ~28 s a step on the shared 2-core machine (and the small one ~10 s: 300 steps at most, validated on 100).
+# took ~28 s a step on the shared 2-core machine (and the small one ~10-14 s at batch 64: so batch 32, 400 steps
+# at most, validated on 100 problems every 25).
 SFT_PRESETS: dict[str, dict] = {
     "arith": {},
     "arith-long-first": {"max_steps": 1200, "eval_every": 25, "target_accuracy": 0.35,
                          "model": GPTConfig(d_model=256, n_head=8)},
-    "arith-long-skilled": {"max_steps": 300, "warmup_steps": 30, "eval_every": 25, "eval_n": 100,
+    "arith-long-skilled": {"max_steps": 400, "batch_size": 32, "warmup_steps": 30, "eval_every": 25, "eval_n": 100,
                            "target_accuracy": 0.35, "init": "arith", "lr": 1e-3,
                            "early_answer_frac": 0.1, "reference_frac": 0.3, "localisation_frac": 0.2},
 }
