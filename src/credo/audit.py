@@ -84,7 +84,8 @@ class AuditConfig:
     """Estimator specs, each 'name' or 'name:key=value:key=value' (e.g. 'vineppo:k=9'); the random, grpo and
     first_step floors are always added."""
     localisers: tuple[str, ...] = ()
-    """Reset localisers scored against the first wrong step (random, value, oracle; prompt needs a chat model)."""
+    """Reset localisers scored against the first wrong step (random, value, oracle, self; prompt needs a model that
+    can read the task's localisation request: a chat model, or sft:arith-long-skilled on arith-long)."""
     segmenter: str = ""
     """Audit segments, every estimator's too ('' = the task's own: lines on arith, one step each, so step
     labels line up; keyword_entropy on free-form tasks)."""
@@ -348,6 +349,9 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
             "tokens_scored_per_trace": spent.tokens_scored / n, "tokens_generated_per_trace": spent.tokens_generated / n,
             **parse_figures(notes),
         }
+    ran = out["localisers"]
+    out["privileged_localisers"] = [n for n in out["privileged_localisers"]  # `self` that asked the policy reads none
+                                    if ran.get(n, {}).get("resolved", "value") != "prompt"]
     return out
 
 

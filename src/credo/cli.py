@@ -325,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("audit", help="score estimators' segment credit against Monte Carlo reference values")
     p.add_argument("--checkpoint", help="a credo checkpoint, a Hugging Face model directory, smollm2-135m or a "
-                   "training run (its final/) (default: the task's SFT start)")
+                   "training run (its final/), sft:<preset> (default: the task's SFT start)")
     p.add_argument("--task", help="task: arith (default), arith-long, gym:<dataset>, jsonl:<path>; the default "
                    "--checkpoint is this task's SFT start")
     p.add_argument("--n", type=int, help="held-out traces to audit (default 256)")
@@ -334,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", help="comma-separated estimators, each 'name' or 'name:key=value:...' "
                    "(default vineppo, at k=4); random, grpo and first_step floors are always included")
     p.add_argument("--localisers", help="comma-separated reset localisers to score against the first "
-                   "wrong step: random, value, oracle (prompt needs a chat model)")
+                   "wrong step: random, value, oracle, self (prompt needs a model that "
+                   "can read the request: a chat model, or sft:arith-long-skilled)")
     p.add_argument("--seed", type=int, help="seed of the sampled traces and the reference (default 0)")
     add_config_options(p, "AuditConfig", "--set segmenter=lines")
     p.add_argument("--out", help="directory for audit.json, audit.md, audit.png (required)")
@@ -349,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="held-out accuracy of a checkpoint; the last line is accuracy=<float>")
     p.add_argument("--checkpoint", help="a credo checkpoint, a Hugging Face model directory, smollm2-135m or a "
-                   "training run (its final/) (default: the task's SFT start)")
+                   "training run (its final/), sft:<preset> (default: the task's SFT start)")
     p.add_argument("--task", help="task name (default arith; arith-long, gym:<dataset>, jsonl:<path>); "
                    "the default --checkpoint is this task's SFT start")
     add_config_options(p, "EvalConfig", "--set task_options.digits=3")
