@@ -119,3 +119,14 @@ def test_init_copies_a_start_and_keeps_fresh_rows_for_new_characters(tmp_path):
         initialise_from(wider, str(tmp_path / "src"))
     with pytest.raises(ConfigError, match="sft.init"):
         from_dict(SFTConfig, {"init": "nope"}, prefix="sft.")
+
+
+def test_named_starts_resolve_by_name_and_refuse_another_tasks_or_an_unknown_one():
+    from credo.policy import resolve_checkpoint
+    first = resolve_checkpoint("sft:arith-long-first", "audit.checkpoint", task="arith-long", progress=False)
+    assert first == packaged_start(sft_config_for("arith-long"))
+    assert resolve_checkpoint("sft:arith-long", "x", task="arith-long", progress=False) == first  # the task's default
+    with pytest.raises(ConfigError, match="^audit.checkpoint: no SFT start named 'nope'"):
+        resolve_checkpoint("sft:nope", "audit.checkpoint", task="arith-long", progress=False)
+    with pytest.raises(ConfigError, match="^train.start: the start sft:arith-long-skilled is trained on arith-long"):
+        resolve_checkpoint("sft:arith-long-skilled", "train.start", task="arith", progress=False)
