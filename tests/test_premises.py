@@ -161,11 +161,3 @@ def test_teacher_check_applies_to_sc_grpo_and_its_controls_only():
     assert not conditions_on_solution("rredcot", None)
     assert not conditions_on_solution("shuffled", credit.get("shuffled").make_config({"of": "grpo"}))
 
-
-def test_compare_report_names_the_privileged_methods():
-    from credo.compare_report import privileged_lines
-    text = "\n".join(privileged_lines(["grpo", "rredcot", "rredcot:include_reference=false", "srpo", "sc_grpo",
-                                       "no_such_method"]))
-    assert "`rredcot`" in text and "`srpo`" in text
-    assert "include_reference=false" not in text and "sc_grpo" not in text and "no_such" not in text
-    assert privileged_lines(["grpo", "sc_grpo"]) == []

@@ -125,23 +125,7 @@ def main_table(results: dict[str, Any]) -> list[str]:
                      f"{_fmt(a.get('cost_vs_grpo_step'), '{:.2f}')} |")
     for run, why in results["failures"].items():
         lines.append(f"| {run} | failed: {why} | | | | | | | | | |")
-    return lines + privileged_lines(list(results["methods"]))
-
-
-def privileged_lines(names: list[str]) -> list[str]:
-    """A note naming the methods that read privileged task data (credo.methods.privileged); none: no lines."""
-    from credo.methods import privileged
-    marked = []
-    for name in names:
-        try:
-            if privileged(name):
-                marked.append(name)
-        except (KeyError, ValueError):  # a method this checkout no longer knows: it cannot be judged here
-            continue
-    if not marked:
-        return []
-    return ["", "Privileged (they read the task's reference solution, step labels or gold answer beyond the reward; "
-            "`self` where it falls back to the `value` localiser): " + ", ".join(f"`{m}`" for m in marked) + "."]
+    return lines
 
 
 def protocol_lines(results: dict[str, Any]) -> list[str]:
