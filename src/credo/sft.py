@@ -122,17 +122,22 @@ class SFTConfig:
 # (docs/results/arith-long-skilled). arith-long-skilled: the same problems, a mixture with 30% solution-in-context
 # and 20% localisation examples, so that SC-GRPO's teacher and SRPO's self-localisation have a model to work on;
 # the default 0.83M GPT, fine-tuned from the `arith` start (lr 1e-3) because training the wider GPT from scratch
-# took ~28 s a step on the shared 2-core machine (and the small one ~10-14 s at batch 64: so batch 32, 400 steps
-# at most, validated on 100 problems every 25).
+# took ~28 s a step on the shared 2-core machine (and the small one ~10-14 s at batch 64: so batch 32, validated on
+# 100 problems every 25 steps, in two stages of at most 400 steps: arith-long-skilled-1 from the arith start at lr
+# 1e-3 ended at validation 0.12-0.2, and arith-long-skilled continues it at lr 5e-4 until validation reaches 0.35).
 SFT_PRESETS: dict[str, dict] = {
     "arith": {},
     "arith-long-first": {"max_steps": 1200, "eval_every": 25, "target_accuracy": 0.35,
                          "model": GPTConfig(d_model=256, n_head=8)},
-    "arith-long-skilled": {"max_steps": 400, "batch_size": 32, "warmup_steps": 30, "eval_every": 25, "eval_n": 100,
-                           "target_accuracy": 0.35, "init": "arith", "lr": 1e-3,
+    "arith-long-skilled-1": {"max_steps": 400, "batch_size": 32, "warmup_steps": 30, "eval_every": 25, "eval_n": 100,
+                             "target_accuracy": 0.35, "init": "arith", "lr": 1e-3,
+                             "early_answer_frac": 0.1, "reference_frac": 0.3, "localisation_frac": 0.2},
+    "arith-long-skilled": {"max_steps": 400, "batch_size": 32, "warmup_steps": 10, "eval_every": 25, "eval_n": 100,
+                           "target_accuracy": 0.35, "init": "arith-long-skilled-1", "lr": 5e-4,
                            "early_answer_frac": 0.1, "reference_frac": 0.3, "localisation_frac": 0.2},
 }
-PRESET_TASKS: dict[str, str] = {"arith": "arith", "arith-long-first": "arith-long", "arith-long-skilled": "arith-long"}
+PRESET_TASKS: dict[str, str] = {"arith": "arith", "arith-long-first": "arith-long", "arith-long-skilled-1": "arith-long",
+                                "arith-long-skilled": "arith-long"}
 """The task whose problems each SFT preset trains on."""
 DEFAULT_PRESETS: dict[str, str] = {"arith": "arith", "arith-long": "arith-long-first"}
 """Each arithmetic task's default start (its SFT preset); the others are selected by name ('sft:<preset>')."""
