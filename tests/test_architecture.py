@@ -1,7 +1,7 @@
 """The package's shape, checked from its source with `ast` (docs/architecture.md):
 
 - `credit/` never imports the trainer (`train`), the rollout strategies (`strategies` and its modules) or a
-  sibling estimator module; its shared helpers (registry, values, groups) are fine;
+  sibling estimator module; its shared helpers (registry, values, groups, localisers) are fine;
 - `policy/` (a backend) never imports `tasks` (a task's prompt protocol) or `credit`;
 - the import graph has no cycle (function-level imports included);
 - no file in src/ is longer than 400 lines and no function longer than 60.
@@ -16,7 +16,8 @@ import pytest
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "src")
 PACKAGE = os.path.join(SRC, "credo")
-CREDIT_HELPERS = {"credo.credit", "credo.credit.registry", "credo.credit.values", "credo.credit.groups"}
+CREDIT_HELPERS = {"credo.credit", "credo.credit.registry", "credo.credit.values", "credo.credit.groups",
+                  "credo.credit.localisers"}
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
 

@@ -299,3 +299,12 @@ def test_each_new_estimator_trains_two_steps_deterministically(saved_policy, tmp
     assert rows[0] == rows[1]
     steps = [row for row in rows[0] if "advantage_abs_mean" in row]
     assert len(steps) == 2 and all(math.isfinite(row["advantage_abs_mean"]) for row in steps)
+
+
+def test_credo_compare_runs_the_new_estimators(saved_policy, tmp_path):
+    from credo.compare import compare
+    results = compare("smoke", str(tmp_path / "cmp"), methods=("tempo", "entropy_mask:q=0.5"), start=saved_policy,
+                      progress=False)
+    assert results["failures"] == {}
+    assert {"grpo", "tempo", "entropy_mask:q=0.5"} <= set(results["methods"])
+    assert {"tempo", "entropy_mask:q=0.5"} <= set(results["audit"]["methods"])

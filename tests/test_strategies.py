@@ -114,7 +114,7 @@ def test_sharding_wraps_any_strategy_and_keeps_each_prompts_groups_apart(policy)
 
 def test_localisers_are_registered_and_found_by_name(policy, monkeypatch):
     monkeypatch.setattr(LOCALISERS, "_entries", dict(LOCALISERS._entries))
-    assert LOCALISERS.names() == ["random", "value", "prompt", "oracle", "self"]
+    assert LOCALISERS.names() == ["random", "value", "prompt", "oracle", "self", "credit"]
 
     @LOCALISERS.register("last", "the last step")
     def last(parents, options):
@@ -134,7 +134,7 @@ def test_credo_methods_lists_strategies_and_localisers(capsys):
     kinds = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.strip().splitlines()}
     assert {name: kinds.get(name) for name in STRATEGIES.names()} == {name: "strategy" for name in ("plain", "dynamic", "resets")}
     assert {name: kinds.get(name) for name in LOCALISERS.names()} == {name: "localiser" for name in
-                                                                      ("random", "value", "prompt", "oracle", "self")}
+                                                                      ("random", "value", "prompt", "oracle", "self", "credit")}
     assert kinds["grpo"] == "estimator" and kinds["srpo"] == "recipe"
 
 

@@ -75,7 +75,8 @@ def privileged(method: str) -> bool:
     spec = credit.get(recipe.estimator)
     if spec.reads_privileged(spec.make_config(recipe.defaults.get("credit", {}))):
         return True
-    localiser = recipe.defaults.get("reset", {}).get("localiser") if recipe.defaults.get("strategy") == "resets" else None
+    resets = recipe.defaults.get("strategy") == "resets"
+    localiser = recipe.defaults.get("reset", {}).get("localiser") if resets else None
     return localiser is not None and LOCALISERS.get(localiser).reads_privileged()
 
 

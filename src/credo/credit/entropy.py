@@ -79,7 +79,7 @@ def entropy_mask(rollouts: Rollouts, probe: Probe, config: EntropyMaskConfig) ->
     mask = rollouts.trainable_mask()
     entropies = token_entropies(rollouts, probe)
     keep = high_entropy_mask(entropies, mask, config.q, probe.gather)
-    adv = grpo_advantages(rollouts.rewards.float(), rollouts.group, std=config.std, eps=config.eps)
+    adv = grpo_advantages(rollouts.rewards.float(), rollouts.group, std=config.std, eps=config.eps).to(mask.device)
     return Credit(advantages=adv[:, None] * mask.float(), weights=keep.float(),
                   info={"kept_token_share": float(keep.sum() / mask.sum().clamp(min=1))})
 
@@ -140,7 +140,7 @@ def gtpo_weights(entropies: torch.Tensor, mask: torch.Tensor, group: torch.Tenso
 def gtpo(rollouts: Rollouts, probe: Probe, config: GTPOConfig) -> Credit:
     mask = rollouts.trainable_mask()
     entropies = token_entropies(rollouts, probe)
-    adv = grpo_advantages(rollouts.rewards.float(), rollouts.group, std=config.std, eps=config.eps)
+    adv = grpo_advantages(rollouts.rewards.float(), rollouts.group, std=config.std, eps=config.eps).to(mask.device)
     weights = gtpo_weights(entropies, mask, rollouts.group, adv, config)
     return Credit(advantages=adv[:, None] * mask.float(), weights=weights,
                   info={"entropy_mean": float((entropies * mask).sum() / mask.sum().clamp(min=1))})

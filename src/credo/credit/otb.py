@@ -100,7 +100,8 @@ def otb(rollouts: Rollouts, probe: Probe, config: OTBConfig) -> Credit:
     T = mask.shape[1]
     last = T - 1 - mask.long().flip(-1).argmax(-1)  # the last trainable token
     has = mask.any(-1)
-    token_rewards[has, last[has]] = rollouts.rewards.float()[has]  # the outcome at the last token, as verl
+    rewards = rollouts.rewards.float().to(mask.device)  # verl's rows: rewards on the CPU, tokens on the GPU
+    token_rewards[has, last[has]] = rewards[has]  # the outcome at the last token, as verl
     advantages = otb_advantages(token_rewards, mask, rollouts.group, logprobs, squares,
                                 config.handle_zero_tail, config.epsilon)
     return Credit(advantages=advantages, info={"sum_pi_squared_mean": float((squares * mask).sum()

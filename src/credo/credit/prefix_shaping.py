@@ -2,7 +2,7 @@
 
 Specification: docs/methods.md, "## First-error prefix shaping (VPPO-style)". With A_i GRPO's advantage and
 A+_g the mean of the positive advantages in row i's group (0 when none is positive):
-  a row that is wrong (verifier verdict) with A_i < 0: a localiser (credo.strategies.localisers: random,
+  a row that is wrong (verifier verdict) with A_i < 0: a localiser (credo.credit.localisers: random,
       value, prompt, oracle, self or credit) names its first wrong step e; tokens of steps < e get
       prefix_credit * A+_g, tokens of step e and after keep A_i;
   every other row keeps A_i on every token; padding and masked tokens get 0.
@@ -19,17 +19,12 @@ from typing import Any
 import torch
 
 from credo.config import check
+from credo.credit import localisers
 from credo.credit.groups import grpo_advantages
 from credo.credit.registry import get, parse_spec, register
 from credo.probe import Probe
 from credo.rollouts import Credit, Rollouts
 from credo.segment import check_segmenter_option, segment_bounds, segments_for
-
-
-def _localisers() -> Any:
-    """The localiser registry; imported on use because credo.strategies imports credo.credit."""
-    from credo.strategies import localisers
-    return localisers
 
 
 @dataclass(frozen=True)
@@ -39,7 +34,8 @@ class PrefixShapingConfig:
     localiser: str = "value"
     """Who names a wrong trace's first wrong step: random, value, prompt, oracle, self or credit (`credo methods`)."""
     credit_method: str = "rredcot"
-    """For localiser=credit: the estimator spec ('name' or 'name:key=value:...') whose most negative segment it picks."""
+    """For localiser=credit: the estimator spec ('name' or 'name:key=value:...') whose most negative segment it
+    picks."""
     prefix_credit: float = 1.0
     """The prefix's credit as a share of the group's positive advantage (0: the prefix is neither rewarded nor
     penalised)."""
@@ -55,7 +51,7 @@ class PrefixShapingConfig:
     """The steps: '' = the batch's segments (the task's own segmenter), or a segmenter of its own."""
 
     def __post_init__(self) -> None:
-        names = _localisers().LOCALISERS.names()
+        names = localisers.LOCALISERS.names()
         check(self.localiser in names, f"credit.localiser must be one of {names}, got {self.localiser!r}")
         try:
             name, options = parse_spec(self.credit_method)
@@ -72,9 +68,8 @@ class PrefixShapingConfig:
 
 def localiser_privileged(config: PrefixShapingConfig) -> bool:
     """Privileged (credo.credit.registry.EstimatorSpec) exactly when its localiser is."""
-    module = _localisers()
-    options = module.LocaliserOptions(credit_method=config.credit_method)
-    return module.LOCALISERS.get(config.localiser).reads_privileged(options)
+    options = localisers.LocaliserOptions(credit_method=config.credit_method)
+    return localisers.LOCALISERS.get(config.localiser).reads_privileged(options)
 
 
 def positive_credit(advantages: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
@@ -82,8 +77,9 @@ def positive_credit(advantages: torch.Tensor, group: torch.Tensor) -> torch.Tens
     _, inverse = torch.unique(group, return_inverse=True)
     positive = advantages.clamp(min=0)
     n = int(inverse.max()) + 1 if inverse.numel() else 0
-    sums = torch.zeros(n, dtype=advantages.dtype).index_add_(0, inverse, positive)
-    counts = torch.zeros(n, dtype=advantages.dtype).index_add_(0, inverse, (advantages > 0).to(advantages.dtype))
+    inverse = inverse.to(advantages.device)
+    sums = torch.zeros(n, dtype=advantages.dtype, device=advantages.device).index_add_(0, inverse, positive)
+    counts = torch.zeros_like(sums).index_add_(0, inverse, (advantages > 0).to(advantages.dtype))
     return torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))[inverse]
 
 
@@ -107,17 +103,20 @@ def prefix_shaping(rollouts: Rollouts, probe: Probe, config: PrefixShapingConfig
     adv = grpo_advantages(rollouts.rewards.float(), rollouts.group, std=config.std, eps=config.eps)
     rows = [i for i in range(rollouts.batch_size) if not bool(rollouts.correct[i]) and float(adv[i]) < 0]
     starts: dict[int, int] = {}
-    if rows:
+    # the credit localiser runs an estimator whose batch statistics are collectives over data-parallel shards
+    # (Probe.gather): every shard must call it, also one with no row to shape
+    if rows or config.localiser == "credit":
         digest = zlib.crc32(rollouts.completion_ids.cpu().numpy().tobytes())
-        picks = _localisers().localise(config.localiser, rollouts, rows, probe, segment_ids,
-                                       random.Random(config.seed * 1_000_003 + digest), value_drop=config.value_drop,
-                                       credit_method=config.credit_method)
+        picks = localisers.localise(config.localiser, rollouts, rows, probe, segment_ids,
+                                    random.Random(config.seed * 1_000_003 + digest), value_drop=config.value_drop,
+                                    credit_method=config.credit_method)
         bounds = segment_bounds(segment_ids)
         for row, step in zip(rows, picks):
             if bounds[row]:
                 starts[row] = bounds[row][min(step, len(bounds[row]) - 1)][0]
     prefix_value = config.prefix_credit * positive_credit(adv, rollouts.group)
     mask = rollouts.trainable_mask()
+    adv, prefix_value = adv.to(mask.device), prefix_value.to(mask.device)  # verl's rows: rewards on the CPU
     advantages = shape_prefixes(adv, mask, starts, prefix_value)
     prefix_tokens = sum(int(mask[row, :start].sum()) for row, start in starts.items())
     return Credit(advantages=advantages, info={"shaped_rows": float(len(starts)),

@@ -57,7 +57,7 @@ def node_statistics(nodes: torch.Tensor, rewards: torch.Tensor) -> tuple[torch.T
     live = nodes >= 0
     size = int(nodes.max()) + 1 if bool(live.any()) else 0
     flat = nodes[live]
-    per_token_reward = rewards.to(torch.float64)[:, None].expand_as(nodes)[live]
+    per_token_reward = rewards.to(nodes.device, torch.float64)[:, None].expand_as(nodes)[live]
     counts = torch.bincount(flat, minlength=size).to(torch.float64)
     sums = torch.zeros(size, dtype=torch.float64, device=nodes.device).index_add_(0, flat, per_token_reward)
     values = torch.zeros(nodes.shape, dtype=torch.float64, device=nodes.device)
@@ -119,7 +119,9 @@ class TempoConfig:
 
 def _group_scale(rollouts: Rollouts, config: TempoConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(group mean[B], divisor[B]): std + eps where the group's rewards differ (0 marks a uniform group)."""
-    mean, sd = group_mean_std(rollouts.rewards.float(), rollouts.group, unbiased=config.std == "sample")
+    device = rollouts.completion_ids.device  # verl's rows: rewards and groups on the CPU, tokens on the GPU
+    mean, sd = group_mean_std(rollouts.rewards.float().to(device), rollouts.group.to(device),
+                              unbiased=config.std == "sample")
     divisor = sd + config.eps if config.scale else torch.ones_like(sd)
     return mean, torch.where(sd > 1e-8, divisor, torch.zeros_like(sd))
 
@@ -137,7 +139,7 @@ def tempo(rollouts: Rollouts, probe: Any, config: TempoConfig) -> Credit:
     else:
         segment_ids = segments_for(rollouts, probe, config.segmenter)
         change = broadcast_segments(segment_changes(values, segment_ids, mean), segment_ids)
-    raw = (rollouts.rewards.float() - mean)[:, None] + config.lam * change
+    raw = (rollouts.rewards.float().to(mean.device) - mean)[:, None] + config.lam * change
     advantages = torch.where(live[:, None], raw / safe[:, None], torch.zeros_like(raw)) * mask
     real = rollouts.completion_mask
     branching = ((change.abs() > 0) & real).sum() / real.sum().clamp(min=1)
@@ -169,7 +171,7 @@ def lambda_grpo(rollouts: Rollouts, probe: Any, config: LambdaGRPOConfig) -> Cre
     mask = rollouts.trainable_mask().float()
     _, counts = prefix_values(rollouts)
     weights = counts.clamp(min=1).pow(-config.lam) * mask
-    adv = grpo_advantages(rollouts.rewards.float(), rollouts.group, std=config.std, eps=config.eps)
+    adv = grpo_advantages(rollouts.rewards.float(), rollouts.group, std=config.std, eps=config.eps).to(mask.device)
     real = rollouts.completion_mask
     return Credit(advantages=adv[:, None] * mask, weights=weights,
                   info={"shared_token_share": float(((counts > 1) & real).sum() / real.sum().clamp(min=1))})
