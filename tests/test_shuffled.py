@@ -105,3 +105,50 @@ def test_the_audit_configures_a_control_like_the_method_it_shuffles():
     assert (wrapped.k, wrapped.whiten) == (method["k"], method["whiten"]) == (4, False)
     _, _, given = parse_method("shuffled:of=vineppo:k=9")
     assert credit.get("vineppo").make_config(credit.get("shuffled").make_config(given).options).k == 9
+
+
+@pytest.mark.parametrize("inner", ["sc_grpo", "rredcot"])
+def test_token_level_keeps_each_traces_multiset_of_token_credit_and_zero_on_padding(policy, inner):
+    rollouts, _, original = run(inner, policy)
+    _, _, control = run(f"shuffled:of={inner}:level=token", policy)
+    mask = rollouts.trainable_mask()
+    for field in ("advantages", "weights"):
+        a, b = getattr(original, field), getattr(control, field)
+        if a is None:
+            assert b is None
+            continue
+        for row in range(len(TEXTS)):
+            assert torch.equal(a[row, mask[row]].sort().values, b[row, mask[row]].sort().values)
+        assert (b[~mask] == (0 if field == "advantages" else a[~mask])).all()
+    assert (control.advantages[~rollouts.completion_mask] == 0).all()
+    moved = original.weights if original.weights is not None else original.advantages
+    assert not torch.equal(moved, control.weights if original.weights is not None else control.advantages)
+
+
+def test_token_level_is_independent_of_token_identity_where_the_segment_level_is_not(policy):
+    """Credit that depends on the token alone (2 on every operator, 1 elsewhere, the same on every line):
+    the token-level control spreads it evenly, the segment-level one keeps it on the operators."""
+    from credo.credit.shuffled import permute_segments, permutations, shuffle_tokens
+    from credo.rollouts import Credit
+    from credo.segment import segment_bounds
+    rollouts, segment_ids, _ = run("grpo", policy)
+    mask = rollouts.trainable_mask()
+    operator = torch.tensor([[policy.tokenizer.id_to_char.get(int(i)) in ("+", "-") for i in row]
+                             for row in rollouts.completion_ids]) & mask
+    weights = (1.0 + operator.float()) * mask
+    on_ops_token, on_ops_segment, overall = [], [], float(weights[mask].mean())
+    bounds = segment_bounds(segment_ids)
+    for seed in range(200):
+        credit = Credit(advantages=torch.ones_like(weights) * mask, weights=weights.clone())
+        on_ops_token.append(float(shuffle_tokens(credit, rollouts, seed).weights[operator].mean()))
+        segmented = permute_segments(weights, bounds, permutations(bounds, rollouts, seed), keep_sign=True)
+        on_ops_segment.append(float(segmented[operator].mean()))
+    assert abs(sum(on_ops_token) / 200 - overall) < 0.03
+    assert sum(on_ops_segment) / 200 > overall + 0.3
+
+
+def test_level_is_checked_and_the_segment_level_config_is_unchanged():
+    with pytest.raises(ConfigError, match="credit.level"):
+        credit.get("shuffled").make_config({"of": "grpo", "level": "tokens"})
+    from credo.config import to_dict
+    assert "level" not in to_dict(credit.get("shuffled").make_config({"of": "grpo"}))  # old run configs read the same

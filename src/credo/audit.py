@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
@@ -57,6 +58,8 @@ from credo.audit_report import (FLOORS, METRICS, Labels, fidelity, first_error_t
                                 most_frequent_position,
                                 checked_methods, pairwise_rank, parse_method, plot_audit, score_row,
                                 split_half_spearman, random_expectation)
+from credo.audit_premises import (conditions_on_solution, kl_argmax_hits, teacher_gain, teacher_table,
+                                  teacher_warning, unprivileged_twins)
 from credo.strategies import sample_groups
 from credo.tasks import make_task
 
@@ -81,7 +84,8 @@ class AuditConfig:
     """Estimator specs, each 'name' or 'name:key=value:key=value' (e.g. 'vineppo:k=9'); the random, grpo and
     first_step floors are always added."""
     localisers: tuple[str, ...] = ()
-    """Reset localisers scored against the first wrong step (random, value, oracle; prompt needs a chat model)."""
+    """Reset localisers scored against the first wrong step (random, value, oracle, self; prompt needs a model that
+    can read the task's localisation request: a chat model, or sft:arith-long-skilled on arith-long)."""
     segmenter: str = ""
     """Audit segments, every estimator's too ('' = the task's own: lines on arith, one step each, so step
     labels line up; keyword_entropy on free-form tasks)."""
@@ -192,7 +196,7 @@ def segment_credit_of(result: Any, segment_ids: torch.Tensor) -> list[torch.Tens
 
 def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[str, Any]:
     """Run the audit and write audit.json, audit.md, audit.png and audit.html (with a `credo show` grid) into out_dir."""
-    methods = checked_methods(config.methods)  # before the (slow) reference: a typo fails at once
+    methods = unprivileged_twins(checked_methods(config.methods))  # before the (slow) reference: a typo fails at once
     checkpoint = resolve_checkpoint(config.checkpoint, "audit.checkpoint", task=config.task, progress=progress)
     task = make_task(config.task, config.task_options, prefix="audit.task_options.")
     config = with_task_segmenter(config, task)
@@ -239,6 +243,9 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
         "methods": rows,
     }
     table = markdown_table(report)
+    if any(conditions_on_solution(name, options) for _, name, options in methods):
+        report["premises"] = {"teacher": check_teacher(config, rollouts, segment_ids, first, policy, task, progress)}
+        table += "\n" + teacher_table(report["premises"]["teacher"])
     if config.localisers:
         report["localisers"] = audit_localisers(config, rollouts, segment_ids, data.reference, labels, policy, task, progress)
         table += "\n" + localiser_table(report["localisers"])
@@ -246,6 +253,20 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
     from credo.show import write_audit_page
     write_audit_page(out_dir, table, task, policy, rollouts, segment_ids, data.reference, credits, data.trace_tokens)
     return report
+
+
+def check_teacher(config: AuditConfig, rollouts: Rollouts, segment_ids: torch.Tensor, first: list[int | None],
+                  policy: Any, task: Any, progress: bool) -> dict[str, float]:
+    """The teacher premise check (credo.audit_premises); its warning, if any, is printed as one line."""
+    if progress:
+        print("audit: premise check: the teacher ...", flush=True)
+    probe = Probe(policy, task, SamplingConfig(config.temperature, 1.0, config.max_new_tokens),
+                  torch.Generator().manual_seed(config.seed + 4))
+    check = {**teacher_gain(rollouts, policy, task), **kl_argmax_hits(rollouts, segment_ids, first, probe)}
+    warning = teacher_warning(check)
+    if warning:
+        print(f"credo audit: {warning}", file=sys.stderr)
+    return check
 
 
 def write_audit(out_dir: str, report: dict[str, Any], table: str) -> None:
@@ -301,6 +322,7 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
     first = labels.first
     rows = [i for i, f in enumerate(first) if f is not None and f < len(reference.values[i]) - 1]
     out: dict[str, Any] = {"traces": len(rows), "oracle_step1_share": sum(first[i] == 0 for i in rows) / max(len(rows), 1),
+                           "random_top1_expectation": sum(1 / (len(reference.values[i]) - 1) for i in rows) / max(len(rows), 1),
                            "localisers": {}, "failures": {},
                            "privileged_localisers": [n for n in config.localisers if LOCALISERS.get(n).reads_privileged()]}
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
@@ -309,8 +331,9 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
             print(f"audit: localiser {name} ...", flush=True)
         probe = Probe(policy, task, sampling, torch.Generator().manual_seed(config.seed + 3))
         try:
+            notes: dict[str, Any] = {}
             with probe.metered() as spent:
-                picks = localise(name, rollouts, rows, probe, segment_ids, _random.Random(config.seed))
+                picks = localise(name, rollouts, rows, probe, segment_ids, _random.Random(config.seed), notes=notes)
         except Exception as err:  # noqa: BLE001 (reported, the audit goes on)
             out["failures"][name] = f"{type(err).__name__}: {err}"
             continue
@@ -324,5 +347,18 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
             "step1_share": sum(k == 0 for k in picks) / n,
             "reset_success": success / n, "after_error_success": after / n, "clean_prefix_gain": (success - after) / n,
             "tokens_scored_per_trace": spent.tokens_scored / n, "tokens_generated_per_trace": spent.tokens_generated / n,
+            **parse_figures(notes),
         }
+    ran = out["localisers"]
+    out["privileged_localisers"] = [n for n in out["privileged_localisers"]  # `self` that asked the policy reads none
+                                    if ran.get(n, {}).get("resolved", "value") != "prompt"]
     return out
+
+
+def parse_figures(notes: dict[str, Any]) -> dict[str, Any]:
+    """What a localiser decided on the way (credo.strategies.localisers.Parents.notes): `resolved` (the
+    localiser `self` ran) and, for one that asks the policy, `parse_rate` = share of replies the parser read
+    (a boxed or a 'Step N' answer, not the step-1 fallback); NaN for a localiser that asks nothing."""
+    rules = notes.get("parse_rules")
+    rate = sum(rule != "fallback" for rule in rules) / max(len(rules), 1) if rules is not None else float("nan")
+    return {"parse_rate": rate, **({"resolved": notes["resolved"]} if "resolved" in notes else {})}

@@ -260,15 +260,19 @@ def plot_audit(report: dict[str, Any], path: str) -> None:
 def localiser_table(loc: dict[str, Any]) -> str:
     lines = [f"## Reset localisers ({loc['traces']} incorrect traces with a labelled first error before their last "
              f"segment; each parent valued alone, as at training time; the oracle resets at step 1 in "
-             f"{loc['oracle_step1_share']:.3f})", "",
+             f"{loc['oracle_step1_share']:.3f}, a uniform guess scores top-1 "
+             f"{loc.get('random_top1_expectation', math.nan):.3f})", "",
              "| localiser | localisation_top1 | top1 loc | step-1 share | reset_success | after_error_success | "
-             "clean_prefix_gain | tokens scored / trace |",
-             "|---|---|---|---|---|---|---|---|"]
+             "clean_prefix_gain | tokens scored / trace | parse rate |",
+             "|---|---|---|---|---|---|---|---|---|"]
     privileged = set(loc.get("privileged_localisers", ()))
     for name, m in loc["localisers"].items():
-        lines.append(f"| {name}{' †' if name in privileged else ''} | {m['localisation_top1']:.3f} | {m['localisation_top1_localisable']:.3f} | "
+        shown = f"{name} (ran {m['resolved']})" if "resolved" in m else name
+        lines.append(f"| {shown}{' †' if name in privileged else ''} | {m['localisation_top1']:.3f} | "
+                     f"{m['localisation_top1_localisable']:.3f} | "
                      f"{m['step1_share']:.3f} | {m['reset_success']:.3f} | {m['after_error_success']:.3f} | "
-                     f"{m['clean_prefix_gain']:+.3f} | {m['tokens_scored_per_trace']:.0f} |")
+                     f"{m['clean_prefix_gain']:+.3f} | {m['tokens_scored_per_trace']:.0f} | "
+                     f"{_figure(m.get('parse_rate'))} |")
     for name, why in loc["failures"].items():
-        lines.append(f"| {name} | failed: {why} |" + " |" * 7)
+        lines.append(f"| {name} | failed: {why} |" + " |" * 8)
     return "\n".join(lines) + "\n"

@@ -43,15 +43,20 @@ def cmd_methods(args: argparse.Namespace) -> int:
 def cmd_sft(args: argparse.Namespace) -> int:
     from credo.config import MAX_HELD_OUT, ConfigError, load_config, to_dict, user_settings
     from credo.runs import claim_output
-    from credo.sft import SFT_PRESETS, SFTConfig, copy_checkpoint, ensure_sft, sft_config_for
+    from credo.sft import SFTConfig, copy_checkpoint, ensure_sft, preset_names, sft_config_for
     if not 1 <= args.eval_n <= MAX_HELD_OUT:
         raise ConfigError(f"sft --eval-n must be in 1..{MAX_HELD_OUT:,}, got {args.eval_n}")
     given = user_settings(args.config, args.set)  # a --config/--set naming a start or a gym/jsonl task: the HF SFT
     named_task = given.get("task") if isinstance(given.get("task"), str) else None  # (the tiny SFT's task is a section)
-    if args.start or given.get("start") or (args.task or named_task or "arith") not in SFT_PRESETS:
+    if not args.preset and (args.start or given.get("start") or (args.task or named_task or "arith") not in preset_names()):
         return cmd_sft_hf(args)
+    if args.preset:  # a named start: its own task unless --task says (and agrees)
+        from credo.sft import PRESET_TASKS, check_preset
+        args.task = args.task or PRESET_TASKS.get(args.preset, args.preset)
+        check_preset(args.preset, args.task, "sft --preset")
     args.task = args.task or "arith"
-    config = load_config(SFTConfig, args.config, args.set, prefix="sft.", base=to_dict(sft_config_for(args.task)))
+    preset = args.preset or args.task
+    config = load_config(SFTConfig, args.config, args.set, prefix="sft.", base=to_dict(sft_config_for(preset)))
     if args.help_config:
         return show_config(config, "sft")
     # before training: refuse a foreign --out up front
@@ -297,6 +302,8 @@ def _add_sft_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--start", default="", help="a Hugging Face model directory or 'smollm2-135m': fine-tune it on "
                    "--task's worked solutions (options: --help-config)")
     add_config_options(p, "SFTConfig (HFSFTConfig with --start)", "--set max_steps=800")
+    p.add_argument("--preset", default="", help="a named tiny-GPT SFT start instead of --task's default, e.g. "
+                   "arith-long-skilled or arith-long-first (a policy field selects it as 'sft:<name>')")
     p.add_argument("--retrain", action="store_true", help="retrain even when a cached or packaged start exists")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not an SFT checkpoint")
     p.add_argument("--eval-n", type=int, default=500, help="held-out problems to report accuracy on (default 500)")
@@ -318,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("audit", help="score estimators' segment credit against Monte Carlo reference values")
     p.add_argument("--checkpoint", help="a credo checkpoint, a Hugging Face model directory, smollm2-135m or a "
-                   "training run (its final/) (default: the task's SFT start)")
+                   "training run (its final/), sft:<preset> (default: the task's SFT start)")
     p.add_argument("--task", help="task: arith (default), arith-long, gym:<dataset>, jsonl:<path>; the default "
                    "--checkpoint is this task's SFT start")
     p.add_argument("--n", type=int, help="held-out traces to audit (default 256)")
@@ -327,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", help="comma-separated estimators, each 'name' or 'name:key=value:...' "
                    "(default vineppo, at k=4); random, grpo and first_step floors are always included")
     p.add_argument("--localisers", help="comma-separated reset localisers to score against the first "
-                   "wrong step: random, value, oracle (prompt needs a chat model)")
+                   "wrong step: random, value, oracle, self (prompt needs a model that "
+                   "can read the request: a chat model, or sft:arith-long-skilled)")
     p.add_argument("--seed", type=int, help="seed of the sampled traces and the reference (default 0)")
     add_config_options(p, "AuditConfig", "--set segmenter=lines")
     p.add_argument("--out", help="directory for audit.json, audit.md, audit.png (required)")
@@ -342,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="held-out accuracy of a checkpoint; the last line is accuracy=<float>")
     p.add_argument("--checkpoint", help="a credo checkpoint, a Hugging Face model directory, smollm2-135m or a "
-                   "training run (its final/) (default: the task's SFT start)")
+                   "training run (its final/), sft:<preset> (default: the task's SFT start)")
     p.add_argument("--task", help="task name (default arith; arith-long, gym:<dataset>, jsonl:<path>); "
                    "the default --checkpoint is this task's SFT start")
     add_config_options(p, "EvalConfig", "--set task_options.digits=3")

@@ -147,8 +147,15 @@ def _full_path(message: str, fields: set[str], prefix: str) -> str:
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    return {k: (to_dict(v) if dataclasses.is_dataclass(v) else _plain(v)) for k, v in
-            ((f.name, getattr(config, f.name)) for f in dataclasses.fields(config))}
+    """The config as plain nested dicts. A field marked `metadata={"omit_default": True}` is left out while it
+    holds its default: a field added to a config whose hash names shipped artefacts (an SFT start's asset
+    folder) keeps the hash, and so the artefact, of every config that does not set it."""
+    return {f.name: (to_dict(v) if dataclasses.is_dataclass(v) else _plain(v)) for f, v in
+            ((f, getattr(config, f.name)) for f in dataclasses.fields(config)) if not _omitted(f, v)}
+
+
+def _omitted(f: dataclasses.Field, value: Any) -> bool:
+    return bool(f.metadata.get("omit_default")) and f.default is not dataclasses.MISSING and value == f.default
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:

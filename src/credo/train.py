@@ -32,6 +32,7 @@ from credo.distributed import DataParallel, Sharded
 from credo.evaluate import evaluate
 from credo.loss import policy_loss
 from credo.policy import bind_task, check_policy_path, load_policy
+from credo.policy.locate import NAMED_START, named_start
 from credo.policy.base import Policy
 from credo.provenance import loaded_commit
 from credo.probe import Probe
@@ -94,6 +95,8 @@ class Trainer:
             self.strategy = Sharded(self.strategy, self.dp, config.seed)
 
     def start_path(self) -> str:
+        if self.config.start.startswith(NAMED_START):
+            return named_start(self.config.start, "train.start", self.config.task, self.progress)
         if self.config.start:  # checked first: load_policy's error would not name the field
             return check_policy_path(self.config.start, "train.start")
         from credo.sft import ensure_sft

@@ -9,8 +9,9 @@
           parsed by `parse_step_index` (last boxed N, else last "Step N", else step 1);
   oracle  the task's labelled first wrong step (synthetic tasks only: the credit-assignment oracle);
   self    SRPO's self-localisation (the `srpo` recipe): `prompt` where the task has a localisation
-          request (instruction models, as the paper), `value` otherwise (the tiny arith policy cannot
-          follow instructions);
+          request the policy can read (instruction models, as the paper; the tiny arith policy trained
+          with localisation examples, sft preset arith-long-skilled), `value` otherwise (the earlier
+          tiny starts cannot read it);
   credit  the most negative segment of any estimator's credit (`credit_method`, e.g. rredcot), the
           estimator run on the parents' batch as it is (its groups included).
 Privileged localisers (Entry.privileged) read the task's reference solution (`value`, and `self` where it
@@ -62,15 +63,19 @@ class Parents:
     n_steps: list[int]
     probe: Probe
     rng: random.Random | None
+    notes: dict | None = None
+    """When given, what the localisers decided on the way (the audit's localisation check reads it):
+    `parse_rules` (prompt: per parent 'boxed', 'prose' or 'fallback') and `resolved` (self: the localiser it ran)."""
 
 
 def localise(name: str, rollouts: Rollouts, rows: Sequence[int], probe: Probe, segment_ids: torch.Tensor,
              rng: random.Random | None, prompt_temperature: float = 0.3, value_drop: float = 0.05, *,
-             prompt_max_new_tokens: int = 4096, credit_method: str = "rredcot") -> list[int]:
-    """The 0-based step to reset at for each row in `rows` (each a failed trace), by the localiser `name`."""
+             prompt_max_new_tokens: int = 4096, credit_method: str = "rredcot", notes: dict | None = None) -> list[int]:
+    """The 0-based step to reset at for each row in `rows` (each a failed trace), by the localiser `name`
+    (`notes`: see Parents)."""
     fn = LOCALISERS.get(name).fn
     n_steps = [len(b) for b in segment_bounds(segment_ids[list(rows)])]
-    parents = Parents(rollouts, list(rows), segment_ids, n_steps, probe, rng)
+    parents = Parents(rollouts, list(rows), segment_ids, n_steps, probe, rng, notes)
     return fn(parents, LocaliserOptions(prompt_temperature, prompt_max_new_tokens, value_drop, credit_method))
 
 
@@ -89,7 +94,10 @@ def localise_by_value_drop(parents: Parents, options: LocaliserOptions) -> list[
 def localise_by_prompt(parents: Parents, options: LocaliserOptions) -> list[int]:
     replies = localisation_replies(parents.rollouts, parents.rows, parents.probe, parents.segment_ids,
                                    options.prompt_temperature, options.prompt_max_new_tokens)
-    return [parse_step_index(reply, max(n, 1)) for reply, n in zip(replies, parents.n_steps)]
+    parsed = [parse_step(reply, max(n, 1)) for reply, n in zip(replies, parents.n_steps)]
+    if parents.notes is not None:
+        parents.notes["parse_rules"] = [rule for _, rule in parsed]
+    return [step for step, _ in parsed]
 
 
 @LOCALISERS.register("oracle", "the task's labelled first wrong step (synthetic tasks with step labels)",
@@ -105,11 +113,43 @@ def localise_by_oracle(parents: Parents, options: LocaliserOptions) -> list[int]
     return out
 
 
-@LOCALISERS.register("self", "SRPO: `prompt` where the task has a localisation request, `value` otherwise",
+@LOCALISERS.register("self", "SRPO: `prompt` where the task has a localisation request the policy can read, `value` "
+                     "otherwise",
                      privileged=True)  # `value` wherever the task has no localisation request
 def localise_by_self(parents: Parents, options: LocaliserOptions) -> list[int]:
-    asks = getattr(parents.probe.task, "localisation_prompt", None) is not None
-    return LOCALISERS.get("prompt" if asks else "value").fn(parents, options)
+    resolved = "prompt" if can_ask(parents) else "value"
+    if parents.notes is not None:
+        parents.notes["resolved"] = resolved
+    return LOCALISERS.get(resolved).fn(parents, options)
+
+
+def can_ask(parents: Parents) -> bool:
+    """Whether the policy can be sent the task's localisation request about these parents: the task has one,
+    and a character-level policy (the tiny GPT) has every character of it in its alphabet (a start trained
+    with localisation examples, sft.localisation_frac; the earlier starts do not)."""
+    if getattr(parents.probe.task, "localisation_prompt", None) is None:
+        return False
+    requests = localisation_requests(parents.rollouts, parents.rows, parents.probe, parents.segment_ids)
+    return not unreadable(parents.probe.policy, requests)
+
+
+def unreadable(policy, texts: Sequence[str]) -> str:  # noqa: ANN001
+    """The characters of `texts` a character-level policy's alphabet lacks ('' for a Hugging Face tokenizer,
+    which encodes any text)."""
+    alphabet = getattr(getattr(policy, "tokenizer", None), "alphabet", None)
+    if not isinstance(alphabet, str):
+        return ""
+    return "".join(sorted(set("".join(texts)) - set(alphabet)))
+
+
+def localisation_requests(rollouts: Rollouts, rows: Sequence[int], probe: Probe, segment_ids: torch.Tensor) -> list[str]:
+    """The task's localisation request about each row in `rows`: its problem and its steps (segments)."""
+    builder, policy = probe.task.localisation_prompt, probe.policy
+    prompts = []
+    for row in rows:
+        steps = [policy.decode(rollouts.completion_ids[row, a:b]) for a, b in segment_bounds(segment_ids[[row]])[0]]
+        prompts.append(builder(rollouts.problems[row], steps))
+    return prompts
 
 
 def credit_privileged(options: LocaliserOptions | None) -> bool:
@@ -173,10 +213,12 @@ def localisation_replies(rollouts: Rollouts, rows: Sequence[int], probe: Probe, 
         raise ValueError(f"the prompt localiser needs a task with localisation_prompt (chat models); "
                          f"task {getattr(probe.task, 'name', '?')!r} has none: use value, random or oracle")
     policy = probe.policy
-    prompts = []
-    for row in rows:
-        steps = [policy.decode(rollouts.completion_ids[row, a:b]) for a, b in segment_bounds(segment_ids[[row]])[0]]
-        prompts.append(builder(rollouts.problems[row], steps))
+    prompts = localisation_requests(rollouts, rows, probe, segment_ids)
+    missing = unreadable(policy, prompts)
+    if missing:
+        raise ValueError(f"the prompt localiser needs a policy that can read the task's localisation_prompt; this "
+                         f"tiny policy's alphabet lacks {missing!r} (a start trained with localisation examples "
+                         "can: sft:arith-long-skilled)")
     ids, mask = policy.encode_prompts(prompts, system=False)
     out = probe.sample(ids, mask, SamplingConfig(temperature, probe.sampling.top_p, max_new_tokens))
     return [policy.decode(r) for r in out.completion_ids]

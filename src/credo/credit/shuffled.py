@@ -11,6 +11,14 @@ rescaled instead, so they stay >= 0). Hence per trace the multiset of segment-me
 unchanged, segment-constant credit (RREDCoT, VinePPO, LOO) is permuted exactly, a fixed point of
 the permutation (and so a one-segment trace) is untouched, and padding stays zero.
 Segments are the wrapped method's own (`segmenter` of its config) unless `segmenter` is given.
+
+`level=token` is the structure-free control of token weights: each trace's credit (advantages and
+weights, moved together) is permuted over all of its trainable completion tokens by one seeded
+uniform permutation, so per trace the multiset of token credit is unchanged, padding stays zero and
+where a value lands does not depend on its token. The segment level keeps a method's within-segment
+pattern, and with it any bias by token type that is the same on every segment (on arith every line is
+`a+b=c`): it answers "does it matter which *step* gets the credit?"; the token level answers "is it
+the structure at all?" (docs/methods.md, "## Controls").
 """
 
 from __future__ import annotations
@@ -27,22 +35,28 @@ from credo.rollouts import Credit, Rollouts
 from credo.segment import check_segmenter_option, segment_bounds, segments_for
 
 
+LEVELS = ("segment", "token")
+
+
 @dataclass(frozen=True)
 class ShuffledConfig:
     """of: the wrapped estimator. seed: of the permutations (combined with a digest of the batch, so
     every batch gets its own permutations and the same batch always the same). segmenter: '' = the
-    wrapped method's own (the batch's segments when it has none). options: the wrapped method's options; any key
-    not named here lands in it (`shuffled:of=rredcot:candidates=answers`)."""
+    wrapped method's own (the batch's segments when it has none). level: segment (permute segments, the
+    default) | token (permute each trace's tokens: the structure-free control; module docstring). options: the
+    wrapped method's options; any key not named here lands in it (`shuffled:of=rredcot:candidates=answers`)."""
 
     EXTRA_OPTIONS_FIELD = "options"
 
     of: str = "grpo"
     seed: int = 0
     segmenter: Any = ""
+    level: str = field(default="segment", metadata={"omit_default": True})
     options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check(self.of != "shuffled", "credit.of: shuffled cannot wrap itself")
+        check(self.level in LEVELS, f"credit.level must be one of {LEVELS}, got {self.level!r}")
         try:
             inner = get(self.of)
         except KeyError as err:
@@ -80,9 +94,14 @@ def permute_segments(values: torch.Tensor, bounds: list[list[tuple[int, int]]], 
 
 def permutations(bounds: list[list[tuple[int, int]]], rollouts: Rollouts, seed: int) -> list[torch.Tensor]:
     """One seeded uniform permutation of each row's segment indices."""
+    return row_permutations([len(b) for b in bounds], rollouts, seed)
+
+
+def row_permutations(sizes: list[int], rollouts: Rollouts, seed: int) -> list[torch.Tensor]:
+    """One seeded uniform permutation of range(sizes[b]) per row b (the seed combined with a digest of the batch)."""
     digest = zlib.crc32(rollouts.completion_ids.cpu().numpy().tobytes())
     generator = torch.Generator().manual_seed(seed * 1_000_003 + digest)
-    return [torch.randperm(len(b), generator=generator) for b in bounds]
+    return [torch.randperm(n, generator=generator) for n in sizes]
 
 
 def wrapped_privileged(config: ShuffledConfig) -> bool:
@@ -91,12 +110,15 @@ def wrapped_privileged(config: ShuffledConfig) -> bool:
     return inner.reads_privileged(inner.make_config(config.options))
 
 
-@register("shuffled", "control: a method's own segment credit permuted among each trace's segments (shuffled:of=<method>)",
+@register("shuffled", "control: a method's own segment credit permuted among each trace's segments (shuffled:of=<method>; "
+          "level=token: over its tokens)",
           ShuffledConfig, needs_segments=True, privileged=wrapped_privileged)
 def shuffled(rollouts: Rollouts, probe: Any, config: ShuffledConfig) -> Credit:
     inner = get(config.of)
     inner_config = inner.make_config(config.options)
     credit = inner(rollouts, probe, inner_config)  # its cost is counted inside
+    if config.level == "token":
+        return shuffle_tokens(credit, rollouts, config.seed)
     segmenter = config.segmenter or getattr(inner_config, "segmenter", "")
     bounds = segment_bounds(segments_for(rollouts, probe, segmenter))
     orders = permutations(bounds, rollouts, config.seed)
@@ -104,6 +126,24 @@ def shuffled(rollouts: Rollouts, probe: Any, config: ShuffledConfig) -> Credit:
     advantages = permute_segments(credit.advantages, bounds, orders, keep_sign=False) * mask
     weights = None if credit.weights is None else permute_segments(credit.weights, bounds, orders, keep_sign=True)
     return Credit(advantages=advantages, weights=weights, loss_mask=credit.loss_mask, cost=credit.cost,
+                  info={**credit.info, "shuffled_fixed_points": _fixed_point_share(orders)})
+
+
+def shuffle_tokens(credit: Credit, rollouts: Rollouts, seed: int) -> Credit:
+    """`credit` with each row's advantages[B, T] and weights[B, T] permuted together over the row's trainable
+    tokens (one seeded uniform permutation per row)."""
+    mask = rollouts.trainable_mask()
+    advantages = credit.advantages * mask.to(credit.advantages.dtype)
+    weights = credit.weights
+    orders = row_permutations([int(n) for n in mask.sum(1).tolist()], rollouts, seed)
+    shuffled_adv = advantages.clone()
+    shuffled_w = None if weights is None else weights.clone()
+    for row, order in enumerate(orders):
+        where = mask[row].nonzero().flatten()
+        shuffled_adv[row, where] = advantages[row, where[order]]
+        if shuffled_w is not None:
+            shuffled_w[row, where] = weights[row, where[order]]
+    return Credit(advantages=shuffled_adv, weights=shuffled_w, loss_mask=credit.loss_mask, cost=credit.cost,
                   info={**credit.info, "shuffled_fixed_points": _fixed_point_share(orders)})
 
 

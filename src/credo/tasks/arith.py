@@ -13,6 +13,12 @@ are not errors). Two markers exist only for teacher forcing and are never sample
 early answer (the forced-answer probe of RREDCoT) and `|` separates a reference solution placed
 before the prompt (SC-GRPO's teacher context).
 
+The localisation request (`localisation_prompt`, what SRPO's `prompt` localiser sends) is rendered
+for the tiny model: the problem, the trace's steps numbered `Step i: <line>`, then the question
+`First wrong step?`; the reply the parser reads is `Step k` (`Step 0`: no wrong step). Its letters
+are not in ALPHABET: only a start trained with localisation examples (`LOCALISATION_ALPHABET` added
+to its alphabet) can read it.
+
 Two registered presets (`PRESETS`): `arith` (3-5 two-digit terms) and `arith-long` (8-12 one-digit
 terms: long chains whose first errors spread over the whole chain, the testbed where credit
 assignment has room; see docs/results/arith-long-calibration/). Each preset's held-out split is
@@ -24,6 +30,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -35,6 +42,11 @@ PROBE_MARKER = "?"
 REFERENCE_SEPARATOR = "|"
 STEP_RE = re.compile(r"^(\d+)([+\-*])(\d+)=(-?\d+)$")
 ANSWER_RE = re.compile(r"^####\s*(-?\d+)$")
+LOCALISATION_QUESTION = "First wrong step?"
+LOCALISATION_STEP = "Step {}"
+"""A localisation reply: `Step k` names the first wrong step (1-based; 0 = none), as parse_step_index reads it."""
+LOCALISATION_ALPHABET = "".join(sorted(set(LOCALISATION_QUESTION + LOCALISATION_STEP.format(": ")) - set(ALPHABET)))
+"""Characters of the localisation request that ALPHABET lacks (added to a localising start's alphabet)."""
 MAX_MISSES = 100_000  # draws in a row without a new problem after which a problem space counts as used up
 
 
@@ -229,6 +241,12 @@ class ArithTask:
     def reference_prompt(self, problem: Problem, reference_solution: str) -> str:
         """The prompt with a verified solution placed before it (SC-GRPO's teacher context)."""
         return reference_solution + REFERENCE_SEPARATOR + problem.prompt
+
+    def localisation_prompt(self, problem: Problem, steps: Sequence[str]) -> str:
+        """SRPO's localisation request in this task's rendering (module docstring): the problem, the
+        trace's steps (the `lines` segments) numbered from 1, the question."""
+        chain = "".join(LOCALISATION_STEP.format(i) + ": " + step.strip() + "\n" for i, step in enumerate(steps, 1))
+        return problem.prompt + chain + LOCALISATION_QUESTION + "\n"
 
     def early_answer_text(self, problem: Problem, n_lines: int) -> str:
         """First `n_lines` solution lines followed by the early-answer probe (SFT mixture)."""

@@ -1,0 +1,132 @@
+"""The skilled SFT mixture: solution-in-context and localisation examples in the formats the methods use."""
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from credo.config import ConfigError, config_hash, from_dict, to_dict
+from credo.credit.sc_grpo import teacher_prompt
+from credo.sft import (SFTConfig, example_kind, make_tokenizer, packaged_start, sft_config_for, sft_example)
+from credo.strategies.localisers import parse_step
+from credo.tasks.arith import ALPHABET, PRESETS, ArithTask
+from credo.tasks.arith_skills import corrupted_lines, localisation_example
+
+
+@pytest.fixture(scope="module")
+def task():
+    return ArithTask(PRESETS["arith-long"], "arith-long")
+
+
+@pytest.fixture(scope="module")
+def problems(task):
+    return task.train_problems(300, torch.Generator().manual_seed(3))
+
+
+def test_corrupted_line_is_the_first_and_only_error(task, problems):
+    rng = random.Random(0)
+    for problem in problems:
+        n = len(task.solution_lines(problem))
+        line = rng.randrange(n)
+        lines = corrupted_lines(task, problem, line, rng)
+        truth = task.step_truth(problem, "\n".join(lines))
+        assert truth.first_error == line
+        assert truth.correct.count(False) == 1  # later lines carry the slip forward correctly
+        assert all(not part.startswith("-") for text in lines for part in text.replace("=", " ").split())
+
+
+def test_localisation_example_is_the_request_the_localiser_sends_with_a_target_the_parser_reads(task, problems):
+    rng = random.Random(1)
+    seen = Counter()
+    for problem in problems:
+        request, target = localisation_example(task, problem, rng, right_share=0.2)
+        body = request[len(problem.prompt):].split("\n")[:-2]  # the numbered steps
+        steps = [line.split(": ", 1)[1] for line in body]
+        pieces = [s + "\n" for s in steps[:-1]] + steps[-1:]
+        assert request == task.localisation_prompt(problem, pieces)
+        first = task.step_truth(problem, "".join(pieces)).first_error
+        if first is None:
+            assert target == "Step 0"
+        else:
+            assert parse_step(target, len(pieces)) == (first, "prose")
+        seen[first is None] += 1
+    assert 0.1 < seen[True] / len(problems) < 0.3
+
+
+def test_reference_example_is_exactly_sc_grpos_teacher_context(task, problems):
+    config = sft_config_for("arith-long-skilled")
+    policy_stub = type("P", (), {"model": None})()  # no context length: the teacher context is never cut
+    problem = problems[0]
+    context, target = sft_example(task, problem, "reference", random.Random(0))
+    assert context == teacher_prompt(task, policy_stub, problem, task.solution(problem), 96, None, 0)
+    assert target == task.solution(problem)
+    assert config.reference_frac == 0.3 and config.localisation_frac == 0.2
+
+
+def test_skilled_alphabet_reads_the_request_and_the_first_start_keeps_its_own(task, problems):
+    skilled = make_tokenizer(sft_config_for("arith-long-skilled"))
+    request, target = localisation_example(task, problems[0], random.Random(0), 0.0)
+    skilled.encode(request + target)  # every character is in the alphabet
+    assert make_tokenizer(sft_config_for("arith-long")).alphabet == ALPHABET
+    with pytest.raises(ValueError):
+        make_tokenizer(sft_config_for("arith-long")).encode(request)
+    assert set(skilled.banned_in_sampling) == set("?|")
+
+
+def test_new_fields_keep_the_first_starts_hash_and_asset():
+    first = sft_config_for("arith-long")
+    assert "localisation_frac" not in to_dict(first)
+    assert config_hash(first) == "8b4267909737" and packaged_start(first) is not None
+    assert sft_config_for("arith-long-first") == first
+    assert config_hash(sft_config_for("arith-long-skilled")) != config_hash(first)
+
+
+def test_example_kinds_follow_the_shares():
+    config = sft_config_for("arith-long-skilled")
+    rng = random.Random(0)
+    counts = Counter(example_kind(rng.random(), config) for _ in range(20000))
+    assert abs(counts["localise"] / 20000 - 0.2) < 0.015 and abs(counts["reference"] / 20000 - 0.3) < 0.015
+    assert abs(counts["early"] / 20000 - 0.1) < 0.015
+
+
+@pytest.mark.parametrize("values, field", [({"localisation_frac": 0.8}, "localisation_frac"),
+                                           ({"localisation_frac": -0.1}, "localisation_frac"),
+                                           ({"localisation_right_frac": 1.5}, "localisation_right_frac")])
+def test_shares_are_range_checked(values, field):
+    with pytest.raises(ConfigError, match=field):
+        from_dict(SFTConfig, values, prefix="sft.")
+
+
+def test_init_copies_a_start_and_keeps_fresh_rows_for_new_characters(tmp_path):
+    from dataclasses import replace
+    from credo.policy.gpt import GPTConfig
+    from credo.policy.tiny import TinyPolicy
+    from credo.sft import initialise_from, make_tokenizer
+    small = GPTConfig(n_layer=1, d_model=16, n_head=2, max_len=64)
+    old_tok, new_tok = make_tokenizer(), make_tokenizer(sft_config_for("arith-long-skilled"))
+    source = TinyPolicy.create(replace(small, vocab_size=old_tok.vocab_size), old_tok, seed=1)
+    source.save(str(tmp_path / "src"))
+    target = TinyPolicy.create(replace(small, vocab_size=new_tok.vocab_size), new_tok, seed=2)
+    fresh = target.model.tok_emb.weight.detach().clone()
+    initialise_from(target, str(tmp_path / "src"))
+    rows = old_tok.vocab_size
+    assert torch.equal(target.model.tok_emb.weight[:rows], source.model.tok_emb.weight)
+    assert torch.equal(target.model.tok_emb.weight[rows:], fresh[rows:])
+    assert torch.equal(target.model.blocks[0].mlp[0].weight, source.model.blocks[0].mlp[0].weight)
+    wider = TinyPolicy.create(replace(small, d_model=32, vocab_size=new_tok.vocab_size), new_tok)
+    with pytest.raises(ConfigError, match="sft.init"):
+        initialise_from(wider, str(tmp_path / "src"))
+    with pytest.raises(ConfigError, match="sft.init"):
+        from_dict(SFTConfig, {"init": "nope"}, prefix="sft.")
+
+
+def test_named_starts_resolve_by_name_and_refuse_another_tasks_or_an_unknown_one():
+    from credo.policy import resolve_checkpoint
+    first = resolve_checkpoint("sft:arith-long-first", "audit.checkpoint", task="arith-long", progress=False)
+    assert first == packaged_start(sft_config_for("arith-long"))
+    assert resolve_checkpoint("sft:arith-long", "x", task="arith-long", progress=False) == first  # the task's default
+    with pytest.raises(ConfigError, match="^audit.checkpoint: no SFT start named 'nope'"):
+        resolve_checkpoint("sft:nope", "audit.checkpoint", task="arith-long", progress=False)
+    with pytest.raises(ConfigError, match="^train.start: the start sft:arith-long-skilled is trained on arith-long"):
+        resolve_checkpoint("sft:arith-long-skilled", "train.start", task="arith", progress=False)
