@@ -141,6 +141,10 @@ def check_advantages(advantages: torch.Tensor, real: torch.Tensor, trainable: to
     if hit is not None:
         raise where.fail("advantages_finite", hit[0], f"advantage of token {hit[1]} is {float(advantages[hit])}")
     real, trainable = real.bool(), trainable.bool()
+    hit = _first(trainable & ~real)
+    if hit is not None:
+        raise where.fail("aligned", hit[0], f"the loss mask marks token {hit[1]}, which is padding (a mask shifted "
+                         "against the response)")
     for name, ours, theirs in (("response", credit_real, real), ("loss", credit_trainable, trainable)):
         if ours is None:
             continue
@@ -148,10 +152,6 @@ def check_advantages(advantages: torch.Tensor, real: torch.Tensor, trainable: to
         if hit is not None:
             raise where.fail("aligned", hit[0], f"the credit was computed under a {name} mask that differs from the "
                              f"trainer's at token {hit[1]} (credit {int(ours[hit])}, trainer {int(theirs[hit])})")
-    hit = _first(trainable & ~real)
-    if hit is not None:
-        raise where.fail("aligned", hit[0], f"the loss mask marks token {hit[1]}, which is padding (a mask shifted "
-                         "against the response)")
     nonzero = advantages != 0
     hit = _first(nonzero & ~real)
     if hit is not None:

@@ -93,7 +93,7 @@ def _check_rewards_finite(scores: torch.Tensor, field: str, name: Callable[[int]
     bad = (~torch.isfinite(sums)).nonzero().flatten()
     if len(bad):
         row = int(bad[0])
-        raise UserError(f"verl batch{at}: field {field!r}, {name(row)}, sums to {float(sums[row])} "
+        raise UserError(f"verl batch{at}: rewards_finite: field {field!r}, {name(row)}, sums to {float(sums[row])} "
                         f"({len(bad)} of {len(sums)} rows not finite): the reward function must return finite numbers")
 
 
