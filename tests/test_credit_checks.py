@@ -294,3 +294,40 @@ def test_group_sums_tolerance_passes_float32_groups_and_fails_a_one_row_fault():
         wrong = grpo_advantages(torch.cat([rewards, torch.zeros(1)]), torch.zeros(size + 1, dtype=torch.long))[:size]
         with pytest.raises(CreditCheckError, match="group_sums"):
             check_group_sums(wrong[:, None].expand(size, 3), torch.ones(size, 3), group, where)
+
+
+@pytest.mark.slow
+def test_trl_two_real_processes_dealt_a_split_group_stop_before_the_update(tmp_path):
+    """accelerate launch, 2 CPU processes (gloo): the generation batch dealt out of group order (each process holds
+    half of both groups) stops at credo's groups_whole check on both processes, before any update is written."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TRL_EXPERIMENTAL_SILENCE": "1",
+           "PYTHONPATH": os.pathsep.join([os.path.join(root, "src"), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "split"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes=2", "--num_machines=1",
+           "--mixed_precision=no", "--dynamo_backend=no", "--main_process_port=29547",
+           os.path.join(root, "examples", "trl_two_process.py"), "--out", str(out), "--per-device", "4",
+           "--credit", "grpo", "--deal-split"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode != 0
+    assert ("credo check groups_whole failed at step 0 (TRL global_step), row 2 of the generation batch: the rows of "
+            "its group 0 hold different prompts") in result.stderr, result.stderr[-3000:]
+    assert "row 6 of the generation batch: the rows of its group 1 hold different prompts" in result.stderr
+    assert not (out / "grpo.json").exists()
+
+
+def test_the_checks_are_reachable_as_credo_checks_and_one_verl_config_key_turns_them_off():
+    import credo
+    from omegaconf import OmegaConf
+    from credo.integrations import checks
+    from credo.integrations.verl_credit import credo_spec
+    assert credo.checks is checks
+    config = {"algorithm": {"adv_estimator": "credo:grpo"}, "credo": {"task": "gym:chain_sum"}}
+    assert "checks" not in credo_spec(OmegaConf.create(config))  # on by default (the worker reads a missing key so)
+    assert credo_spec(OmegaConf.create({**config, "credo": {"task": "gym:chain_sum", "checks": False}}))["checks"] is False
+    with pytest.raises(ValueError, match="credo.checks must be true or false, got 'no'"):
+        credo_spec(OmegaConf.create({**config, "credo": {"task": "gym:chain_sum", "checks": "no"}}))
