@@ -328,6 +328,7 @@ def test_the_checks_are_reachable_as_credo_checks_and_one_verl_config_key_turns_
     assert credo.checks is checks
     config = {"algorithm": {"adv_estimator": "credo:grpo"}, "credo": {"task": "gym:chain_sum"}}
     assert "checks" not in credo_spec(OmegaConf.create(config))  # on by default (the worker reads a missing key so)
-    assert credo_spec(OmegaConf.create({**config, "credo": {"task": "gym:chain_sum", "checks": False}}))["checks"] is False
+    off = credo_spec(OmegaConf.create({**config, "credo": {"task": "gym:chain_sum", "checks": False}}))
+    assert off["checks"] is False
     with pytest.raises(ValueError, match="credo.checks must be true or false, got 'no'"):
         credo_spec(OmegaConf.create({**config, "credo": {"task": "gym:chain_sum", "checks": "no"}}))

@@ -55,7 +55,8 @@ def negative_id(t, row):
 
 # (name, plant(batch, row), row, what the one line says)
 CASES = [
-    ("nan reward", set_("token_level_rewards", nan_at), 5, "field 'token_level_rewards', row 5 (uid 'uid-1'), sums to nan"),
+    ("nan reward", set_("token_level_rewards", nan_at), 5,
+     "field 'token_level_rewards', row 5 (uid 'uid-1'), sums to nan"),
     ("reward width", set_("token_level_rewards", lambda t, r: t[:, :-1]), 0,
      "field 'token_level_rewards' has shape"),
     ("short attention mask", set_("attention_mask", lambda t, r: t[:, :-2]), 0, "field 'attention_mask' has shape"),
@@ -113,7 +114,8 @@ def estimator_inputs(B=8, T=5):
 
 
 REWARD_ONLY_CASES = [
-    ("nan reward", lambda r, m, i: (nan_at(r, 3), m, i), "field 'token_level_rewards', row 3 (uid 'uid-0'), sums to nan"),
+    ("nan reward", lambda r, m, i: (nan_at(r, 3), m, i),
+     "field 'token_level_rewards', row 3 (uid 'uid-0'), sums to nan"),
     ("reward width", lambda r, m, i: (r[:, :-1], m, i), "field 'token_level_rewards' has shape (8, 4), response_mask "
                                                        "(8, 5)"),
     ("no uid", lambda r, m, i: (r, m, None), "no index (non-tensor field 'uid'"),

@@ -70,8 +70,8 @@ def check_batch(batch: Any, vocab_size: int | None = None, step: Any = None) -> 
             bad = ((ids < 0) | (ids >= vocab_size)).nonzero()
             if len(bad):
                 row, col = (int(v) for v in bad[0])
-                raise UserError(f"verl batch{at}: field {field!r}, {name(row)}, token {col} is id {int(ids[row, col])}, "
-                                f"outside the model's vocabulary (0..{vocab_size - 1})")
+                raise UserError(f"verl batch{at}: field {field!r}, {name(row)}, token {col} is id "
+                                f"{int(ids[row, col])}, outside the model's vocabulary (0..{vocab_size - 1})")
     for i in range(B):
         problem_from_row(batch, i, name, at)
 
