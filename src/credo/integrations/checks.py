@@ -60,8 +60,7 @@ class Where:
 
     def fail(self, check: str, row: int, detail: str) -> CreditCheckError:
         return CreditCheckError(f"credo check {check} failed at step {self.step}, {self.row_name(row)}: {detail}; "
-                                f"the update was not applied (a wrong mask, padding or grouping; {self.off} turns "
-                                "the checks off)")
+                                f"the update was not applied ({self.off} turns the checks off)")
 
 
 def _first(bad: torch.Tensor) -> tuple[int, int] | None:
