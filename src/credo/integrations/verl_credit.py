@@ -169,7 +169,8 @@ def apply_credit(batch: Any, estimator: str, *, module: torch.nn.Module, tokeniz
     if len(set(sizes.tolist())) > 1:  # a group cut by the shard boundary: its statistics would be wrong
         raise ValueError(f"apply_credit needs whole groups on the shard (equal sizes); got group sizes "
                          f"{sorted(set(sizes.tolist()))}: dispatch with credit_on_shards")
-    where = credit_checks.Where(step=step, off="apply_credit(checks=False) / +credo.checks=false",
+    where = credit_checks.Where(step="? (not given: apply_credit(step=...))" if step is None else step,
+                                off="apply_credit(checks=False) / +credo.checks=false",
                                 row_name=row_namer(batch)) if checks else None
     if where is not None:
         _check_groups(batch, rollouts, where, gather)
