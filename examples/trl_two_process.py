@@ -9,6 +9,10 @@ batch gets a fixed completion chosen by its position in its group, so both layou
 (2 prompts x 4 completions; one group per process with 2 processes). For each estimator (--credit) one
 optimiser step runs from the same tiny random Llama; rank 0 writes the per-row advantages (gathered from
 all processes) and the updated weights to --out/<credit>.{json,safetensors}.
+
+--deal-split plants the fault credo's groups_whole check is there for: the generation batch is dealt out of group
+order (prompt indices 0 0 1 1 | 0 0 1 1), so each process holds half of both groups; credo's credit checks stop
+the run before the update, naming the check, the row and the step.
 """
 
 from __future__ import annotations
@@ -28,7 +32,17 @@ def fixed_completions(answer: str) -> list[str]:
             f"Therefore\n\n<answer>{answer}</answer>", "no idea"]
 
 
-def build(per_device: int, credit: str, out: str):  # noqa: ANN201
+class SplitGroupSampler:
+    """Prompt indices 0 0 1 1 per process batch: every group of 4 split across two processes' batches."""
+
+    def __iter__(self):  # noqa: ANN204
+        return iter([0, 0, 1, 1] * 64)
+
+    def __len__(self) -> int:
+        return 256
+
+
+def build(per_device: int, credit: str, out: str, deal_split: bool = False):  # noqa: ANN201
     import datasets
     from trl import GRPOConfig
     from test_hf import build_tokenizer, tiny_llama
@@ -59,15 +73,18 @@ def build(per_device: int, credit: str, out: str):  # noqa: ANN201
                       max_completion_length=24, max_steps=1, logging_steps=1, report_to=[], use_cpu=True, bf16=False,
                       seed=0, save_strategy="no", learning_rate=1e-2, beta=0.0, shuffle_dataset=False)
     rows = [{"prompt": p.prompt, "answer": p.answer} for p in problems]
-    return CreditGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward, args=args,
-                             train_dataset=datasets.Dataset.from_list(rows), credit=credit, task=task,
-                             rollout_func=rollout)
+    trainer = CreditGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward, args=args,
+                                train_dataset=datasets.Dataset.from_list(rows), credit=credit, task=task,
+                                rollout_func=rollout)
+    if deal_split:
+        trainer._get_train_sampler = lambda dataset=None: SplitGroupSampler()
+    return trainer
 
 
-def run(per_device: int, credit: str, out: str) -> None:
+def run(per_device: int, credit: str, out: str, deal_split: bool = False) -> None:
     from accelerate.utils import gather_object
     from safetensors.torch import save_file
-    trainer = build(per_device, credit, out)
+    trainer = build(per_device, credit, out, deal_split)
     seen: list = []
     original = trainer._generate_and_score_completions
 
@@ -116,13 +133,14 @@ def main() -> None:
     parser.add_argument("--per-device", type=int, default=4, help="rows per process (8 / number of processes)")
     parser.add_argument("--credit", nargs="+", default=["rredcot", "sc_grpo"], help="credo estimators to run")
     parser.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="print the differences of two runs")
+    parser.add_argument("--deal-split", action="store_true", help="plant a group split across processes (see above)")
     args = parser.parse_args()
     if args.compare:
         print(json.dumps(compare(*args.compare, args.credit), indent=2))
         return
     torch.set_num_threads(1)
     for credit in args.credit:
-        run(args.per_device, credit, args.out)
+        run(args.per_device, credit, args.out, args.deal_split)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,13 @@ With TRL's vLLM generation (`use_vllm=True`) only sampling moves to vLLM: the Pr
 for MC estimators, samples continuations) with the training model as it is on this process, so credit
 is computed under the current weights, the same weights TRL's loss uses; vLLM's own weights are synced
 by TRL and never read by credo. Budget the Probe's extra forwards on the training GPUs.
+
+Credit sanity checks (credo.integrations.checks, on by default, `credit_checks=False` turns them off) run on
+every batch before the advantages reach TRL: finite rewards (a row every reward function left None or NaN
+counts as not finite: credo would read it as 0), each group's rows sharing one prompt, finite advantages,
+the estimator's masks equal to TRL's completion and tool masks, zero credit on padding and masked tokens,
+and for grpo/dr_grpo/rloo group sums ~0. A failure is a CreditCheckError naming the check, the row (in
+TRL's generation batch) and TRL's global_step.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ if trl.__version__ != SUPPORTED_TRL:
                       f"GRPOTrainer methods); found trl=={trl.__version__}. Install trl=={SUPPORTED_TRL}.")
 
 from credo import credit as credit_registry  # noqa: E402
+from credo.integrations import checks  # noqa: E402
 from credo.integrations.shards import process_group_gather  # noqa: E402
 from credo.policy.base import SamplingConfig, as_prompt, left_pad, render_plain  # noqa: E402
 from credo.policy.hf import HFPolicy  # noqa: E402
@@ -66,10 +74,11 @@ class CreditGRPOTrainer(GRPOTrainer):
     credit: estimator name (`credo methods`). credit_config: its options. task: a credo task (answer
     template, verifier, teacher context) for estimators that probe the model; the dataset's `answer`
     column becomes each problem's gold answer. sampling: what the Probe samples with (MC estimators).
+    credit_checks: run credo's credit sanity checks on every batch (credo.integrations.checks).
     """
 
     def __init__(self, *args: Any, credit: str = "grpo", credit_config: dict | None = None, task: Any = None,
-                 sampling: SamplingConfig | None = None, **kwargs: Any) -> None:
+                 sampling: SamplingConfig | None = None, credit_checks: bool = True, **kwargs: Any) -> None:
         # everything credo can check is checked before TRL loads models and reference models
         self.credit_spec = credit_registry.get(credit)
         options = dict(credit_config or {})
@@ -88,6 +97,7 @@ class CreditGRPOTrainer(GRPOTrainer):
                              f"steps_per_generation ({per_process}) must be a multiple of num_generations "
                              f"({self.num_generations})")
         self.credit_task = task
+        self.credit_checks = bool(credit_checks)
         # an MC estimator's continuations come from the policy TRL samples from: its temperature and top_p
         self.credit_sampling = sampling or SamplingConfig(temperature=self.args.temperature, top_p=self.args.top_p,
                                                           max_new_tokens=self.max_completion_length)
@@ -123,6 +133,10 @@ class CreditGRPOTrainer(GRPOTrainer):
         gather = process_group_gather() if self.accelerator.num_processes > 1 else None
         probe = Probe(self._probe_policy(), self.credit_task, self.credit_sampling, self.credit_generator, gather=gather)
         rollouts = self._rollouts(output, probe)
+        where = self._check_where(len(rollouts.rewards)) if self.credit_checks else None
+        if where is not None:
+            checks.check_rewards(rollouts.rewards, where, "reward (TRL's weighted sum; NaN: no function scored it)")
+            checks.check_groups(rollouts.group, [x.get("prompt") for x in self._credo_inputs], where)
         probe.no_sampling = sampling_refusal(rollouts)
         result = self.credit_spec(rollouts, probe, self.credit_options)
         advantages = result.advantages
@@ -131,6 +145,8 @@ class CreditGRPOTrainer(GRPOTrainer):
         if result.loss_mask is not None:
             self._apply_loss_mask(output, result.loss_mask)
             advantages = advantages * result.loss_mask  # for the logged means only: the mask already drops them
+        if where is not None:
+            self._check_credit(output, rollouts, result.loss_mask, advantages, where)
         output["advantages"] = advantages.to(output["completion_ids"].device)
         self._replace_logged_advantages(advantages, rollouts.trainable_mask())
         self.credit_cost_total["tokens_scored"] += result.cost.tokens_scored
@@ -155,12 +171,36 @@ class CreditGRPOTrainer(GRPOTrainer):
         output["num_items_in_batch"] = self.accelerator.gather(counted.sum()).sum()
 
 
+    def _check_where(self, n: int) -> checks.Where:
+        """This batch's place for a check's message: TRL's global_step, rows named in the generation batch."""
+        start = self.accelerator.process_index * n
+        return checks.Where(step=f"{self.state.global_step} (TRL global_step)", off="credit_checks=False",
+                            row_name=lambda i: f"row {start + i} of the generation batch")
+
+    def _check_credit(self, output: dict, rollouts: Rollouts, loss_mask: torch.Tensor | None, advantages: torch.Tensor,
+                      where: checks.Where) -> None:
+        """The advantages TRL will train on, against TRL's own masks (completion_mask, tool_mask)."""
+        real = output["completion_mask"].bool().cpu()
+        trainable = real & output["tool_mask"].bool().cpu() if output.get("tool_mask") is not None else real
+        credit_trainable = rollouts.trainable_mask().cpu()
+        if loss_mask is not None:
+            credit_trainable = credit_trainable & loss_mask.bool().cpu()
+        advantages = advantages.detach().cpu()
+        checks.check_advantages(advantages, real, trainable, where, credit_real=rollouts.completion_mask.cpu(),
+                                credit_trainable=credit_trainable)
+        if self.credit_spec.name in checks.ZERO_SUM_ESTIMATORS:
+            checks.check_group_sums(advantages, trainable, rollouts.group, where)
+
     def _local_rewards(self, n: int) -> tuple[torch.Tensor, int]:
-        """TRL's gathered rewards (weighted sum over reward functions) and this process's first row."""
+        """TRL's gathered rewards (weighted sum over reward functions) and this process's first row. A row no
+        reward function scored (all None/NaN) sums to 0 under nansum: with the checks on it stays NaN, so the
+        rewards_finite check names it; without them it is read as 0, as before."""
         rpf = self._credo_rewards
         weights = self.reward_weights.to(rpf.device).unsqueeze(0)
-        rewards = torch.nan_to_num((rpf * weights).nansum(dim=1), nan=0.0)
-        return rewards, self.accelerator.process_index * n
+        summed = (rpf * weights).nansum(dim=1)
+        if self.credit_checks:
+            return summed.masked_fill(torch.isnan(rpf).all(dim=1), float("nan")), self.accelerator.process_index * n
+        return torch.nan_to_num(summed, nan=0.0), self.accelerator.process_index * n
 
     def _rollouts(self, output: dict, probe: Probe) -> Rollouts:
         completion_ids, completion_mask = output["completion_ids"], output["completion_mask"].bool()

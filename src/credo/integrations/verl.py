@@ -18,6 +18,12 @@ Each registered function has verl's signature
 and, like verl's own GRPO, treats a group of one as mean 0, std 1 (its advantage is its score).
 Estimators that need the model cannot run inside that signature (verl passes only rewards, mask and
 group ids): they take the apply_credit path above.
+
+A malformed input (no rows, no `index`, token_level_rewards of another shape than response_mask, a NaN
+reward) is one UserError naming the field and the row. With checks=True (the default;
+register_with_verl(checks=False) turns them off) the advantages pass credo's credit sanity checks
+(credo.integrations.checks: finite, zero outside response_mask, group sums ~0 over groups of two or more)
+before verl gets them. verl passes no step: errors name the call count of the estimator in this process.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import numpy as np
 import torch
 
 from credo.credit.groups import grpo_advantages, rloo_advantages
+from credo.integrations import checks as credit_checks
+from credo.integrations.verl_batch import check_estimator_inputs
 from credo.integrations.verl_credit import apply_credit, credit_on_shards, dataset_row  # noqa: F401  (re-exported)
 
 REWARD_ONLY = ("grpo", "dr_grpo", "rloo")
@@ -53,14 +61,20 @@ def _config_value(config: Any, key: str) -> Any:
     return getattr(config, key, None)
 
 
-def make_verl_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """A verl-signature wrapper of credo's reward-only estimator `name`."""
+def make_verl_estimator(name: str, checks: bool = True) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """A verl-signature wrapper of credo's reward-only estimator `name`; checks: credo's credit sanity checks."""
     if name not in REWARD_ONLY:
         raise ValueError(f"only reward-only estimators fit verl's signature: {REWARD_ONLY}; "
                          f"{name!r} needs the model: use apply_credit / algorithm.adv_estimator=credo:{name}")
 
-    def estimator(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, epsilon: float = 1e-6,
-                  norm_adv_by_std_in_grpo: bool = True, config: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    calls = [0]
+
+    def estimator(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None,
+                  epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True, config: Any = None,
+                  **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        calls[0] += 1
+        step = f"{calls[0]} (call {calls[0]} of credo_{name} in this process)"
+        check_estimator_inputs(token_level_rewards, response_mask, index, step)
         # verl hands its own GRPO the flag, but a registered estimator only `config` (algorithm config)
         from_config = _config_value(config, "norm_adv_by_std_in_grpo")
         norm_adv_by_std_in_grpo = norm_adv_by_std_in_grpo if from_config is None else bool(from_config)
@@ -74,6 +88,8 @@ def make_verl_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Te
         adv = torch.where(_singletons(group), scores / (1.0 + epsilon) if name == "grpo" and norm_adv_by_std_in_grpo
                           else scores, adv)
         advantages = adv[:, None] * response_mask.to(adv.dtype)
+        if checks:
+            _check(advantages, response_mask, group, index, step)
         return advantages.to(token_level_rewards.dtype), advantages.to(token_level_rewards.dtype)
 
     estimator.__name__ = f"credo_{name}"
@@ -81,14 +97,26 @@ def make_verl_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Te
     return estimator
 
 
-def register_with_verl() -> list[str]:
-    """Register credo_grpo, credo_dr_grpo, credo_rloo in verl's registry; returns the names."""
+def _check(advantages: torch.Tensor, response_mask: torch.Tensor, group: torch.Tensor, index: Any, step: str) -> None:
+    """credo's credit checks on a registered estimator's advantages[B, R] (verl hands it no padding mask: the
+    response_mask is both the real and the trained tokens)."""
+    uids = np.asarray(index).reshape(-1)
+    where = credit_checks.Where(step=step, off="register_with_verl(checks=False)",
+                                row_name=lambda i: f"row {i} (uid {uids[i]!r})")
+    mask = response_mask.bool()
+    credit_checks.check_advantages(advantages.detach(), mask, mask, where)
+    credit_checks.check_group_sums(advantages.detach(), mask, group, where)
+
+
+def register_with_verl(checks: bool = True) -> list[str]:
+    """Register credo_grpo, credo_dr_grpo, credo_rloo in verl's registry; returns the names. checks: credo's
+    credit sanity checks on every call (credo.integrations.checks)."""
     try:
         from verl.trainer.ppo.core_algos import register_adv_est
     except ImportError as err:
         raise ImportError("register_with_verl needs verl importable (pip install verl)") from err
     names = []
     for name in REWARD_ONLY:
-        register_adv_est(f"credo_{name}")(make_verl_estimator(name))
+        register_adv_est(f"credo_{name}")(make_verl_estimator(name, checks=checks))
         names.append(f"credo_{name}")
     return names

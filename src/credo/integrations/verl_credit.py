@@ -20,6 +20,12 @@ folded in (verl's clipped surrogate is linear in a non-negative weight) and zero
 outside `response_mask`. The completion credo scores is every real response token (the attention mask), so
 a multi-turn rollout's tool outputs stay in the context the probe reads, as they were when the model wrote.
 Whole groups must be on the shard; batch-wide statistics cross shards through `gather` (shards.py).
+A malformed batch (a missing field, a mask or reward tensor of the wrong width, a NaN reward, a token id outside
+the vocabulary, credo_problem that is not JSON, no rows) is one UserError naming the field and the row
+(verl_batch.py). The credit sanity checks (credo.integrations.checks; `checks=False` turns them off) run on the
+estimator's credit before it is written: groups whole on their shard and one prompt each, finite advantages,
+zero on padding and on tokens response_mask leaves out, the loss mask inside the real tokens, and for
+grpo/dr_grpo/rloo group sums ~0.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ import numpy as np
 import torch
 
 from credo import credit as credit_registry
+from credo.integrations import checks as credit_checks
 from credo.integrations.shards import group_ids
+from credo.integrations.verl_batch import check_batch, problem_from_row, reward_field, row_namer
 from credo.policy.base import SamplingConfig
 from credo.probe import Probe, sampling_refusal
 from credo.rollouts import Credit, Rollouts
@@ -74,13 +82,9 @@ def problems_from_batch(batch: Any, tokenizer: Any) -> list[Problem]:
     nt, B = batch.non_tensor_batch, len(batch)
     out = []
     for i in range(B):
-        encoded = nt["credo_problem"][i] if "credo_problem" in nt else None
-        extra = nt["extra_info"][i] if "extra_info" in nt else None
-        if encoded is None and isinstance(extra, dict):
-            encoded = extra.get("credo_problem")
-        if encoded is not None:
-            d = json.loads(encoded)
-            out.append(Problem(key=d["key"], prompt=d["prompt"], answer=str(d["answer"]), data=d.get("data") or {}))
+        problem = problem_from_row(batch, i, row_namer(batch))
+        if problem is not None:
+            out.append(problem)
             continue
         reward_model = nt["reward_model"][i] if "reward_model" in nt else {}
         answer = str(reward_model.get("ground_truth", "")) if isinstance(reward_model, dict) else ""
@@ -101,7 +105,7 @@ def rollouts_from_batch(batch: Any, policy: Any, task: Any) -> Rollouts:
     # probe must too; response_mask, which drops them, is the loss mask (estimators normalise over it)
     completion_mask = t["attention_mask"][:, P:].bool()
     loss_mask = trainable_mask(batch) & completion_mask
-    scores = t["token_level_rewards"] if "token_level_rewards" in t.keys() else t["token_level_scores"]
+    scores = t[reward_field(batch)]
     rewards = scores.sum(-1).float().cpu()
     if "credo_group" in t.keys():
         group = t["credo_group"].long().cpu()
@@ -141,13 +145,15 @@ def folded_advantages(result: Credit) -> torch.Tensor:
 
 def apply_credit(batch: Any, estimator: str, *, module: torch.nn.Module, tokenizer: Any, task: Any,
                  config: dict | None = None, gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 sampling: SamplingConfig | None = None, seed: int = 0) -> Any:
+                 sampling: SamplingConfig | None = None, seed: int = 0, step: Any = None, checks: bool = True) -> Any:
     """Write credo's `estimator` credit into `batch` (a verl DataProto shard) as `advantages`/`returns`.
 
     module: the actor's Hugging Face causal LM (scored without gradient). tokenizer: its tokenizer.
     task: the credo task (verifier, answer template, teacher context). config: the estimator's options.
     gather: Probe.gather across shards (None: this shard is the whole batch). sampling: what MC
     estimators sample with (default: up to the response length). seed: the Probe's generator.
+    step: the trainer's step, for error messages. checks: run credo's credit sanity checks (every shard
+    must call with the same value: the group check is a collective when `gather` is given).
     Returns the same DataProto with advantages/returns[B, R] (float32) and credo_cost[B, 2] (row 0 holds
     this shard's tokens scored/generated, so a concatenation of shards sums to the batch's cost).
     """
@@ -156,18 +162,26 @@ def apply_credit(batch: Any, estimator: str, *, module: torch.nn.Module, tokeniz
     spec = credit_registry.get(estimator)
     options = spec.make_config(config)
     device = next(module.parameters()).device
+    check_batch(batch, vocab_size=module.get_input_embeddings().num_embeddings, step=step)
     policy = bind_task(HFPolicy(module, tokenizer, device=device, cast=False), task)
     rollouts = rollouts_from_batch(batch, policy, task)
     sizes = torch.unique(rollouts.group, return_counts=True)[1]
     if len(set(sizes.tolist())) > 1:  # a group cut by the shard boundary: its statistics would be wrong
         raise ValueError(f"apply_credit needs whole groups on the shard (equal sizes); got group sizes "
                          f"{sorted(set(sizes.tolist()))}: dispatch with credit_on_shards")
+    where = credit_checks.Where(step="? (not given: apply_credit(step=...))" if step is None else step,
+                                off="apply_credit(checks=False) / +credo.checks=false",
+                                row_name=row_namer(batch)) if checks else None
+    if where is not None:
+        _check_groups(batch, rollouts, where, gather)
     sampling = sampling or SamplingConfig(max_new_tokens=int(rollouts.completion_ids.shape[1]))
     probe = Probe(policy, task, sampling, torch.Generator().manual_seed(seed), gather=gather,
                   no_sampling=sampling_refusal(rollouts))
     result = spec(rollouts, probe, options)
     target = batch.batch["responses"].device
     folded = folded_advantages(result).float()
+    if where is not None:
+        _check_credit(batch, rollouts, folded, spec.name, where)
     advantages = folded * rollouts.trainable_mask().to(folded.device).float()  # response_mask within the completion
     batch.batch["advantages"] = advantages.to(target)
     batch.batch["returns"] = advantages.clone().to(target)
@@ -175,6 +189,28 @@ def apply_credit(batch: Any, estimator: str, *, module: torch.nn.Module, tokeniz
     cost[0] = torch.tensor([result.cost.tokens_scored, result.cost.tokens_generated], dtype=torch.float32)
     batch.batch["credo_cost"] = cost.to(target)
     return batch
+
+
+def _check_groups(batch: Any, rollouts: Rollouts, where: Any, gather: Callable | None) -> None:
+    """Each group's rows share one prompt; with `gather`, no group is on two shards (keys: the driver's global
+    credo_group, else the uids, which verl makes per prompt)."""
+    t = batch.batch
+    prompts = torch.where(rollouts.prompt_mask, rollouts.prompt_ids, -1)
+    keys = (t["credo_group"].cpu().double() if "credo_group" in t.keys()
+            else credit_checks.string_keys(batch.non_tensor_batch["uid"]))
+    credit_checks.check_groups(rollouts.group, prompts, where, gather=gather, global_keys=keys)
+
+
+def _check_credit(batch: Any, rollouts: Rollouts, folded: torch.Tensor, estimator: str, where: Any) -> None:
+    """The estimator's credit before the adapter masks it, against verl's masks: the response's real tokens
+    (attention_mask) and the tokens verl's loss counts (response_mask)."""
+    real = rollouts.completion_mask.cpu()
+    trainable = trainable_mask(batch).cpu()
+    credit = folded.detach().cpu()
+    credit_checks.check_advantages(credit, real, trainable, where, credit_real=real,
+                                   credit_trainable=rollouts.trainable_mask().cpu())
+    if estimator in credit_checks.ZERO_SUM_ESTIMATORS:
+        credit_checks.check_group_sums(credit, trainable, rollouts.group, where)
 
 
 PREFIX = "credo:"
@@ -190,8 +226,13 @@ def credo_spec(config: Any) -> dict[str, Any] | None:
     extra = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     if "task" not in extra:
         raise ValueError("algorithm.adv_estimator=credo:<name> needs +credo.task (e.g. gym:chain_sum)")
-    return {"estimator": name[len(PREFIX):], "task": extra["task"], "task_options": extra.get("task_options", {}),
+    spec = {"estimator": name[len(PREFIX):], "task": extra["task"], "task_options": extra.get("task_options", {}),
             "credit": extra.get("credit", {}), "seed": int(extra.get("seed", 0))}
+    if "checks" in extra:  # credo's credit sanity checks, on unless +credo.checks=false
+        if not isinstance(extra["checks"], bool):
+            raise ValueError(f"credo.checks must be true or false, got {extra['checks']!r}")
+        spec["checks"] = extra["checks"]
+    return spec
 
 
 
@@ -205,6 +246,7 @@ def credit_on_shards(batch: Any, spec: dict[str, Any], call: Callable[[Any], Any
     spec: {"estimator": name, "credit": options, "task": task name, "task_options": {...}, "seed": int}.
     """
     from credo.integrations.shards import whole_group_order
+    check_batch(batch, step=spec.get("step"))  # in the driver's row order, before the rows are dealt out
     group = group_ids(np.asarray(batch.non_tensor_batch["uid"]).tolist())
     order = whole_group_order(group, shards)
     keep = [k for k in ("prompts", "responses", "response_mask", "attention_mask", "token_level_scores",
@@ -213,6 +255,7 @@ def credit_on_shards(batch: Any, spec: dict[str, Any], call: Callable[[Any], Any
     sub = batch.select(batch_keys=keep, non_tensor_batch_keys=rows, meta_info_keys=[])
     sub.reorder(order)
     sub.batch["credo_group"] = group[order].to(sub.batch["responses"].device)
+    sub.batch["credo_row"] = order.to(sub.batch["responses"].device)  # errors name the driver's rows
     sub.meta_info["credo"] = dict(spec)
     out = call(sub)
     inverse = torch.empty_like(order)

@@ -48,7 +48,8 @@ class CredoRayPPOTrainer(RayPPOTrainer):
             if str(adv_estimator) != PREFIX + spec["estimator"]:
                 return verl_compute_advantage(data, adv_estimator, *args, **kwargs)
             shards = self._get_dp_size(self.actor_rollout_wg, "actor")
-            step_spec = {**spec, "seed": spec["seed"] * 1_000_003 + int(self.global_steps)}  # draws differ by step
+            step_spec = {**spec, "seed": spec["seed"] * 1_000_003 + int(self.global_steps),  # draws differ by step
+                         "step": int(self.global_steps)}  # named by the credit checks' errors
             return credit_on_shards(data, step_spec, self.actor_rollout_wg.credo_compute_advantage, shards)
 
         ray_trainer.compute_advantage = compute_advantage
