@@ -4,17 +4,29 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, generate, left_pad, render_plain, right_pad,
                                read_policy_meta, score_branches_by_rescoring)
-from credo.policy.gpt import GPT, GPTConfig
+from credo.policy.gpt import GPT, GPTConfig, KVCache
 from credo.policy.tokenizer import CharTokenizer
 from credo.rollouts import Prompt
 from credo.runs import atomic_directory
+
+
+def cached_step(model: GPT, cache: KVCache) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """`generate`'s step over `cache`: the prompt (ids[B, P], mask[B, P]) by the full forward, then each
+    generated token (ids[B, 1]) by the lean `GPT.decode_step` (same numbers) -> last logits[B, V]."""
+
+    def step(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if ids.shape[1] == 1 and cache.length:
+            return model.decode_step(ids[:, 0], mask[:, 0], cache)
+        return model(ids, mask, cache)[:, -1]
+
+    return step
 
 
 class TinyPolicy(CompletionScoring):
@@ -74,11 +86,7 @@ class TinyPolicy(CompletionScoring):
         if budget < sampling.max_new_tokens:
             sampling = SamplingConfig(sampling.temperature, sampling.top_p, max(budget, 0))
         cache = self.model.new_cache(prompt_ids.shape[0], prompt_ids.shape[1] + sampling.max_new_tokens)
-
-        def step(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return self.model(ids, mask, cache)[:, -1]
-
-        out = generate(step, prompt_ids, prompt_mask, sampling, generator, eos_id=self.eos_id,
+        out = generate(cached_step(self.model, cache), prompt_ids, prompt_mask, sampling, generator, eos_id=self.eos_id,
                        pad_id=self.pad_id, banned_ids=self.tokenizer.banned_ids)
         self.model.train(was_training)
         return out
