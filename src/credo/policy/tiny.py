@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, generate, left_pad, render_plain, right_pad,
                                read_policy_meta, score_branches_by_rescoring)
+from credo.policy.branches import score_packed_branches
 from credo.policy.gpt import GPT, GPTConfig, KVCache
 from credo.policy.tokenizer import CharTokenizer
 from credo.rollouts import Prompt
@@ -102,8 +103,8 @@ class TinyPolicy(CompletionScoring):
 
         branches: (row, cut, tokens): `tokens` teacher-forced after prompt + completion[row, :cut].
         Returns (per branch, logprobs[len(tokens)]; tokens forwarded). With reuse_prefix each row's
-        prompt + completion is forwarded once into a KV cache and every branch of the row is scored
-        in one packed tree-attention pass (cost T + sum |branch|); without it every branch re-reads
+        prompt + completion is forwarded once into a KV cache and the branches are scored in one packed
+        tree-attention pass (credo.policy.branches; cost T + sum |branch|); without it every branch re-reads
         its prefix (cost sum (prefix + |branch|)).
         """
         if not branches:
@@ -112,40 +113,10 @@ class TinyPolicy(CompletionScoring):
             return score_branches_by_rescoring(self, prompt_ids, prompt_mask, completion_ids, branches)
         rows = sorted({r for r, _, _ in branches})
         row_index = {r: i for i, r in enumerate(rows)}
-        P = prompt_ids.shape[1]
         seq = torch.cat([prompt_ids[rows], completion_ids[rows]], 1)
         mask = torch.cat([prompt_mask[rows], completion_mask[rows]], 1)
-        packed: list[list[int]] = [[] for _ in rows]
-        placement = []  # (packed row, start in packed, cut) per branch
-        for r, c, tokens in branches:
-            i = row_index[r]
-            placement.append((i, len(packed[i]), c))
-            packed[i].extend(tokens)
-        L = max(len(p) for p in packed)
-        S = seq.shape[1]
-        cache = self.model.new_cache(len(rows), S + L)
-        base_logits = self.model(seq, mask, cache)
-        ids = torch.full((len(rows), L), self.pad_id, dtype=torch.long, device=self.device)
-        positions = torch.zeros(len(rows), L, dtype=torch.long, device=self.device)
-        attn = torch.zeros(len(rows), L, S + L, dtype=torch.bool, device=self.device)
-        prompt_len = prompt_mask[rows].sum(1)
-        for q in range(L):  # padded queries see only themselves
-            attn[:, q, S + q] = True
-        for (i, start, c), (_, _, tokens) in zip(placement, branches):
-            n = len(tokens)
-            ids[i, start:start + n] = torch.tensor(list(tokens), dtype=torch.long)
-            positions[i, start:start + n] = prompt_len[i] + c + torch.arange(n)
-            attn[i, start:start + n, :P + c] = mask[i, :P + c]
-            attn[i, start:start + n, S + start:S + start + n] = torch.ones(n, n, dtype=torch.bool).tril()
-        tree_logits = self.model(ids, cache=cache, positions=positions, attn_mask=attn)
-        out = []
-        for (i, start, c), (_, _, tokens) in zip(placement, branches):
-            n = len(tokens)
-            first = base_logits[i, P + c - 1][None]
-            rest = tree_logits[i, start:start + n - 1]
-            logits = torch.cat([first, rest], 0)
-            target = torch.tensor(list(tokens), dtype=torch.long, device=self.device)
-            out.append(torch.log_softmax(logits.float(), -1).gather(1, target[:, None]).squeeze(1))
+        out = score_packed_branches(self.model, seq, mask, prompt_ids.shape[1],
+                                    [(row_index[r], c, t) for r, c, t in branches], self.pad_id)
         forwarded = int(mask.sum()) + sum(len(t) for _, _, t in branches)
         return out, forwarded
 
