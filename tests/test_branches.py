@@ -8,12 +8,13 @@ from credo.policy.base import score_branches_by_rescoring
 from credo.policy.branches import pack_branches, score_packed_branches
 
 
-def test_bins_hold_one_row_each_fill_first_fit_and_never_split_a_branch():
-    rows, lengths = [0, 0, 0, 1, 0, 1], [5, 4, 3, 8, 2, 1]
+def test_bins_hold_one_row_each_fill_first_fit_decreasing_and_never_split_a_branch():
+    rows, lengths = [0, 0, 0, 1, 0, 1, 0], [5, 4, 3, 8, 2, 1, 6]
     packing = pack_branches(rows, lengths, bin_tokens=10)
     assert packing.width == 10
-    # row 0: 5 + 4 fit, 3 opens a new bin, 2 joins it; row 1: 8 then 1 in one bin
-    assert packing.placement == [(0, 0), (0, 5), (1, 0), (2, 0), (1, 3), (2, 8)]
+    # row 0, longest first: 6 opens bin 0, 5 opens bin 1, 4 fits bin 0, 3 and 2 fit bin 1 (first with room);
+    # row 1: 8 opens bin 2, 1 joins it
+    assert packing.placement == [(1, 0), (0, 6), (1, 5), (2, 0), (1, 8), (2, 8), (0, 0)]
     assert packing.bin_row == [0, 0, 1]
     for (b, start), row, n in zip(packing.placement, rows, lengths):
         assert packing.bin_row[b] == row and start + n <= packing.width
