@@ -73,9 +73,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reference", default="f9587d4")
     args = parser.parse_args()
-    with open(os.path.join(ROOT, "bench", "results", "throughput.json")) as f:
-        sampling = {r["what"]: r["speedup_vs_f9587d4"] for r in json.load(f)["rows"]}
-    speedup_1024 = sampling["sampling, batch 1024, current"]
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(["git", "-C", ROOT, "archive", args.reference, "src"], check=True, capture_output=True)
         subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
@@ -86,6 +83,9 @@ def main() -> None:
                 for arm, src in srcs.items():
                     best[method, arm] = min(best[method, arm], step_seconds(src, method, args.steps, args.threads))
     ratio = {m: best[m, "current"] / best[m, "reference"] for m in ("grpo", "rredcot")}
+    with open(os.path.join(ROOT, "bench", "results", "throughput.json")) as f:  # read now: it may be rewritten meanwhile
+        sampling = {r["what"]: r["speedup_vs_f9587d4"] for r in json.load(f)["rows"]}
+    speedup_1024 = sampling["sampling, batch 1024, current"]
     clocks = old_clocks()
     grpo_old_step = clocks["grpo"][0] / clocks["grpo"][1]
     rows = []
