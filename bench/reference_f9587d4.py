@@ -140,3 +140,46 @@ def reference_sample(model: GPT, prompt_ids: torch.Tensor, prompt_mask: torch.Te
                              prompt_mask, sampling, generator, eos_id=eos_id, pad_id=pad_id, banned_ids=banned_ids)
     model.train(was_training)
     return out
+
+
+@torch.no_grad()
+def reference_score_branches(model: GPT, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                             completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                             branches: Sequence[tuple[int, int, Sequence[int]]], pad_id: int) -> list[torch.Tensor]:
+    """f9587d4's `TinyPolicy.score_branches` with reuse_prefix (one packed tree row per trace)."""
+    device = prompt_ids.device
+    rows = sorted({r for r, _, _ in branches})
+    row_index = {r: i for i, r in enumerate(rows)}
+    P = prompt_ids.shape[1]
+    seq = torch.cat([prompt_ids[rows], completion_ids[rows]], 1)
+    mask = torch.cat([prompt_mask[rows], completion_mask[rows]], 1)
+    packed: list[list[int]] = [[] for _ in rows]
+    placement = []
+    for r, c, tokens in branches:
+        i = row_index[r]
+        placement.append((i, len(packed[i]), c))
+        packed[i].extend(tokens)
+    L = max(len(p) for p in packed)
+    S = seq.shape[1]
+    cache = model.new_cache(len(rows), S + L)
+    base_logits = model(seq, mask, cache)
+    ids = torch.full((len(rows), L), pad_id, dtype=torch.long, device=device)
+    positions = torch.zeros(len(rows), L, dtype=torch.long, device=device)
+    attn = torch.zeros(len(rows), L, S + L, dtype=torch.bool, device=device)
+    prompt_len = prompt_mask[rows].sum(1)
+    for q in range(L):
+        attn[:, q, S + q] = True
+    for (i, start, c), (_, _, tokens) in zip(placement, branches):
+        n = len(tokens)
+        ids[i, start:start + n] = torch.tensor(list(tokens), dtype=torch.long)
+        positions[i, start:start + n] = prompt_len[i] + c + torch.arange(n)
+        attn[i, start:start + n, :P + c] = mask[i, :P + c]
+        attn[i, start:start + n, S + start:S + start + n] = torch.ones(n, n, dtype=torch.bool).tril()
+    tree_logits = model(ids, cache=cache, positions=positions, attn_mask=attn)
+    out = []
+    for (i, start, c), (_, _, tokens) in zip(placement, branches):
+        n = len(tokens)
+        logits = torch.cat([base_logits[i, P + c - 1][None], tree_logits[i, start:start + n - 1]], 0)
+        target = torch.tensor(list(tokens), dtype=torch.long, device=device)
+        out.append(torch.log_softmax(logits.float(), -1).gather(1, target[:, None]).squeeze(1))
+    return out
