@@ -65,8 +65,9 @@ def main() -> None:
             best[name] = min(best[name], time.perf_counter() - began)
     n = sum(len(c[4]) for c in calls)
     rows = [{"path": name, "seconds_per_step": best[name], "speedup": best["f9587d4"] / best[name]} for name in paths]
-    write("branch_scoring", rows, f"{len(calls)} calls, {n} branches of one arith-long rredcot step; best of {args.rounds} "
-          f"alternating rounds, {args.threads} threads; largest |log-prob difference| {diff:.2g} (floating-point order). "
+    write("branch_scoring", rows, f"{len(calls)} calls, {n} branches of one arith-long rredcot step; best of "
+          f"{args.rounds} alternating rounds, {args.threads} threads; largest |log-prob difference| {diff:.2g} "
+          "(floating-point order). "
           f"Command: python bench/branch_scoring.py {' '.join(sys.argv[1:])}")
 
 

@@ -83,7 +83,8 @@ def main() -> None:
                 for arm, src in srcs.items():
                     best[method, arm] = min(best[method, arm], step_seconds(src, method, args.steps, args.threads))
     ratio = {m: best[m, "current"] / best[m, "reference"] for m in ("grpo", "rredcot")}
-    with open(os.path.join(ROOT, "bench", "results", "throughput.json")) as f:  # read now: it may be rewritten meanwhile
+    # read after the timing: a throughput run may rewrite it meanwhile
+    with open(os.path.join(ROOT, "bench", "results", "throughput.json")) as f:
         sampling = {r["what"]: r["speedup_vs_f9587d4"] for r in json.load(f)["rows"]}
     speedup_1024 = sampling["sampling, batch 1024, current"]
     clocks = old_clocks()

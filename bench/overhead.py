@@ -56,7 +56,8 @@ def main() -> None:
     rows = [{"method": n, "seconds_per_step": best[n], "ratio_to_grpo": best[n] / best["grpo"]} for n in names]
     c = load_train_config(None, [])
     name = "overhead" if args.task == "arith" else f"overhead_{args.task}"
-    write(name, rows, f"Task {args.task}, {args.threads} threads. Default TrainConfig ({c.prompts_per_step} prompts x {c.group_size} samples, {c.epochs} "
+    write(name, rows, f"Task {args.task}, {args.threads} threads. Default TrainConfig ({c.prompts_per_step} prompts "
+          f"x {c.group_size} samples, {c.epochs} "
           f"epoch(s) x {c.minibatches} mini-batch(es)); {args.steps} steps per method, best of {args.rounds} "
           f"interleaved rounds. Command: python bench/overhead.py {' '.join(sys.argv[1:])}")
 

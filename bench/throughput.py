@@ -90,7 +90,8 @@ def main() -> None:
             rows.append({"what": f"sampling, batch {batch}, {name}", "tokens_per_s": tokens / best[name],
                          "speedup_vs_f9587d4": best["f9587d4"] / best[name]})
         notes.append(f"batch {batch}: {best['f9587d4'] / best['current']:.2f}x")
-    rows.append({"what": "training fwd+bwd+AdamW (batch 64 x 80)", "tokens_per_s": training_tokens_per_s(policy, args.rounds),
+    rows.append({"what": "training fwd+bwd+AdamW (batch 64 x 80)",
+                 "tokens_per_s": training_tokens_per_s(policy, args.rounds),
                  "speedup_vs_f9587d4": float("nan")})
     params = sum(p.numel() for p in policy.model.parameters()) / 1e6
     write("throughput", rows, f"Sampling speed-up over f9587d4's loop (same run, alternating, best of {args.rounds}, "

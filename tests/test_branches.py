@@ -31,7 +31,8 @@ def test_packed_scores_equal_rescoring_each_prefix_at_any_bin_size(policy, bin_t
     comp_ids, comp_mask = policy.encode_completions(["37+48=85\n#### 85", "5+6=11\n", "9-2=7\n#### 7"])
     enc = policy.tokenizer.encode
     branches = [(0, 0, enc("?85", eos=True)), (0, 9, enc("48=85\n", eos=True)), (0, 9, enc("?8", eos=True)),
-                (1, 3, enc("?85", eos=True)), (1, 7, [5]), (2, 4, enc("7\n#### 7", eos=True)), (2, 0, enc("9", eos=False))]
+                (1, 3, enc("?85", eos=True)), (1, 7, [5]), (2, 4, enc("7\n#### 7", eos=True)),
+                (2, 0, enc("9", eos=False))]
     policy.model.eval()
     seq = torch.cat([prompt_ids, comp_ids], 1)
     mask = torch.cat([prompt_mask, comp_mask], 1)

@@ -33,7 +33,8 @@ class Packing:
 
 def pack_branches(branch_rows: Sequence[int], lengths: Sequence[int], bin_tokens: int = BIN_TOKENS) -> Packing:
     """Branches (their row index and length) -> bins of one row each: per row, first-fit decreasing (longest
-    branch first, into the first of the row's bins with room), which fills bins ~80% on RREDCoT's tails (first-fit in order: ~70%)."""
+    branch first, into the first of the row's bins with room), which fills bins ~80% on RREDCoT's tails
+    (first-fit in order: ~70%)."""
     width = max([bin_tokens, *lengths])
     bin_row: list[int] = []
     fill: list[int] = []
