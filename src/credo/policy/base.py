@@ -116,7 +116,9 @@ def pick_tokens(logits: torch.Tensor, sampling: SamplingConfig, generator: torch
     """logits[B, V] (banned tokens already at -inf) -> sampled token ids [B]."""
     if sampling.temperature <= 0:
         return logits.argmax(dim=-1)
-    probs = F.softmax(logits.float() / sampling.temperature, dim=-1)
+    logits = logits.float()
+    # x / 1.0 == x exactly: the division is skipped, not approximated
+    probs = F.softmax(logits if sampling.temperature == 1.0 else logits / sampling.temperature, dim=-1)
     if sampling.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         keep = sorted_probs.cumsum(-1) - sorted_probs < sampling.top_p  # always keeps the top token
@@ -147,36 +149,37 @@ def generate(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], prompt_
              prompt_mask: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator, *,
              eos_id: int, pad_id: int, banned_ids: Sequence[int] = ()) -> Samples:
     """Batched autoregressive sampling with a stateful `step(ids[B, L], mask[B, L]) -> last logits[B, V]`
-    (the backend keeps its KV cache inside `step`). Rows stop at EOS; the loop stops when all have."""
-    B = prompt_ids.shape[0]
+    (the backend keeps its KV cache inside `step`). Rows stop at EOS; the loop stops when all have.
+    Tokens and log-probs go into preallocated [B, max_new_tokens] buffers (no per-token list or stack)."""
+    B, steps = prompt_ids.shape[0], sampling.max_new_tokens
     device = prompt_ids.device
-    tokens, logps = [], []
+    tokens = torch.empty(B, steps, dtype=torch.long, device=device)
+    logps = torch.empty(B, steps, device=device)
+    banned = torch.tensor(list(banned_ids), dtype=torch.long, device=device) if banned_ids else None
     finished = torch.zeros(B, dtype=torch.bool, device=device)
+    made = 0
     logits = step(prompt_ids, prompt_mask)
-    for _ in range(sampling.max_new_tokens):
+    while made < steps:
         logits = logits.float()
         raw_logp = F.log_softmax(logits, dim=-1)
-        if banned_ids:
-            logits[:, list(banned_ids)] = float("-inf")
-        token = pick_tokens(logits, sampling, generator)
-        token = torch.where(finished, torch.full_like(token, pad_id), token)
-        tokens.append(token)
-        logps.append(torch.where(finished, torch.zeros(B, device=device), raw_logp.gather(1, token[:, None]).squeeze(1)))
+        if banned is not None:
+            logits.index_fill_(1, banned, float("-inf"))
+        token = pick_tokens(logits, sampling, generator).masked_fill(finished, pad_id)
+        tokens[:, made] = token
+        logps[:, made] = raw_logp.gather(1, token[:, None]).squeeze(1).masked_fill(finished, 0.0)
+        made += 1
         live = ~finished
         finished = finished | (token == eos_id)
         if bool(finished.all()):
             break
         logits = step(token[:, None], live[:, None])
-    if not tokens:
-        empty = torch.zeros(B, 0, dtype=torch.long, device=device)
-        return Samples(empty, empty.bool(), empty.float())
-    completion_ids = torch.stack(tokens, 1)
+    completion_ids = tokens[:, :made]
     # a token is real if the row had not finished before it (the EOS itself is real)
     done_before = torch.cat([torch.zeros(B, 1, dtype=torch.bool, device=device),
-                             (completion_ids == eos_id).cumsum(1)[:, :-1] > 0], 1)
+                             (completion_ids == eos_id).cumsum(1)[:, :-1] > 0], 1)[:, :made]
     completion_mask = ~done_before
     completion_ids = completion_ids.masked_fill(~completion_mask, pad_id)
-    return Samples(completion_ids, completion_mask, torch.stack(logps, 1) * completion_mask)
+    return Samples(completion_ids, completion_mask, logps[:, :made] * completion_mask)
 
 
 class CompletionScoring:

@@ -4,17 +4,30 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, generate, left_pad, render_plain, right_pad,
                                read_policy_meta, score_branches_by_rescoring)
-from credo.policy.gpt import GPT, GPTConfig
+from credo.policy.branches import score_packed_branches
+from credo.policy.gpt import GPT, GPTConfig, KVCache
 from credo.policy.tokenizer import CharTokenizer
 from credo.rollouts import Prompt
 from credo.runs import atomic_directory
+
+
+def cached_step(model: GPT, cache: KVCache) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """`generate`'s step over `cache`: the prompt (ids[B, P], mask[B, P]) by the full forward, then each
+    generated token (ids[B, 1]) by the lean `GPT.decode_step` (same numbers) -> last logits[B, V]."""
+
+    def step(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if ids.shape[1] == 1 and cache.length:
+            return model.decode_step(ids[:, 0], mask[:, 0], cache)
+        return model(ids, mask, cache)[:, -1]
+
+    return step
 
 
 class TinyPolicy(CompletionScoring):
@@ -74,11 +87,7 @@ class TinyPolicy(CompletionScoring):
         if budget < sampling.max_new_tokens:
             sampling = SamplingConfig(sampling.temperature, sampling.top_p, max(budget, 0))
         cache = self.model.new_cache(prompt_ids.shape[0], prompt_ids.shape[1] + sampling.max_new_tokens)
-
-        def step(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return self.model(ids, mask, cache)[:, -1]
-
-        out = generate(step, prompt_ids, prompt_mask, sampling, generator, eos_id=self.eos_id,
+        out = generate(cached_step(self.model, cache), prompt_ids, prompt_mask, sampling, generator, eos_id=self.eos_id,
                        pad_id=self.pad_id, banned_ids=self.tokenizer.banned_ids)
         self.model.train(was_training)
         return out
@@ -94,8 +103,8 @@ class TinyPolicy(CompletionScoring):
 
         branches: (row, cut, tokens): `tokens` teacher-forced after prompt + completion[row, :cut].
         Returns (per branch, logprobs[len(tokens)]; tokens forwarded). With reuse_prefix each row's
-        prompt + completion is forwarded once into a KV cache and every branch of the row is scored
-        in one packed tree-attention pass (cost T + sum |branch|); without it every branch re-reads
+        prompt + completion is forwarded once into a KV cache and the branches are scored in one packed
+        tree-attention pass (credo.policy.branches; cost T + sum |branch|); without it every branch re-reads
         its prefix (cost sum (prefix + |branch|)).
         """
         if not branches:
@@ -104,40 +113,10 @@ class TinyPolicy(CompletionScoring):
             return score_branches_by_rescoring(self, prompt_ids, prompt_mask, completion_ids, branches)
         rows = sorted({r for r, _, _ in branches})
         row_index = {r: i for i, r in enumerate(rows)}
-        P = prompt_ids.shape[1]
         seq = torch.cat([prompt_ids[rows], completion_ids[rows]], 1)
         mask = torch.cat([prompt_mask[rows], completion_mask[rows]], 1)
-        packed: list[list[int]] = [[] for _ in rows]
-        placement = []  # (packed row, start in packed, cut) per branch
-        for r, c, tokens in branches:
-            i = row_index[r]
-            placement.append((i, len(packed[i]), c))
-            packed[i].extend(tokens)
-        L = max(len(p) for p in packed)
-        S = seq.shape[1]
-        cache = self.model.new_cache(len(rows), S + L)
-        base_logits = self.model(seq, mask, cache)
-        ids = torch.full((len(rows), L), self.pad_id, dtype=torch.long, device=self.device)
-        positions = torch.zeros(len(rows), L, dtype=torch.long, device=self.device)
-        attn = torch.zeros(len(rows), L, S + L, dtype=torch.bool, device=self.device)
-        prompt_len = prompt_mask[rows].sum(1)
-        for q in range(L):  # padded queries see only themselves
-            attn[:, q, S + q] = True
-        for (i, start, c), (_, _, tokens) in zip(placement, branches):
-            n = len(tokens)
-            ids[i, start:start + n] = torch.tensor(list(tokens), dtype=torch.long)
-            positions[i, start:start + n] = prompt_len[i] + c + torch.arange(n)
-            attn[i, start:start + n, :P + c] = mask[i, :P + c]
-            attn[i, start:start + n, S + start:S + start + n] = torch.ones(n, n, dtype=torch.bool).tril()
-        tree_logits = self.model(ids, cache=cache, positions=positions, attn_mask=attn)
-        out = []
-        for (i, start, c), (_, _, tokens) in zip(placement, branches):
-            n = len(tokens)
-            first = base_logits[i, P + c - 1][None]
-            rest = tree_logits[i, start:start + n - 1]
-            logits = torch.cat([first, rest], 0)
-            target = torch.tensor(list(tokens), dtype=torch.long, device=self.device)
-            out.append(torch.log_softmax(logits.float(), -1).gather(1, target[:, None]).squeeze(1))
+        out = score_packed_branches(self.model, seq, mask, prompt_ids.shape[1],
+                                    [(row_index[r], c, t) for r, c, t in branches], self.pad_id)
         forwarded = int(mask.sum()) + sum(len(t) for _, _, t in branches)
         return out, forwarded
 
