@@ -135,7 +135,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         return show_config(load_train_config(args.config, args.set, {**_flag_settings(args), **_steps(args)}), "train")
     if args.resume:
         config, run_dir = _resume_config(args), args.resume
-        if not os.path.isdir(os.path.join(run_dir, "checkpoints")):
+        from credo.runs import last_checkpoint
+        if last_checkpoint(run_dir) is None:
             from credo.resume_checks import check_restartable
             check_restartable(run_dir, config)  # a run whose checkpoints were removed is refused, not restarted
             print(f"credo train: {run_dir} never reached a checkpoint; starting it again from step 0", file=sys.stderr)
@@ -192,10 +193,10 @@ def _claim_run(run_dir: str, force: bool, inputs: tuple[str, ...], config) -> bo
     file credo did not write."""
     from credo.config import ConfigError, UserError
     from credo.resume_checks import check_restartable
-    from credo.runs import claim_output, holds_only_own_files, is_locked
+    from credo.runs import claim_output, holds_only_own_files, is_locked, last_checkpoint
     if not claim_output(run_dir, "train", force=force, inputs=inputs):
         return False
-    if os.path.isdir(os.path.join(run_dir, "checkpoints")) or os.path.exists(os.path.join(run_dir, "final")):
+    if last_checkpoint(run_dir) is not None or os.path.exists(os.path.join(run_dir, "final")):
         raise ConfigError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or replace it with --force")
     if is_locked(run_dir):
         raise ConfigError(f"{run_dir} holds a run that another credo process is training; nothing was touched")

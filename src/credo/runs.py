@@ -315,6 +315,15 @@ def is_locked(run_dir: str) -> bool:
         os.close(fd)
 
 
+def last_checkpoint(run_dir: str) -> str | None:
+    """The newest whole checkpoint of `run_dir` (checkpoints/step-N), or None. A checkpoints/ folder that holds
+    none (a run that died writing its first one: a full disk, a file-size limit) does not make it a run with
+    a checkpoint; nor does a temporary directory a killed write left in it."""
+    folder = os.path.join(run_dir, "checkpoints")
+    steps = sorted(d for d in os.listdir(folder) if d.startswith("step-")) if os.path.isdir(folder) else []
+    return os.path.join(folder, steps[-1]) if steps else None
+
+
 def cache_root() -> str:
     """Where SFT starts and MC references are cached ($CREDO_CACHE, default ~/.cache/credo)."""
     return os.environ.get("CREDO_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "credo"))

@@ -37,7 +37,7 @@ from credo.provenance import loaded_commit
 from credo.probe import Probe
 from credo.rollouts import Credit, Rollouts
 from credo.resume_checks import check_restartable, check_resumable, update_config_yaml
-from credo.runs import KIND_MARKER, MetricsLog, NullLog, atomic_directory, atomic_write_text, run_lock
+from credo.runs import KIND_MARKER, MetricsLog, NullLog, atomic_directory, atomic_write_text, last_checkpoint, run_lock
 from credo.state_io import (CorruptStateError, check_safetensors, load_state, optimizer_state, optimizer_state_dict, save_state,
                             verify_manifest, write_manifest)
 from credo.strategies import Collected, SamplingContext, Strategy
@@ -371,9 +371,7 @@ class Trainer:
             shutil.rmtree(os.path.join(self.run_dir, "checkpoints", old), ignore_errors=True)
 
     def last_checkpoint(self) -> str | None:
-        folder = os.path.join(self.run_dir, "checkpoints")
-        steps = sorted(d for d in os.listdir(folder) if d.startswith("step-")) if os.path.isdir(folder) else []
-        return os.path.join(folder, steps[-1]) if steps else None
+        return last_checkpoint(self.run_dir)
 
     def restore(self) -> bool:
         """Load the newest checkpoint of run_dir, if any, after verifying its manifest; returns whether one was found."""
