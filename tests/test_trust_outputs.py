@@ -13,7 +13,7 @@ import pytest
 
 from credo.cli import main
 from credo.disk_errors import as_disk_error, is_disk_error
-from trust_helpers import FAST, one_line_error
+from trust_helpers import FAST, one_line_error, snapshot
 
 FAST_SET = sum((["--set", s] for s in FAST), [])
 
@@ -67,3 +67,118 @@ def test_an_empty_or_half_written_checkpoints_folder_is_not_a_run(tmp_path, caps
     assert main(_train_argv(saved_policy, str(out))) == 0
     assert "never reached a checkpoint; replacing it" in capsys.readouterr().err
     assert sorted(os.listdir(out / "checkpoints")) == ["step-000002"]
+
+
+# --- what --force may replace ---------------------------------------------------------------------------
+
+def _audit_output(folder):
+    """A credo audit output holding nothing else: what --force may replace, but for where it lies."""
+    folder.mkdir(parents=True)
+    (folder / ".credo-kind").write_text("audit\n")
+    (folder / "audit.json").write_text("{}\n")
+    return folder
+
+
+def _force_argv(command: str, start: str, out: str) -> list[str]:
+    """Every command that takes --force, with its cheapest settings."""
+    argv = {"train": ["train", "--method", "grpo", "--steps", "1", "--start", start, *FAST_SET],
+            "sft": ["sft"],
+            "audit": ["audit", "--checkpoint", start, "--n", "4", "--group-size", "2", "--k-ref", "2"],
+            "compare": ["compare", "--preset", "smoke", "--start", start],
+            "show": ["show", "--checkpoint", start, "--n", "2"]}[command]
+    return [*argv, "--out", out, "--force", "--quiet"]
+
+
+FORCE_COMMANDS = ["train", "sft", "audit", "compare", "show"]
+
+
+@pytest.mark.parametrize("command", FORCE_COMMANDS)
+def test_force_refuses_a_folder_that_is_not_a_credo_output(tmp_path, capsys, saved_policy, command):
+    out = tmp_path / "mine"
+    (out / "final").mkdir(parents=True)
+    (out / "final" / "thesis.tex").write_text("years of work")
+    (out / "metrics.jsonl").write_text('{"mine": 1}\n')
+    before = snapshot(str(out))
+    line = one_line_error(capsys, _force_argv(command, saved_policy, str(out)))
+    assert f"--out {out} is not a credo output directory, and --force replaces only what credo wrote" in line
+    assert "nothing was touched" in line
+    assert snapshot(str(out)) == before
+
+
+@pytest.mark.parametrize("command", FORCE_COMMANDS)
+def test_force_refuses_the_home_directory(tmp_path, capsys, saved_policy, monkeypatch, command):
+    """Even a home directory that looks like a credo output, with neither the working directory nor the cache in
+    it (conftest puts the cache in pytest's base temporary directory)."""
+    home = _audit_output(tmp_path / "home")
+    monkeypatch.setenv("HOME", str(home))
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    before = snapshot(str(home))
+    line = one_line_error(capsys, _force_argv(command, saved_policy, str(home)))
+    assert f"--out {home} is or holds the home directory, which --force would delete" in line
+    assert snapshot(str(home)) == before
+
+
+def test_force_refuses_what_holds_the_home_directory_the_current_directory_or_the_cache(tmp_path, monkeypatch):
+    from credo.config import UserError
+    from credo.runs import claim_output
+    outer = _audit_output(tmp_path / "outer")
+    monkeypatch.setenv("HOME", str(outer / "home"))
+    (outer / "home").mkdir()
+    with pytest.raises(UserError, match="is or holds the home directory"):
+        claim_output(str(outer), "audit", force=True)
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))
+    monkeypatch.chdir(outer / "home")
+    with pytest.raises(UserError, match="is or holds the current directory"):
+        claim_output(str(outer), "audit", force=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CREDO_CACHE", str(outer / "home" / "cache"))
+    with pytest.raises(UserError, match="is or holds credo's cache"):
+        claim_output(str(outer), "audit", force=True)
+    assert (outer / "audit.json").is_file() and (outer / "home").is_dir()
+
+
+def test_force_refuses_the_root_and_mount_points(tmp_path, monkeypatch):
+    from credo import runs
+    from credo.config import UserError
+    assert runs.replace_refusal("/") is not None
+    if os.path.ismount("/proc"):  # a real mount point that holds neither the working directory nor the cache
+        assert "is a file-system root or mount point" in runs.replace_refusal("/proc")
+    disk = _audit_output(tmp_path / "disk")
+    real_ismount = os.path.ismount
+    monkeypatch.setattr(runs.os.path, "ismount", lambda p: p == str(disk) or real_ismount(p))
+    with pytest.raises(UserError, match="is a file-system root or mount point, which --force never replaces"):
+        runs.claim_output(str(disk), "audit", force=True)
+    assert (disk / "audit.json").is_file()
+
+
+def test_force_refuses_a_credo_output_holding_a_file_credo_did_not_write(tmp_path):
+    from credo.config import UserError
+    from credo.runs import claim_output
+    out = _audit_output(tmp_path / "audit")
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="holds notes.txt, which credo did not write, beside a credo audit output"):
+        claim_output(str(out), "train", force=True)
+    assert (out / "notes.txt").read_text() == "mine"
+    os.remove(out / "notes.txt")
+    claim_output(str(out), "train", force=True)  # credo's own output alone: replaced
+    assert sorted(os.listdir(out)) == [".credo-kind"]
+
+
+# --- an --out inside another run ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("inside", ["checkpoints/step-000002/mine", "checkpoints/step-000002", "extra"])
+def test_an_out_inside_another_run_or_its_checkpoint_is_refused_and_the_run_still_resumes(
+        tmp_path, capsys, saved_policy, inside):
+    from trust_helpers import killed_run
+    run = tmp_path / "run"
+    killed_run(saved_policy, str(run), stop_after=3)  # checkpoint at step 2
+    before = snapshot(str(run))
+    out = str(run / inside)
+    line = one_line_error(capsys, ["audit", "--checkpoint", saved_policy, "--out", out, "--n", "4",
+                                   "--group-size", "2", "--k-ref", "2", "--quiet"])
+    where = f"the credo checkpoint {run}/checkpoints/step-000002" if inside.endswith("mine") else \
+        f"the credo train output {run}"
+    assert f"--out {out} lies inside {where}" in line and "nothing was touched" in line
+    assert snapshot(str(run)) == before
+    assert main(["train", "--resume", str(run), "--quiet"]) == 0

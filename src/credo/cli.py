@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from credo.cli_config import add_config_options, check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
+from credo.cli_config import add_config_options, add_force_option, check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
 
 
 def _threads() -> None:
@@ -275,7 +275,7 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--localiser", help="reset localiser for rrpo/srpo: random, value, prompt, oracle or self (prompt where the task has a localisation request, else value)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint (its "
                    "config.yaml holds the settings; only --steps may change)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out (an earlier run or any other files)")
+    add_force_option(p, "an earlier run or another credo output")
     add_config_options(p, "TrainConfig", "--set lr=1e-5 --set loss.eps_high=0.28")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_train)
@@ -293,7 +293,7 @@ def _add_sft_parser(sub: argparse._SubParsersAction) -> None:
                    "--task's worked solutions (options: --help-config)")
     add_config_options(p, "SFTConfig (HFSFTConfig with --start)", "--set max_steps=800")
     p.add_argument("--retrain", action="store_true", help="retrain even when a cached or packaged start exists")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not an SFT checkpoint")
+    add_force_option(p, "another credo output")
     p.add_argument("--eval-n", type=int, default=500, help="held-out problems to report accuracy on (default 500)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_sft)
@@ -326,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the sampled traces and the reference (default 0)")
     add_config_options(p, "AuditConfig", "--set segmenter=lines")
     p.add_argument("--out", help="directory for audit.json, audit.md, audit.png (required)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not an audit directory")
+    add_force_option(p, "another credo output")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_audit)
 

@@ -12,7 +12,7 @@ import os
 import sys
 from dataclasses import replace
 
-from credo.cli_config import add_config_options, check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
+from credo.cli_config import add_config_options, add_force_option, check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
 from credo.config import ConfigError
 
 
@@ -135,7 +135,7 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--yes", action="store_true",
                    help="start even when the estimated wall time is over an hour (otherwise a terminal asks, and a "
                         "non-interactive run stops with a one-line message)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not a compare directory")
+    add_force_option(p, "another credo output")
     p.add_argument("--report-only", action="store_true",
                    help="rebuild report.md, curves.png and the goal checks from --out's results.json; train nothing")
     p.add_argument("--status", action="store_true",
