@@ -9,13 +9,16 @@ shortcut flags (sugar for its fields) <- `--set key=value` (repeatable; dotted k
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 
 import torch
 
-from credo.cli_config import add_config_options, add_force_option, check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
+from credo.cli_config import (add_config_options, add_force_option, check_inputs, csv_flags, flag_values, input_paths,
+                              require_out, show_config)
+from credo.interrupts import Interrupted, signals_raise
 
 
 def _threads() -> None:
@@ -150,7 +153,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not args.resume and _claim_run(run_dir, args.force, inputs, config):
         print(f"credo train: {run_dir} holds a run that never reached a checkpoint; replacing it", file=sys.stderr)
         _claim_run(run_dir, True, inputs, config)
-    summary = _train_with_guidance(trainer, run_dir)
+    try:
+        summary = _train_with_guidance(trainer, run_dir)
+    except Interrupted as stop:
+        raise stop.explained(_where_stopped(trainer, run_dir)) from None
     rows = trainer.log.rows()
     start = next((r["eval_accuracy"] for r in rows if r.get("step") == 0 and "eval_accuracy" in r), None)
     print(json.dumps(summary))
@@ -159,6 +165,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"start_accuracy={start:.4f} (n={start_n}) final_accuracy={summary['final_accuracy']:.4f} "
               f"(n={summary['final_eval_n']}) in {summary['seconds']:.0f}s")
     return 0
+
+
+def _where_stopped(trainer, run_dir: str) -> str:
+    """The one line of a training run stopped by a signal: how far it got, and how to go on from its last
+    checkpoint (which the resume continues bit-identically)."""
+    last = trainer.last_checkpoint()
+    if last is None:
+        return (f"interrupted at step {trainer.step} of {trainer.config.steps}, before the first checkpoint; run the "
+                f"same command again to start it over (or `credo train --resume {run_dir}`)")
+    return (f"interrupted at step {trainer.step} of {trainer.config.steps}; the last checkpoint is step "
+            f"{int(os.path.basename(last).split('-')[-1])}; resume with `credo train --resume {run_dir}`")
 
 
 def _steps(args: argparse.Namespace) -> dict:
@@ -350,13 +367,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+STOPPABLE = ("train", "compare")
+"""The commands a signal stops in one line (credo.interrupts): the long-running ones, which can go on."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in run directories
     _threads()
     from credo.config import UserError
     try:
-        return args.fn(args)
+        with signals_raise() if args.command in STOPPABLE else contextlib.nullcontext():
+            return args.fn(args)
+    except Interrupted as stop:  # Ctrl-C, kill, a closed terminal: not an error, no traceback
+        why = stop.message or f"stopped by {stop.name} before it began; run the same command again"
+        print(f"credo {args.command}: {why}", file=sys.stderr, flush=True)
+        return stop.exit_code
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
