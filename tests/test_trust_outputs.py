@@ -182,3 +182,77 @@ def test_an_out_inside_another_run_or_its_checkpoint_is_refused_and_the_run_stil
     assert f"--out {out} lies inside {where}" in line and "nothing was touched" in line
     assert snapshot(str(run)) == before
     assert main(["train", "--resume", str(run), "--quiet"]) == 0
+
+
+# --- what the checksums promise (docs/trust.md) ---------------------------------------------------------
+
+def _drop_config_record(checkpoint: str) -> None:
+    """What an edit can do that a manifest cannot catch: remove the config record, then re-make the manifest."""
+    import json
+    from credo.state_io import write_manifest
+    path = os.path.join(checkpoint, "trainer_state.json")
+    state = json.load(open(path))
+    del state["config"]
+    with open(path, "w") as f:
+        json.dump(state, f)
+    os.remove(os.path.join(checkpoint, "manifest.json"))
+    write_manifest(checkpoint)
+
+
+def test_a_checkpoint_without_its_config_record_is_refused_unless_accepted(tmp_path, capsys, saved_policy):
+    from trust_helpers import killed_run
+    run = str(tmp_path / "run")
+    killed_run(saved_policy, run, stop_after=3)  # checkpoint at step 2
+    checkpoint = os.path.join(run, "checkpoints", "step-000002")
+    _drop_config_record(checkpoint)
+    before = snapshot(run)
+    line = one_line_error(capsys, ["train", "--resume", run, "--quiet"])
+    assert f"{checkpoint}/trainer_state.json holds no record of the config it was trained with" in line
+    assert f"pass --accept-unrecorded-checkpoint (credo train --resume {run} --accept-unrecorded-checkpoint)" in line
+    assert snapshot(run) == before
+    line = one_line_error(capsys, ["train", "--out", str(tmp_path / "new"), "--start", saved_policy,
+                                   "--accept-unrecorded-checkpoint", "--quiet"])
+    assert "--accept-unrecorded-checkpoint applies to --resume RUN_DIR only" in line
+    assert main(["train", "--resume", run, "--accept-unrecorded-checkpoint", "--quiet"]) == 0
+    assert os.path.isfile(os.path.join(run, "summary.json"))
+
+
+def test_an_edited_audit_cache_entry_is_rebuilt_not_reused(tmp_path, capsys):
+    import json
+    from safetensors.torch import load_file, save_file
+    from credo.audit_cache import load_cached
+    from test_trust_security import _audit_entry
+    stem, problems, _, _ = _audit_entry(tmp_path)
+    assert load_cached(stem, problems)["trace_tokens"] == 7.5  # untouched: reused
+    meta = json.load(open(stem + ".json"))
+    edited = {**meta, "trace_tokens": 99.0}  # a figure of the audit's cost table, edited
+    json.dump(edited, open(stem + ".json", "w"))
+    capsys.readouterr()
+    assert load_cached(stem, problems) is None
+    assert "does not hash to its recorded content" in capsys.readouterr().err
+    json.dump(meta, open(stem + ".json", "w"))
+    assert load_cached(stem, problems) is not None
+    tensors = load_file(stem + ".safetensors")
+    tensors["values.0"] = tensors["values.0"] + 1  # a reference value changed, the file still valid
+    save_file(tensors, stem + ".safetensors")
+    assert load_cached(stem, problems) is None
+    stem, problems, _, _ = _audit_entry(tmp_path)
+    older = {k: v for k, v in json.load(open(stem + ".json")).items() if k != "content_sha256"}
+    json.dump(older, open(stem + ".json", "w"))  # from before the hash: rebuilt once
+    assert load_cached(stem, problems) is None
+
+
+def test_an_audit_rebuilds_an_edited_cache_entry_and_reports_what_it_measured(tmp_path, saved_policy):
+    import glob
+    import json
+    argv = ["audit", "--checkpoint", saved_policy, "--n", "4", "--group-size", "2", "--k-ref", "2", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    [entry] = glob.glob(os.path.join(os.environ["CREDO_CACHE"], "audit", "*.json"))
+    meta = json.load(open(entry))
+    meta["reference_cost"] = {k: v * 1000 for k, v in meta["reference_cost"].items()}  # the cost figures, edited
+    json.dump(meta, open(entry, "w"))
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0
+    first, second = (json.load(open(tmp_path / d / "audit.json"))["methods"]["mc_reference"] for d in ("a", "b"))
+    for figure in ("tokens_scored_per_trace", "tokens_generated_per_trace", "cost_vs_grpo_step", "spearman"):
+        assert second[figure] == first[figure]  # measured again, not the edited entry's x1000
+    assert json.load(open(entry))["reference_cost"]["tokens_scored_per_trace"] == first["tokens_scored_per_trace"]

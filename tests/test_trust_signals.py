@@ -79,6 +79,8 @@ def test_a_stop_signal_stops_the_comparisons_worker_processes_and_frees_their_lo
     for _, _, run_dir in plan:
         os.makedirs(run_dir)
     started: list[int] = []
+    returned = threading.Event()
+    hung: list[bool] = []
 
     def signal_once_both_train() -> None:
         deadline = time.time() + 120
@@ -86,11 +88,17 @@ def test_a_stop_signal_stops_the_comparisons_worker_processes_and_frees_their_lo
             started[:] = [int(f.split("-")[1]) for _, _, d in plan for f in os.listdir(d) if f.startswith("started-")]
             time.sleep(0.05)
         os.kill(os.getpid(), signum)
+        if not returned.wait(30):  # (before the fix) the pool's exit waited for runs that never end: free it
+            hung.append(True)
+            for pid in started:
+                os.kill(pid, signal.SIGKILL)
 
     threading.Thread(target=signal_once_both_train, daemon=True).start()
     with pytest.raises(Interrupted) as stopped:
         with signals_raise():
             cmp._run_parallel(plan, preset, saved_policy, cmp.tqdm(disable=True), jobs=2)
+    returned.set()
+    assert not hung, "the comparison waited for its workers' runs instead of stopping them"
     assert stopped.value.signum == signum and len(started) == 2
     assert not _gone_within(set(started), 10.0)
     assert not any(is_locked(run_dir) for _, _, run_dir in plan)
@@ -115,7 +123,10 @@ def test_a_worker_leaves_once_its_parent_is_gone(tmp_path):
     worker = int(next(f for f in os.listdir(tmp_path) if f.startswith("started-")).split("-")[1])
     parent.kill()
     parent.wait()
-    assert not _gone_within({worker}, 10.0)
+    left = _gone_within({worker}, 10.0)
+    if left:  # an orphan (before the fix): stopped here, not left training after the test
+        os.kill(worker, signal.SIGKILL)
+    assert not left, "the worker trained on after its parent was killed"
     assert not is_locked(str(tmp_path))
 
 
@@ -123,6 +134,13 @@ def test_a_worker_leaves_once_its_parent_is_gone(tmp_path):
 
 def _train_argv(start: str, out: str) -> list[str]:
     return ["train", "--method", "grpo", "--start", start, "--steps", "4", "--out", out, "--quiet", *FAST_SET]
+
+
+def _main_not_raising(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped the command as a KeyboardInterrupt (a traceback, not one line)")
 
 
 def test_ctrl_c_in_train_is_one_line_exit_130_and_the_resume_is_bit_identical(tmp_path, capsys, saved_policy,
@@ -137,7 +155,7 @@ def test_ctrl_c_in_train_is_one_line_exit_130_and_the_resume_is_bit_identical(tm
         return record(self, *args, **kwargs)
     monkeypatch.setattr(Trainer, "record", ctrl_c_during_step_3)
     capsys.readouterr()
-    assert main(_train_argv(saved_policy, run)) == 130
+    assert _main_not_raising(_train_argv(saved_policy, run)) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"credo train: interrupted at step 3 of 4; the last checkpoint is step 2; resume with "
                    f"`credo train --resume {run}`"]
@@ -161,7 +179,7 @@ def test_ctrl_c_before_the_first_checkpoint_says_to_run_the_same_command_again(t
         return record(self, *args, **kwargs)
     monkeypatch.setattr(Trainer, "record", ctrl_c_during_step_1)
     capsys.readouterr()
-    assert main(_train_argv(saved_policy, run)) == 130
+    assert _main_not_raising(_train_argv(saved_policy, run)) == 130
     assert capsys.readouterr().err.strip().splitlines() == [
         f"credo train: interrupted at step 1 of 4, before the first checkpoint; run the same command again to start "
         f"it over (or `credo train --resume {run}`)"]

@@ -148,7 +148,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError("--out DIR is required (or --resume RUN_DIR)")
         config = load_train_config(args.config, args.set, {**_flag_settings(args), **_steps(args)})
         run_dir = args.out
-    trainer = Trainer(config, run_dir, progress=not args.quiet)  # task, start and options checked before --out is touched
+    if args.accept_unrecorded_checkpoint and not args.resume:
+        raise ConfigError("--accept-unrecorded-checkpoint applies to --resume RUN_DIR only")
+    trainer = Trainer(config, run_dir, progress=not args.quiet,  # task, start and options checked before --out is touched
+                      accept_unrecorded_checkpoint=args.accept_unrecorded_checkpoint)
     inputs = input_paths(args.config, config.start, config.task)
     if not args.resume and _claim_run(run_dir, args.force, inputs, config):
         print(f"credo train: {run_dir} holds a run that never reached a checkpoint; replacing it", file=sys.stderr)
@@ -292,6 +295,9 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--localiser", help="reset localiser for rrpo/srpo: random, value, prompt, oracle or self (prompt where the task has a localisation request, else value)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint (its "
                    "config.yaml holds the settings; only --steps may change)")
+    p.add_argument("--accept-unrecorded-checkpoint", action="store_true",
+                   help="with --resume: continue from a checkpoint that holds no record of its config (an older "
+                   "credo's, or one whose record was removed) without checking config.yaml against it")
     add_force_option(p, "an earlier run or another credo output")
     add_config_options(p, "TrainConfig", "--set lr=1e-5 --set loss.eps_high=0.28")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

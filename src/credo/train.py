@@ -60,8 +60,10 @@ class Trainer:
     """GRPO-family trainer over any Policy backend. Subclass and override a phase to try an idea."""
 
     def __init__(self, config: TrainConfig, run_dir: str, policy: Policy | None = None, progress: bool = True,
-                 on_step: Callable[["Trainer", dict], None] | None = None) -> None:
+                 on_step: Callable[["Trainer", dict], None] | None = None,
+                 accept_unrecorded_checkpoint: bool = False) -> None:
         self.config, self.run_dir, self.progress, self.on_step = config, run_dir, progress, on_step
+        self.accept_unrecorded_checkpoint = accept_unrecorded_checkpoint  # resume_checks.check_resumable
         loaded_commit()  # summary.json's credo_commit, read while what is on disk is the code this process loaded
         self.task = make_task(config.task, config.task_options, prefix="train.task_options.")
         self.estimator = credit_registry.get(config.estimator)  # resolved and its options checked at load
@@ -389,7 +391,7 @@ class Trainer:
             self.tokens_scored, self.seconds = int(state["tokens_scored"]), float(state["seconds"])
         except (KeyError, ValueError, TypeError, RuntimeError) as err:
             raise CorruptStateError(f"checkpoint {path} does not fit this run ({type(err).__name__}: {err})") from None
-        check_resumable(state, self.config, self.step, path)
+        check_resumable(state, self.config, self.step, path, self.accept_unrecorded_checkpoint)
         self.log.truncate_after(self.step, must_reach=True)
         return True
 
