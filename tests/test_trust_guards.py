@@ -75,7 +75,8 @@ def test_force_never_deletes_the_commands_own_input(tmp_path, capsys, saved_poli
 def test_force_never_deletes_the_current_directory_or_a_locked_run(tmp_path, monkeypatch):
     out = tmp_path / "here"
     out.mkdir()
-    (out / "a.txt").write_text("x")
+    (out / ".credo-kind").write_text("audit\n")  # credo's own output (--force replaces nothing else, issue 42)
+    (out / "audit.json").write_text("x")
     monkeypatch.chdir(out)
     with pytest.raises(UserError, match="the current directory"):
         claim_output(".", "audit", force=True)
@@ -88,9 +89,9 @@ def test_force_never_deletes_the_current_directory_or_a_locked_run(tmp_path, mon
             with run_lock(str(out)):
                 pass
     assert not is_locked(str(out))
-    assert (out / "a.txt").read_text() == "x"
+    assert (out / "audit.json").read_text() == "x"
     claim_output(str(out), "audit", force=True)
-    assert not (out / "a.txt").exists()
+    assert not (out / "audit.json").exists()
 
 
 # --- resume verifies the run directory ------------------------------------------------------------------

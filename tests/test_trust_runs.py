@@ -43,10 +43,18 @@ def test_a_foreign_non_empty_out_is_refused_untouched(tmp_path, capsys, saved_po
 
 
 def test_force_replaces_and_sft_out_is_atomic(tmp_path, capsys, saved_policy):
-    out = user_files(tmp_path)
+    out = user_files(tmp_path)  # not credo's: --force refuses it (issue 42), untouched
+    before = snapshot(out)
+    line = one_line_error(capsys, ["train", "--method", "grpo", "--steps", "1", "--start", saved_policy, "--out", out,
+                                   "--force", "--quiet", *FAST_SET])
+    assert "is not a credo output directory" in line and snapshot(out) == before
+    shutil.rmtree(out)
+    os.makedirs(out)  # an audit output of credo's: what --force replaces
+    for name, text in ((".credo-kind", "audit\n"), ("audit.json", "{}"), ("audit.md", "old")):
+        open(os.path.join(out, name), "w").write(text)
     assert main(["train", "--method", "grpo", "--steps", "1", "--start", saved_policy, "--out", out, "--force",
                  "--quiet", *FAST_SET]) == 0
-    assert not os.path.exists(os.path.join(out, "final", "thesis.tex"))
+    assert not os.path.exists(os.path.join(out, "audit.json"))
     assert os.path.isfile(os.path.join(out, "final", "policy.json"))
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".")], "nothing left beside --out"
     # a second `train --out` on a finished run is refused (it is a run of the same kind, with checkpoints)

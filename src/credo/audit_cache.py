@@ -4,11 +4,20 @@ An entry `<key>` is `<key>.safetensors` (every tensor: the rollouts' fields, eac
 samples) and `<key>.json` (completions, costs, the problem key of each row), written in that order
 so the JSON's presence marks a complete entry. Problems are not stored: they are rebuilt from the
 task's held-out split and checked against the stored keys.
+
+An entry is reused only under the hash of its content: the JSON records the sha256 of both files' content
+(`content_sha256`: the tensor file's bytes and the JSON's other fields), and an entry whose content no longer
+hashes to it (an edited figure, a tensor changed in place, or an entry from before the hash) is rebuilt, not
+reused. Like a checkpoint's manifest this catches accidents and casual edits, not a forger who recomputes the
+hash (docs/trust.md).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import sys
 from typing import Any, Sequence
 
 import torch
@@ -18,6 +27,7 @@ from credo.rollouts import Rollouts
 from credo.state_io import CorruptStateError, load_state, save_state
 from credo.tasks.base import Problem
 
+CONTENT_HASH = "content_sha256"
 _TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "group", "rewards", "old_logprobs",
             "correct", "segment_ids", "loss_mask", "ref_logprobs")
 
@@ -35,18 +45,39 @@ def save_cached(stem: str, rollouts: Rollouts, segment_ids: torch.Tensor, refere
             "reference_cost": reference_cost, "trace_tokens": trace_tokens, "rows": len(reference.values)}
     tmp_name = f".tmp-{os.getpid()}-{name}"
     save_state(folder, tmp_name, tensors, meta)
-    os.replace(os.path.join(folder, tmp_name + ".safetensors"), stem + ".safetensors")
-    os.replace(os.path.join(folder, tmp_name + ".json"), stem + ".json")
+    tmp = os.path.join(folder, tmp_name)
+    hashed_meta = {**meta, CONTENT_HASH: content_sha256(tmp + ".safetensors", meta)}
+    with open(tmp + ".json", "w") as f:
+        json.dump(hashed_meta, f)
+    os.replace(tmp + ".safetensors", stem + ".safetensors")
+    os.replace(tmp + ".json", stem + ".json")
+
+
+def content_sha256(tensor_file: str, meta: dict[str, Any]) -> str:
+    """sha256 of an entry's content: its tensor file's bytes, then its JSON fields (but the hash itself) in a
+    canonical form."""
+    h = hashlib.sha256()
+    with open(tensor_file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    fields = {k: v for k, v in meta.items() if k != CONTENT_HASH}
+    h.update(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode())
+    return h.hexdigest()
 
 
 def load_cached(stem: str, heldout: Sequence[Problem]) -> dict[str, Any] | None:
-    """The entry at `stem` as AuditData's fields, or None if there is none. `heldout`: the task's held-out
-    problems, indexed by the rollouts' group. A damaged entry is an error naming its file."""
+    """The entry at `stem` as AuditData's fields, or None if there is none or its content does not hash to the
+    hash it records (rebuilt, then). `heldout`: the task's held-out problems, indexed by the rollouts' group. A
+    damaged entry is an error naming its file."""
     if not os.path.exists(stem + ".json"):
         return None
     folder, name = os.path.split(stem)
     try:
         tensors, meta = load_state(folder, name)
+        if meta.get(CONTENT_HASH) != content_sha256(stem + ".safetensors", meta):
+            print(f"audit: the cache entry {stem}.* does not hash to its recorded content (edited, or older than "
+                  "the hash); rebuilding it", file=sys.stderr, flush=True)
+            return None
         fields = {f: tensors.get(f"rollouts.{f}") for f in _TENSORS}
         rows = int(meta["rows"])
         problems = [heldout[g] for g in fields["group"].tolist()]

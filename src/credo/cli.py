@@ -9,13 +9,16 @@ shortcut flags (sugar for its fields) <- `--set key=value` (repeatable; dotted k
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 
 import torch
 
-from credo.cli_config import add_config_options, check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
+from credo.cli_config import (add_config_options, add_force_option, check_inputs, csv_flags, flag_values, input_paths,
+                              require_out, show_config)
+from credo.interrupts import Interrupted, signals_raise
 
 
 def _threads() -> None:
@@ -146,7 +149,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         return show_config(load_train_config(args.config, args.set, {**_flag_settings(args), **_steps(args)}), "train")
     if args.resume:
         config, run_dir = _resume_config(args), args.resume
-        if not os.path.isdir(os.path.join(run_dir, "checkpoints")):
+        from credo.runs import last_checkpoint
+        if last_checkpoint(run_dir) is None:
             from credo.resume_checks import check_restartable
             check_restartable(run_dir, config)  # a run whose checkpoints were removed is refused, not restarted
             print(f"credo train: {run_dir} never reached a checkpoint; starting it again from step 0", file=sys.stderr)
@@ -155,12 +159,18 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError("--out DIR is required (or --resume RUN_DIR)")
         config = load_train_config(args.config, args.set, {**_flag_settings(args), **_steps(args)})
         run_dir = args.out
-    trainer = Trainer(config, run_dir, progress=not args.quiet)  # task, start and options checked before --out is touched
+    if args.accept_unrecorded_checkpoint and not args.resume:
+        raise ConfigError("--accept-unrecorded-checkpoint applies to --resume RUN_DIR only")
+    trainer = Trainer(config, run_dir, progress=not args.quiet,  # task, start and options checked before --out is touched
+                      accept_unrecorded_checkpoint=args.accept_unrecorded_checkpoint)
     inputs = input_paths(args.config, config.start, config.task)
     if not args.resume and _claim_run(run_dir, args.force, inputs, config):
         print(f"credo train: {run_dir} holds a run that never reached a checkpoint; replacing it", file=sys.stderr)
         _claim_run(run_dir, True, inputs, config)
-    summary = _train_with_guidance(trainer, run_dir)
+    try:
+        summary = _train_with_guidance(trainer, run_dir)
+    except Interrupted as stop:
+        raise stop.explained(_where_stopped(trainer, run_dir)) from None
     rows = trainer.log.rows()
     start = next((r["eval_accuracy"] for r in rows if r.get("step") == 0 and "eval_accuracy" in r), None)
     print(json.dumps(summary))
@@ -169,6 +179,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"start_accuracy={start:.4f} (n={start_n}) final_accuracy={summary['final_accuracy']:.4f} "
               f"(n={summary['final_eval_n']}) in {summary['seconds']:.0f}s")
     return 0
+
+
+def _where_stopped(trainer, run_dir: str) -> str:
+    """The one line of a training run stopped by a signal: how far it got, and how to go on from its last
+    checkpoint (which the resume continues bit-identically)."""
+    last = trainer.last_checkpoint()
+    if last is None:
+        return (f"interrupted at step {trainer.step} of {trainer.config.steps}, before the first checkpoint; run the "
+                f"same command again to start it over (or `credo train --resume {run_dir}`)")
+    return (f"interrupted at step {trainer.step} of {trainer.config.steps}; the last checkpoint is step "
+            f"{int(os.path.basename(last).split('-')[-1])}; resume with `credo train --resume {run_dir}`")
 
 
 def _steps(args: argparse.Namespace) -> dict:
@@ -203,10 +224,10 @@ def _claim_run(run_dir: str, force: bool, inputs: tuple[str, ...], config) -> bo
     file credo did not write."""
     from credo.config import ConfigError, UserError
     from credo.resume_checks import check_restartable
-    from credo.runs import claim_output, holds_only_own_files, is_locked
+    from credo.runs import claim_output, holds_only_own_files, is_locked, last_checkpoint
     if not claim_output(run_dir, "train", force=force, inputs=inputs):
         return False
-    if os.path.isdir(os.path.join(run_dir, "checkpoints")) or os.path.exists(os.path.join(run_dir, "final")):
+    if last_checkpoint(run_dir) is not None or os.path.exists(os.path.join(run_dir, "final")):
         raise ConfigError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or replace it with --force")
     if is_locked(run_dir):
         raise ConfigError(f"{run_dir} holds a run that another credo process is training; nothing was touched")
@@ -285,7 +306,10 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--localiser", help="reset localiser for rrpo/srpo: random, value, prompt, oracle or self (prompt where the task has a localisation request, else value)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint (its "
                    "config.yaml holds the settings; only --steps may change)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out (an earlier run or any other files)")
+    p.add_argument("--accept-unrecorded-checkpoint", action="store_true",
+                   help="with --resume: continue from a checkpoint that holds no record of its config (an older "
+                   "credo's, or one whose record was removed) without checking config.yaml against it")
+    add_force_option(p, "an earlier run or another credo output")
     add_config_options(p, "TrainConfig", "--set lr=1e-5 --set loss.eps_high=0.28")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_train)
@@ -305,7 +329,7 @@ def _add_sft_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="", help="a named tiny-GPT SFT start instead of --task's default, e.g. "
                    "arith-long-skilled or arith-long-first (a policy field selects it as 'sft:<name>')")
     p.add_argument("--retrain", action="store_true", help="retrain even when a cached or packaged start exists")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not an SFT checkpoint")
+    add_force_option(p, "another credo output")
     p.add_argument("--eval-n", type=int, default=500, help="held-out problems to report accuracy on (default 500)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_sft)
@@ -339,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the sampled traces and the reference (default 0)")
     add_config_options(p, "AuditConfig", "--set segmenter=lines")
     p.add_argument("--out", help="directory for audit.json, audit.md, audit.png (required)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not an audit directory")
+    add_force_option(p, "another credo output")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_audit)
 
@@ -363,13 +387,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+STOPPABLE = ("train", "compare")
+"""The commands a signal stops in one line (credo.interrupts): the long-running ones, which can go on."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in run directories
     _threads()
     from credo.config import UserError
     try:
-        return args.fn(args)
+        with signals_raise() if args.command in STOPPABLE else contextlib.nullcontext():
+            return args.fn(args)
+    except Interrupted as stop:  # Ctrl-C, kill, a closed terminal: not an error, no traceback
+        why = stop.message or f"stopped by {stop.name} before it began; run the same command again"
+        print(f"credo {args.command}: {why}", file=sys.stderr, flush=True)
+        return stop.exit_code
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -40,6 +40,13 @@ def require_out(args: argparse.Namespace) -> str:
     return args.out
 
 
+def add_force_option(parser: argparse.ArgumentParser, replaces: str) -> None:
+    """`--force` as every command that writes an --out has it (credo.runs.replace_refusal says what it refuses)."""
+    parser.add_argument("--force", action="store_true", help=f"replace a non-empty --out that holds {replaces}; "
+                        "never a folder holding files credo did not write, the home directory, one holding the "
+                        "current directory, an input or the cache, nor a mount point")
+
+
 def csv_flags(args: argparse.Namespace, *names: str) -> dict:
     """{name: [items]} of the comma-separated flags the user gave (e.g. --methods grpo,rredcot)."""
     return {n: [m for m in getattr(args, n).split(",") if m] for n in names if getattr(args, n) is not None}

@@ -45,6 +45,7 @@ from credo.compare_presets import (ALL_METHODS, PRESETS, Preset, check_reusable,
 from credo.compare_stats import clipping, parse_method_spec, stalled_seconds
 from credo.config import ConfigError, UserError
 from credo.disk_errors import DiskError, as_disk_error, is_disk_error
+from credo.interrupts import Interrupted, worker_started, worker_task, workers_stopped_on_interrupt
 from credo.provenance import loaded_commit
 from credo.runs import MetricsLog, atomic_write_json, atomic_write_text, is_locked, run_lock
 from credo.train import Trainer
@@ -115,12 +116,13 @@ def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, ba
 def _worker(method: str, seed: int, preset: Preset, start: str, run_dir: str, threads: int) -> tuple[Any, str | None]:
     import torch
     torch.set_num_threads(threads)
-    try:
-        return run_one(method, seed, preset, start, run_dir, None), None
-    except Exception as err:
-        if is_disk_error(err):  # raised to the parent, which stops the grid (DiskError pickles from its parts)
-            raise as_disk_error(err) from err
-        return None, traceback.format_exc()
+    with worker_task():  # stopped by the parent (credo.interrupts): the run unwinds, then the worker leaves
+        try:
+            return run_one(method, seed, preset, start, run_dir, None), None
+        except Exception as err:
+            if is_disk_error(err):  # raised to the parent, which stops the grid (DiskError pickles from its parts)
+                raise as_disk_error(err) from err
+            return None, traceback.format_exc()
 
 
 def progress_of(run_dir: str, budget: int) -> tuple[int, int]:
@@ -140,10 +142,12 @@ def progress_of(run_dir: str, budget: int) -> tuple[int, int]:
 
 
 def _executor(jobs: int) -> Any:
-    """The worker pool of _run_parallel: `jobs` spawned processes (no forked torch thread pools)."""
+    """The worker pool of _run_parallel: `jobs` spawned processes (no forked torch thread pools), each of which
+    leaves when its parent stops it or is gone (credo.interrupts.worker_started)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=worker_started, initargs=(os.getpid(),))
 
 
 def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm, jobs: int) -> list[tuple[Any, str | None]]:
@@ -156,7 +160,7 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
     outcomes: dict[int, tuple[Any, str | None]] = {}
     shown, queued, stop = 0, list(enumerate(plan))[::-1], None  # popped from the end: plan order
     futures: dict[Any, int] = {}
-    with _executor(jobs) as pool:
+    with _executor(jobs) as pool, workers_stopped_on_interrupt():  # no worker trains on, holding its lock
         def submit_next() -> set[Any]:
             while queued:
                 i, (method, seed, run_dir) = queued.pop()
@@ -207,6 +211,15 @@ def _train_all(plan: list[tuple[str, int, str]], preset: Preset, start: str, job
         return _run_serial(plan, preset, start, bar) if jobs <= 1 else _run_parallel(plan, preset, start, bar, jobs)
     finally:
         bar.close()
+
+
+def stopped_at(stop: Interrupted, preset: Preset, out_dir: str, command: str) -> Interrupted:
+    """`stop` with its one line: how many of the comparison's runs finished, and the command that finishes it
+    (finished runs are reused, the others resume from their last checkpoints)."""
+    runs = [os.path.join(out_dir, "runs", run_dir_name(m, s)) for s in preset.seeds for m in preset.methods]
+    done = sum(os.path.exists(os.path.join(run, "summary.json")) for run in runs)
+    return stop.explained(f"stopped by {stop.name}: {done} of {len(runs)} runs finished, the others keep their last "
+                          f"checkpoints and no process is left running; rerun `{command}` to finish the comparison")
 
 
 def default_start(task: str, progress: bool) -> str:

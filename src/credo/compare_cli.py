@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from dataclasses import replace
 
-from credo.cli_config import add_config_options, check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
+from credo.cli_config import (add_config_options, add_force_option, check_inputs, csv_flags, flag_values, input_paths,
+                              require_out, show_config)
 from credo.config import ConfigError
+from credo.interrupts import Interrupted
 
 
 def _int_list(flag: str, text: str | None) -> list[int] | None:
@@ -103,10 +106,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
             confirm(seconds, yes=args.yes, interactive=interactive)
             claim_output(out, "compare")
 
-        results = compare(config.preset, out, config.methods or None, config.seeds, start=config.start or None,
-                          progress=not args.quiet, jobs=config.jobs, token_budget=config.budget,
-                          command=" ".join(["credo", *args.argv]), schedule=config.schedule,
-                          task=config.task or None, confirm=confirm_then_claim)
+        try:
+            results = compare(config.preset, out, config.methods or None, config.seeds, start=config.start or None,
+                              progress=not args.quiet, jobs=config.jobs, token_budget=config.budget,
+                              command=" ".join(["credo", *args.argv]), schedule=config.schedule,
+                              task=config.task or None, confirm=confirm_then_claim)
+        except Interrupted as stop:  # one line: what finished, and the command that finishes the rest
+            from credo.compare import stopped_at
+            from credo.compare_presets import resolve_preset
+            preset = resolve_preset(config.preset, config.methods or None, config.seeds, config.budget,
+                                    config.schedule, config.task or None)
+            raise stopped_at(stop, preset, out, shlex.join(["credo", *args.argv])) from None
     print(open(os.path.join(out, "report.md")).read())
     return 1 if results["failures"] else 0
 
@@ -135,7 +145,7 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--yes", action="store_true",
                    help="start even when the estimated wall time is over an hour (otherwise a terminal asks, and a "
                         "non-interactive run stops with a one-line message)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not a compare directory")
+    add_force_option(p, "another credo output")
     p.add_argument("--report-only", action="store_true",
                    help="rebuild report.md, curves.png and the goal checks from --out's results.json; train nothing")
     p.add_argument("--status", action="store_true",

@@ -1,4 +1,5 @@
-"""Writes the machine refused (a full disk, a quota, a read-only file system) as one-line user errors.
+"""Writes the machine refused (a full disk, a quota, a read-only file system, a file-size limit) as one-line
+user errors.
 
 These are the machine's state, which the user fixes, not bugs, so every command reports them as one line
 naming where (exit 2) instead of a traceback, and a comparison stops on one instead of recording it as the
@@ -18,11 +19,14 @@ from typing import Iterator
 
 from credo.config import UserError
 
-DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+# EFBIG: a file grew past the process's file-size limit (`ulimit -f`, a batch scheduler's RLIMIT_FSIZE); Python
+# ignores the SIGXFSZ that would otherwise kill the process, so the write fails with it instead
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 _RUST_PATH = re.compile(r'at path "([^"]+)"')
 _ADVICE = {errno.ENOSPC: "free space there", errno.EDQUOT: "free space within your quota",
-           errno.EROFS: "make it writable, or write elsewhere"}
+           errno.EROFS: "make it writable, or write elsewhere",
+           errno.EFBIG: "raise the file-size limit (ulimit -f), or write elsewhere"}
 
 
 class DiskError(UserError):

@@ -3,8 +3,10 @@
 A checkpoint records the config it was trained with; a resume is refused when config.yaml has changed since
 (but for fields that do not change training: `steps` may grow, `keep_checkpoints` and `final_eval_n` may
 change), when `--steps` would shorten the run, and (credo.runs.MetricsLog) when metrics.jsonl lost rows.
-Checkpoints written before configs were recorded are resumed unchecked. A run without a checkpoint starts again from step 0 only when it cannot have
-had one: not when it finished or logged past the first checkpoint's step (its checkpoints were removed).
+A checkpoint without that record (written before configs were recorded, or with the record removed) cannot be
+checked, so it is refused unless the user accepts it (`--accept-unrecorded-checkpoint`). A run without a
+checkpoint starts again from step 0 only when it cannot have had one: not when it finished or logged past the
+first checkpoint's step (its checkpoints were removed).
 """
 
 from __future__ import annotations
@@ -33,9 +35,21 @@ def config_changes(saved: dict[str, Any] | None, config: TrainConfig) -> list[st
             if k not in MAY_CHANGE and old[k] != new[k]]
 
 
-def check_resumable(state: dict[str, Any], config: TrainConfig, step: int, checkpoint: str) -> None:
+ACCEPT_UNRECORDED = "--accept-unrecorded-checkpoint"
+"""The `credo train` flag that resumes a checkpoint holding no record of its config, unchecked."""
+
+
+def check_resumable(state: dict[str, Any], config: TrainConfig, step: int, checkpoint: str,
+                    accept_unrecorded: bool = False) -> None:
     """Refuse to continue from `checkpoint` (its trainer state `state`, at `step`) with `config` when the
-    config changed since the checkpoint was written, or its steps end before `step`."""
+    config changed since the checkpoint was written, or its steps end before `step`; and, unless
+    `accept_unrecorded`, when the checkpoint holds no record of its config (nothing to check against)."""
+    if state.get("config") is None and not accept_unrecorded:
+        run_dir = os.path.dirname(os.path.dirname(os.path.abspath(checkpoint)))
+        raise CorruptStateError(
+            f"{os.path.join(checkpoint, 'trainer_state.json')} holds no record of the config it was trained with "
+            "(written by an older credo, or the record was removed), so config.yaml cannot be checked against it; "
+            f"to resume it unchecked, pass {ACCEPT_UNRECORDED} (credo train --resume {run_dir} {ACCEPT_UNRECORDED})")
     changed = config_changes(state.get("config"), config)
     if changed:
         raise CorruptStateError(f"the config differs from the one checkpoint {checkpoint} was trained with "

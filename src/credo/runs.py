@@ -168,21 +168,25 @@ _SIGNATURES = {"train": ("config.yaml", "metrics.jsonl"), "sft": ("sft_config.ya
 _OWN_NAMES = {"train": ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "final"),
               "audit": ("audit.json", "localisers.json", "audit.md", "audit.png", "audit.html"),
               "compare": ("results.json", "report.md", "*.png", "runs", "audit", "failure-*.txt", ".credo-export",
-                          "estimate.json")}
+                          "estimate.json"),
+              "bookkeeping": ()}  # (no output's own names: _ALWAYS_OWN alone)
 # credo's bookkeeping, and what file systems and desktops leave in any folder (NFS's silly-renamed files,
 # macOS's .DS_Store): none of it is a user's work
 _ALWAYS_OWN = (KIND_MARKER, RUN_LOCK, ".tmp-*", ".DS_Store", ".nfs*")
 NOTES = ("README*",)  # a note beside an output: does not make it someone else's folder, but is never deleted
 
 
+def foreign_entries(path: str, kind: str, notes: bool = False) -> list[str]:
+    """The entries of directory `path` that are not names credo writes into a `kind` output (with `notes`,
+    a README beside them is not counted), sorted."""
+    allowed = _OWN_NAMES.get(kind, ("*",)) + _ALWAYS_OWN + (NOTES if notes else ())  # (sft, show: anything)
+    return sorted(e for e in os.listdir(path) if not any(fnmatch.fnmatchcase(e, pattern) for pattern in allowed))
+
+
 def holds_only_own_files(path: str, kind: str, notes: bool = False) -> bool:
     """Whether every entry of directory `path` is a name credo writes into a `kind` output (with `notes`,
     a README beside them too: enough to recognise an output, not to delete the folder)."""
-    names = _OWN_NAMES.get(kind)
-    if names is None:
-        return True
-    allowed = names + _ALWAYS_OWN + (NOTES if notes else ())
-    return all(any(fnmatch.fnmatchcase(entry, pattern) for pattern in allowed) for entry in os.listdir(path))
+    return not foreign_entries(path, kind, notes)
 
 
 def run_kind(path: str) -> str | None:
@@ -207,34 +211,78 @@ def run_kind(path: str) -> str | None:
 
 def _protected(path: str, inputs: tuple[str, ...]) -> str | None:
     """What replacing directory `path` would delete that the command must not: one of its inputs, the
-    current directory or credo's cache (None if nothing)."""
+    current directory, credo's cache or the home directory (None if nothing)."""
     named = [(p, f"the input {p}") for p in inputs if p and os.path.exists(p)]
-    for given, what in named + [(os.getcwd(), "the current directory"), (cache_root(), "credo's cache")]:
+    for given, what in named + [(os.getcwd(), "the current directory"), (cache_root(), "credo's cache"),
+                                (os.path.expanduser("~"), "the home directory")]:
         if is_within(given, path):
             return what
     return None
 
 
+def replace_refusal(path: str, inputs: tuple[str, ...] = ()) -> str | None:
+    """Why `--force` must not replace the non-empty directory `path` (None: it may). It replaces only a
+    credo output holding nothing credo did not write (or a folder of credo's bookkeeping alone), and never
+    one that is or holds an input, the current directory, the cache or the home directory, nor a
+    file-system root or mount point (a whole disk), nor a run another process is writing."""
+    kept = _protected(path, inputs)
+    if kept:
+        return f"is or holds {kept}, which --force would delete; choose another --out"
+    if os.path.ismount(os.path.realpath(path)):
+        return "is a file-system root or mount point, which --force never replaces; choose another --out"
+    if is_locked(path):
+        return "is being written by another credo process; stop it first"
+    if foreign_entries(path, "bookkeeping"):  # a folder of credo's bookkeeping alone (a lock, a marker) holds nothing
+        found = run_kind(path)
+        if found is None:
+            return ("is not a credo output directory, and --force replaces only what credo wrote; choose another "
+                    "--out, or empty it yourself")
+        foreign = foreign_entries(path, found)
+        if foreign:
+            return (f"holds {foreign[0]}, which credo did not write, beside a credo {found} output; --force "
+                    "replaces only what credo wrote (move it away, or choose another --out)")
+    return None
+
+
+def enclosing_output(path: str) -> str | None:
+    """The credo output or checkpoint that `path` would lie inside (None if none): an output written there
+    would change it (a checkpoint's manifest no longer matches, a run holds a folder credo did not write),
+    and the run could no longer resume."""
+    folder = os.path.dirname(os.path.realpath(path))
+    while True:
+        try:
+            if os.path.isfile(os.path.join(folder, "manifest.json")):
+                return f"the credo checkpoint {folder}"
+            found = run_kind(folder)
+        except OSError:  # an ancestor this user may not read: not credo's output
+            found = None
+        if found:
+            return f"the credo {found} output {folder}"
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+
+
 def claim_output(path: str, kind: str, force: bool = False, inputs: tuple[str, ...] = ()) -> bool:
     """Make `path` ready to hold a `kind` output; returns True if it already holds one (to continue or redo).
 
-    A missing or empty directory is created and marked. A non-empty directory of another kind (or none)
-    is refused, untouched, unless `force`: then it is first renamed aside (one atomic step) and removed,
-    so `path` never holds a half-deleted mix of old and new files. `force` never removes a directory that
-    is or holds one of `inputs` (the command's checkpoint, start, config file or data), the current
-    directory or credo's cache, nor a run another process is writing.
+    A missing or empty directory is created and marked; one inside another credo output or checkpoint is
+    refused. A non-empty directory of another kind (or none) is refused, untouched, unless `force`: then,
+    if `replace_refusal` allows it, it is first renamed aside (one atomic step) and removed, so `path`
+    never holds a half-deleted mix of old and new files.
     """
     if os.path.exists(path) and not os.path.isdir(path):
         raise UserError(f"--out {path} is a file, not a directory; nothing was touched")
+    inside = enclosing_output(path)
+    if inside:
+        raise UserError(f"--out {path} lies inside {inside}, which writing there would change (a run could no "
+                        "longer resume); choose an --out outside it (nothing was touched)")
     if os.path.isdir(path) and os.listdir(path):
         if force:
-            kept = _protected(path, inputs)
-            if kept:
-                raise UserError(f"--out {path} is or holds {kept}, which --force would delete; choose another "
-                                "--out (nothing was touched)")
-            if is_locked(path):
-                raise UserError(f"--out {path} is being written by another credo process; stop it first "
-                                "(nothing was touched)")
+            refusal = replace_refusal(path, inputs)
+            if refusal:
+                raise UserError(f"--out {path} {refusal} (nothing was touched)")
             aside = tempfile.mkdtemp(prefix=".replaced-" + os.path.basename(os.path.abspath(path)) + "-",
                                      dir=os.path.dirname(os.path.abspath(path)))
             os.rename(path, os.path.join(aside, "old"))
@@ -244,8 +292,9 @@ def claim_output(path: str, kind: str, force: bool = False, inputs: tuple[str, .
             if found == kind:
                 return True
             what = f"holds a credo {found} output" if found else "is not a credo output directory"
+            how = "pass --force to replace it" if found else "--force replaces only a credo output"
             raise UserError(f"--out {path} is not empty and {what}, not a {kind} run; nothing was touched "
-                            "(choose another --out, or pass --force to replace it)")
+                            f"(choose another --out, or {how})")
     os.makedirs(path, exist_ok=True)
     atomic_write_text(os.path.join(path, KIND_MARKER), kind + "\n")
     return False
@@ -313,6 +362,15 @@ def is_locked(run_dir: str) -> bool:
         raise
     finally:
         os.close(fd)
+
+
+def last_checkpoint(run_dir: str) -> str | None:
+    """The newest whole checkpoint of `run_dir` (checkpoints/step-N), or None. A checkpoints/ folder that holds
+    none (a run that died writing its first one: a full disk, a file-size limit) does not make it a run with
+    a checkpoint; nor does a temporary directory a killed write left in it."""
+    folder = os.path.join(run_dir, "checkpoints")
+    steps = sorted(d for d in os.listdir(folder) if d.startswith("step-")) if os.path.isdir(folder) else []
+    return os.path.join(folder, steps[-1]) if steps else None
 
 
 def cache_root() -> str:

@@ -313,7 +313,7 @@ def cmd_show(args: Any) -> int:
 def add_show_parser(sub: Any) -> None:
     """The `credo show` subcommand (argparse), kept beside the code it runs."""
     p = sub.add_parser("show", help="see the credit: per-token credit of each method on sampled traces, as HTML")
-    from credo.cli_config import add_config_options
+    from credo.cli_config import add_config_options, add_force_option
     p.add_argument("--checkpoint", help="a credo checkpoint, a Hugging Face model directory, smollm2-135m or a "
                    "training run (its final/) (default: the task's SFT start)")
     p.add_argument("--task", help="task (default arith; arith-long, gym:<dataset>, jsonl:<path>)")
@@ -325,7 +325,7 @@ def add_show_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, help="seed of the sampled traces (default 0)")
     add_config_options(p, "ShowConfig", "--set group_size=8")
     p.add_argument("--out", help="directory for index.html (self-contained) and page.json (required)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not a show directory")
+    add_force_option(p, "another credo output")
     p.add_argument("--terminal", action="store_true", help="also print the coloured tokens to the terminal (rich)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_show)

@@ -38,7 +38,7 @@ from credo.provenance import loaded_commit
 from credo.probe import Probe
 from credo.rollouts import Credit, Rollouts
 from credo.resume_checks import check_restartable, check_resumable, update_config_yaml
-from credo.runs import KIND_MARKER, MetricsLog, NullLog, atomic_directory, atomic_write_text, run_lock
+from credo.runs import KIND_MARKER, MetricsLog, NullLog, atomic_directory, atomic_write_text, last_checkpoint, run_lock
 from credo.state_io import (CorruptStateError, check_safetensors, load_state, optimizer_state, optimizer_state_dict, save_state,
                             verify_manifest, write_manifest)
 from credo.strategies import Collected, SamplingContext, Strategy
@@ -62,8 +62,10 @@ class Trainer:
     """GRPO-family trainer over any Policy backend. Subclass and override a phase to try an idea."""
 
     def __init__(self, config: TrainConfig, run_dir: str, policy: Policy | None = None, progress: bool = True,
-                 on_step: Callable[["Trainer", dict], None] | None = None) -> None:
+                 on_step: Callable[["Trainer", dict], None] | None = None,
+                 accept_unrecorded_checkpoint: bool = False) -> None:
         self.config, self.run_dir, self.progress, self.on_step = config, run_dir, progress, on_step
+        self.accept_unrecorded_checkpoint = accept_unrecorded_checkpoint  # resume_checks.check_resumable
         loaded_commit()  # summary.json's credo_commit, read while what is on disk is the code this process loaded
         self.task = make_task(config.task, config.task_options, prefix="train.task_options.")
         self.estimator = credit_registry.get(config.estimator)  # resolved and its options checked at load
@@ -382,9 +384,7 @@ class Trainer:
             shutil.rmtree(os.path.join(self.run_dir, "checkpoints", old), ignore_errors=True)
 
     def last_checkpoint(self) -> str | None:
-        folder = os.path.join(self.run_dir, "checkpoints")
-        steps = sorted(d for d in os.listdir(folder) if d.startswith("step-")) if os.path.isdir(folder) else []
-        return os.path.join(folder, steps[-1]) if steps else None
+        return last_checkpoint(self.run_dir)
 
     def restore(self) -> bool:
         """Load the newest checkpoint of run_dir, if any, after verifying its manifest; returns whether one was found."""
@@ -402,7 +402,7 @@ class Trainer:
             self.tokens_scored, self.seconds = int(state["tokens_scored"]), float(state["seconds"])
         except (KeyError, ValueError, TypeError, RuntimeError) as err:
             raise CorruptStateError(f"checkpoint {path} does not fit this run ({type(err).__name__}: {err})") from None
-        check_resumable(state, self.config, self.step, path)
+        check_resumable(state, self.config, self.step, path, self.accept_unrecorded_checkpoint)
         self.log.truncate_after(self.step, must_reach=True)
         return True
 

@@ -1,0 +1,138 @@
+"""Ctrl-C, `kill` and a closed terminal: a command stops in one line, leaves nothing running, and can go on.
+
+`credo train` and `credo compare` turn SIGINT (Ctrl-C), SIGTERM (`kill PID`, `timeout`, a job scheduler) and
+SIGHUP (a closed terminal) into `Interrupted`, a BaseException: it unwinds through every `finally` and context
+manager, so a run's lock is released and a half-written checkpoint's temporary directory removed (the last
+whole checkpoint stays the last one), and no `except Exception` takes it for a run's failure. The command then
+says in one line where it stopped and how to go on, and exits 128 + the signal's number (130 for Ctrl-C).
+
+A comparison's worker processes (`--jobs` > 1) are stopped by their parent (`stop_workers`): SIGTERM, then
+SIGKILL after a grace period. A worker ignores SIGINT (a terminal's Ctrl-C reaches the whole foreground process
+group; the parent decides), leaves on SIGTERM or SIGHUP after unwinding its run, and leaves by itself when its
+parent is gone (killed with SIGKILL, which no process can handle), so it never trains on as an orphan that
+holds its run's lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from typing import Iterator
+
+from tqdm import tqdm
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+WORKER_GRACE_SECONDS = 5.0
+"""How long stop_workers waits for a worker to unwind after SIGTERM before it kills it."""
+
+
+class Interrupted(BaseException):
+    """A stop signal (STOP_SIGNALS) arrived; `message`, once a command has added it, says where it stopped and
+    how to go on."""
+
+    def __init__(self, signum: int, message: str = "") -> None:
+        super().__init__(message or signal.Signals(signum).name)
+        self.signum, self.message = signum, message
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def explained(self, message: str) -> "Interrupted":
+        return Interrupted(self.signum, message)
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """While inside (main thread only), each of STOP_SIGNALS raises Interrupted. Only the first does: a second
+    Ctrl-C while the first unwinds would cut the unwinding short (a lock or a temporary directory left)."""
+    raised: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if not raised:
+            raised.append(signum)
+            raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def stop_workers(grace: float = WORKER_GRACE_SECONDS) -> list[int]:
+    """Stops this process's worker processes (its live multiprocessing children): SIGTERM to each, then SIGKILL
+    to any still running after `grace` seconds. Returns their process ids."""
+    children = multiprocessing.active_children()
+    for child in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+    for child in children:
+        if child.is_alive():
+            child.kill()
+            child.join()
+    return [child.pid for child in children]
+
+
+@contextlib.contextmanager
+def workers_stopped_on_interrupt() -> Iterator[None]:
+    """Inside a worker pool's `with`: a stop signal (or a KeyboardInterrupt) stops the workers (stop_workers)
+    before the pool's exit would wait for their runs to end."""
+    try:
+        yield
+    except (Interrupted, KeyboardInterrupt):
+        stop_workers()
+        raise
+
+
+_busy = False  # whether this worker is running a task (a stop then unwinds it) or waiting for one (it just leaves)
+
+
+def worker_started(parent_pid: int) -> None:
+    """Initializer of a comparison's worker process (see the module docstring)."""
+    # tqdm's default lock is a multiprocessing semaphore, which a stopped worker (os._exit) would leave for the
+    # resource tracker to report as leaked, on the parent's stderr; a worker's bars are off, a thread lock will do
+    tqdm.set_lock(threading.RLock())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _worker_stop)
+    threading.Thread(target=_leave_with_parent, args=(parent_pid,), daemon=True).start()
+
+
+def _worker_stop(signum: int, frame: object) -> None:
+    if _busy:
+        raise Interrupted(signum)
+    os._exit(128 + signum)
+
+
+def _leave_with_parent(parent_pid: int, every: float = 1.0) -> None:
+    """A daemon thread: once the parent is gone (this process was handed to another), stop as on SIGTERM."""
+    while os.getppid() == parent_pid:
+        time.sleep(every)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def worker_task() -> Iterator[None]:
+    """Around a worker's task: a stop signal unwinds it (its run's lock released, temporary files removed), then
+    the worker leaves at once, quietly: the parent, which stopped it, reports the stop."""
+    global _busy
+    _busy = True
+    try:
+        yield
+    except Interrupted as stop:
+        os._exit(stop.exit_code)
+    finally:
+        _busy = False
