@@ -106,7 +106,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         results = compare(config.preset, out, config.methods or None, config.seeds, start=config.start or None,
                           progress=not args.quiet, jobs=config.jobs, token_budget=config.budget,
                           command=" ".join(["credo", *args.argv]), schedule=config.schedule,
-                          task=config.task or None, confirm=confirm_then_claim)
+                          task=config.task or None, confirm=confirm_then_claim, report_to=config.report_to)
     print(open(os.path.join(out, "report.md")).read())
     return 1 if results["failures"] else 0
 
