@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import time
-from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -31,7 +30,7 @@ from credo import strategies
 from credo.config import ConfigError, UserError, dump_yaml, to_dict
 from credo.distributed import DataParallel, Sharded
 from credo.evaluate import evaluate
-from credo.integrations.tracking import Trackers, TrackingPlace, check_installed
+from credo.integrations.tracking import TrackingPlace, check_installed, closing_trackers, open_trackers
 from credo.loss import policy_loss
 from credo.policy import bind_task, check_policy_path, load_policy
 from credo.policy.base import Policy
@@ -45,29 +44,20 @@ from credo.state_io import (CorruptStateError, check_safetensors, load_state, op
 from credo.strategies import Collected, SamplingContext, Strategy
 from credo.streams import RandomStreams
 from credo.train_eta import estimate_run_seconds, evaluations_left, format_seconds, steps_within, time_step_pieces
-from credo.train_config import TrainConfig, config_from_run, load_train_config, overlong_penalty  # noqa: F401  (re-exported)
+from credo.train_config import (TrainConfig, config_from_run, load_train_config, overlong_penalty,  # noqa: F401
+                                strategy_options)  # (re-exported)
 from credo.tasks import make_task
 
 
-def strategy_options(config: TrainConfig) -> Any:
-    """The run's strategy config, from the TrainConfig fields that hold it."""
-    if config.strategy == "resets":
-        return config.reset
-    if config.strategy == "dynamic":
-        return {"max_rounds": config.dynamic_max_rounds}
-    return None
-
-
 class Trainer:
-    """GRPO-family trainer over any Policy backend. Subclass and override a phase to try an idea."""
+    """GRPO-family trainer over any Policy backend. Subclass and override a phase to try an idea. tracking: where
+    the trackers of `config.report_to` write (default: in run_dir; credo.integrations.tracking)."""
 
     def __init__(self, config: TrainConfig, run_dir: str, policy: Policy | None = None, progress: bool = True,
                  on_step: Callable[["Trainer", dict], None] | None = None, tracking: TrackingPlace | None = None) -> None:
-        """tracking: where the trackers of `config.report_to` write (default: inside run_dir, credo.integrations.tracking)."""
         self.config, self.run_dir, self.progress, self.on_step = config, run_dir, progress, on_step
         check_installed(config.report_to, "train.report_to")  # before a model loads or --out is touched
-        self.tracking = tracking or TrackingPlace.for_run(run_dir)
-        self.trackers: Trackers | None = None  # opened by begin(), on the main process
+        self.tracking, self.trackers = tracking or TrackingPlace.for_run(run_dir), None  # opened by begin()
         loaded_commit()  # summary.json's credo_commit, read while what is on disk is the code this process loaded
         self.task = make_task(config.task, config.task_options, prefix="train.task_options.")
         self.estimator = credit_registry.get(config.estimator)  # resolved and its options checked at load
@@ -239,15 +229,8 @@ class Trainer:
     def train(self, stop_after: int | None = None) -> dict[str, Any]:
         """Run until the step/token budget is spent (or `stop_after` steps in this call, for tests). The main
         process holds the run directory's lock meanwhile (credo.runs.run_lock)."""
-        with run_lock(self.run_dir) if self.is_main else contextlib.nullcontext():
-            failed = True
-            try:
-                result = self._train(stop_after)
-                failed = False
-                return result
-            finally:
-                if self.trackers is not None:
-                    self.trackers.close(failed=failed)
+        with run_lock(self.run_dir) if self.is_main else contextlib.nullcontext(), closing_trackers(self):
+            return self._train(stop_after)
 
     def _train(self, stop_after: int | None) -> dict[str, Any]:
         self.begin()  # config.yaml; resume from the last checkpoint, or evaluate the start (step 0)
@@ -260,7 +243,7 @@ class Trainer:
             row = self.train_step()
             if self.eval_due(tokens_before) or not self.budget_left():
                 row["eval_accuracy"] = self.evaluate(self.config.eval_n)
-            self.append_row(row)
+            self.log.append(row)
             if self.on_step:
                 self.on_step(self, row)
             if self.step % self.config.checkpoint_every == 0 and self.is_main:
@@ -305,18 +288,10 @@ class Trainer:
             check_restartable(self.run_dir, self.config)
         if self.is_main:  # the checks passed: config.yaml describes the run (an extended --steps included)
             update_config_yaml(config_path, self.config)
-            if self.config.report_to:
-                place = replace(self.tracking, resume_step=self.step if resumed else None)
-                self.trackers = Trackers(self.config.report_to, place, to_dict(self.config))
+            self.trackers, self.log = open_trackers(self.config, self.tracking, self.step if resumed else None, self.log)
         if not resumed:
             self.log.truncate_after(-1)
-            self.append_row({"step": 0, "tokens_generated": 0, "seconds": 0.0, "eval_accuracy": self.evaluate(self.config.eval_n)})
-
-    def append_row(self, row: dict[str, Any]) -> None:
-        """A metrics row into metrics.jsonl (the record), then to the run's trackers."""
-        self.log.append(row)
-        if self.trackers is not None:
-            self.trackers.log_metrics(row)
+            self.log.append({"step": 0, "tokens_generated": 0, "seconds": 0.0, "eval_accuracy": self.evaluate(self.config.eval_n)})
 
     def finish(self) -> dict[str, Any]:
         """The final evaluation, weights and summary.json."""

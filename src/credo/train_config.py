@@ -172,6 +172,15 @@ class TrainConfig:
         return self._estimator
 
 
+def strategy_options(config: TrainConfig) -> Any:
+    """The run's strategy config, from the TrainConfig fields that hold it."""
+    if config.strategy == "resets":
+        return config.reset
+    if config.strategy == "dynamic":
+        return {"max_rounds": config.dynamic_max_rounds}
+    return None
+
+
 def resolve_method(method: str) -> methods.Recipe:
     """`method`'s recipe; an unknown name is a ConfigError naming `train.method`."""
     try:

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from credo.config import ConfigError
+from credo.config import ConfigError, to_dict
 from credo.strategies.registry import Registry
 
 TRACKERS = Registry("tracker")
@@ -258,6 +258,46 @@ class TrackioTracker(Tracker):
 def _as_code(text: str) -> str:
     """Text shown as it is by TensorBoard's markdown renderer."""
     return "".join(f"    {line}\n" for line in text.splitlines())
+
+
+def open_trackers(config: Any, place: TrackingPlace, resume_step: int | None,
+                  log: Any) -> tuple["Trackers | None", Any]:
+    """(the trackers, the metrics log) of a run with TrainConfig `config` whose tracker stores are at `place`
+    (resume_step: the checkpoint step a resumed run goes on from, None for a new run): (None, `log`) when it
+    reports to none, else its open trackers and `log` wrapped to copy each appended row to them."""
+    if not config.report_to:
+        return None, log
+    place = TrackingPlace(place.root, place.run_name, place.group, resume_step)
+    trackers = Trackers(config.report_to, place, to_dict(config))
+    return trackers, TrackedLog(log, trackers)
+
+
+class TrackedLog:
+    """A run's metrics log (credo.runs.MetricsLog) whose appended rows also go to its trackers, after the
+    record is written; everything else is the log's own."""
+
+    def __init__(self, log: Any, trackers: "Trackers") -> None:
+        self.log, self.trackers = log, trackers
+
+    def append(self, row: dict[str, Any]) -> None:
+        self.log.append(row)
+        self.trackers.log_metrics(row)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.log, name)
+
+
+@contextlib.contextmanager
+def closing_trackers(owner: Any) -> Any:
+    """Closes `owner.trackers` (if any were opened) when the block ends; as failed when it ends on an error."""
+    try:
+        yield
+    except BaseException:
+        if owner.trackers is not None:
+            owner.trackers.close(failed=True)
+        raise
+    if owner.trackers is not None:
+        owner.trackers.close()
 
 
 class Trackers:
