@@ -41,10 +41,12 @@ for version in "${versions[@]}"; do
     results+=("trl $version: the throwaway install did not shadow the base's trl (imported $found)"); failed=1; continue
   fi
   log="$work/pytest-$version.log"
-  "$PYTHON" -m pytest -q -p no:cacheprovider -rfE tests/test_trl.py >"$log" 2>&1
+  "$PYTHON" -m pytest -q -p no:cacheprovider -rfEp tests/test_trl.py >"$log" 2>&1
   code=$?
-  tail -n 30 "$log" >&2
-  results+=("trl $version: $(grep -E '(passed|failed|error)' "$log" | tail -n 1)")
+  grep -E '^(PASSED|FAILED|ERROR) ' "$log" >&2
+  equal=no
+  grep -q '^PASSED tests/test_trl.py::test_grpo_credit_equals_trls_own_advantages' "$log" && equal=yes
+  results+=("trl $version: $(grep -E '(passed|failed|error)' "$log" | tail -n 1); grpo advantages equal TRL's own: $equal")
   [ "$code" -eq 0 ] || failed=1
 done
 unset PYTHONPATH
