@@ -251,3 +251,17 @@ def test_a_resume_may_add_a_tracker(saved_policy, tmp_path, capsys):
     assert yaml.safe_load(open(os.path.join(out, "config.yaml")))["report_to"] == ["tensorboard"]
     scalars = event_scalars(os.path.join(out, "tensorboard", "run"))
     assert scalars["reward_mean"] == {3: float(np.float32(jsonl_metrics(out)["reward_mean"][3]))}  # from the resume on
+
+
+def test_a_comparison_reuses_its_runs_whatever_they_report_to(saved_policy, tmp_path):
+    from credo.compare_presets import check_reusable, resolve_preset, run_config, run_dir_name
+    from credo.config import ConfigError, dump_yaml
+    preset = resolve_preset("smoke", ("rloo",), None, None, None)
+    plan = [(m, 0, str(tmp_path / "runs" / run_dir_name(m, 0))) for m in preset.methods]
+    for method, seed, run_dir in plan:  # runs made by a comparison that reported to TensorBoard
+        os.makedirs(run_dir)
+        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
+            f.write(dump_yaml(run_config(method, seed, preset, saved_policy, ("tensorboard",))))
+    check_reusable(plan, preset, saved_policy)  # the same training: reused
+    with pytest.raises(ConfigError, match="was made with a different config"):
+        check_reusable(plan, resolve_preset("smoke", ("rloo",), None, 3000, None), saved_policy)
