@@ -265,3 +265,15 @@ def test_a_comparison_reuses_its_runs_whatever_they_report_to(saved_policy, tmp_
     check_reusable(plan, preset, saved_policy)  # the same training: reused
     with pytest.raises(ConfigError, match="was made with a different config"):
         check_reusable(plan, resolve_preset("smoke", ("rloo",), None, 3000, None), saved_policy)
+
+
+def test_wandb_groups_a_comparisons_runs_by_the_comparison(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    place = tracking.TrackingPlace(root=str(tmp_path), run_name="grpo-s0", group="cmp-a")
+    trackers = tracking.Trackers(["wandb"], place, {"lr": 0.001})
+    trackers.log_metrics({"step": 0, "eval_accuracy": 0.5})
+    trackers.close()
+    [path] = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
+    [opened] = [r.run for r in wandb_records(path) if r.WhichOneof("record_type") == "run"]
+    assert (opened.run_group, opened.display_name, opened.project) == ("cmp-a", "grpo-s0", "credo")
