@@ -320,3 +320,40 @@ def test_the_probe_renders_each_rows_tools_as_trl_does(tmp_path):
     assert ours == theirs
     texts = [policy.format_prompt(r["prompt"][-1]["content"]) for r in rows]
     assert texts[0].startswith("<|tools|>lookup;<|system|>") and texts[1].startswith("<|system|>")
+
+
+@pytest.mark.parametrize("version, tested", [("1.12.0", True), ("1.13.0", True), ("1.14.1", True), ("1.16.0", True),
+                                             ("1.11.0", False), ("1.16.1", False), ("2.0.0", False)])
+def test_the_tested_trl_range_is_from_the_oldest_to_the_newest_tested_version(version, tested):
+    from credo.integrations.trl import untested_trl_message
+    message = untested_trl_message(version)
+    assert (message is None) == tested
+    if not tested:
+        assert f"tested with trl 1.12.0 to 1.16.0; found trl {version}" in message
+
+
+@pytest.mark.parametrize("version", ["1.15.0", "1.15.2"])
+def test_a_trl_inside_the_range_that_fails_the_tests_is_named_with_why(version):
+    from credo.integrations.trl import untested_trl_message
+    assert untested_trl_message(version).startswith(f"credo.integrations.trl: found trl {version}; trl 1.15's "
+                                                    "GRPO loss always takes its fused LM-head path")
+
+
+@pytest.mark.parametrize("version, warns", [("1.17.0", True), ("1.14.2", False)])
+def test_an_untested_trl_warns_instead_of_refusing(monkeypatch, version, warns):
+    import importlib.util
+    import warnings
+
+    import trl
+    import credo.integrations.trl as adapter
+    monkeypatch.setattr(trl, "__version__", version)
+    spec = importlib.util.spec_from_file_location("credo_trl_reimported", adapter.__file__)
+    module = importlib.util.module_from_spec(spec)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec.loader.exec_module(module)  # the adapter's import: a refusal would raise here
+    untested = [w for w in caught if w.category.__name__ == "UntestedTRLWarning"]
+    assert len(untested) == int(warns)
+    if warns:
+        assert f"found trl {version}" in str(untested[0].message)
+    assert issubclass(module.CreditGRPOTrainer, trl.GRPOTrainer)

@@ -128,13 +128,17 @@ def _requested_settings(args: argparse.Namespace) -> dict:
 def _resume_config(args: argparse.Namespace):
     from dataclasses import replace
     from credo.config import ConfigError
-    from credo.train_config import config_from_run, resume_differences
+    from credo.config import merge, to_dict
+    from credo.train_config import config_from_run, resume_differences, train_config_from_dict
     if args.out and os.path.abspath(args.out) != os.path.abspath(args.resume):
         raise ConfigError(f"--resume continues {args.resume} in place; --out {args.out} names another directory")
     config = config_from_run(args.resume)
     if args.steps is not None:
         config = replace(config, steps=args.steps)  # extending a run is allowed (range-checked by TrainConfig)
-    differences = resume_differences(config, _requested_settings(args))
+    requested = _requested_settings(args)
+    if "report_to" in requested:  # where the run reports to may change: it is not what it trains
+        config = train_config_from_dict(merge(to_dict(config), {"report_to": requested["report_to"]}))
+    differences = resume_differences(config, requested)
     if differences:
         raise ConfigError(f"--resume {args.resume}: the command differs from the run's config.yaml: "
                           + "; ".join(differences) + " (drop those options, or start a new run with --out)")

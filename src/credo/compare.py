@@ -46,14 +46,22 @@ from credo.compare_stats import clipping, parse_method_spec, stalled_seconds
 from credo.config import ConfigError, UserError
 from credo.disk_errors import DiskError, as_disk_error, is_disk_error
 from credo.interrupts import Interrupted, worker_started, worker_task, workers_stopped_on_interrupt
+from credo.integrations.tracking import TrackingPlace, check_installed, checked_names
 from credo.provenance import loaded_commit
 from credo.runs import MetricsLog, atomic_write_json, atomic_write_text, is_locked, run_lock
 from credo.train import Trainer
 from credo.train_config import TrainConfig
 
-def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on_step: Any) -> dict[str, Any]:
+def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on_step: Any,
+            report_to: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Trains (or resumes) one run of the comparison, unless it finished earlier; its result as results.json
+    records it. report_to: the trackers it logs to, as a tracker run of its own named after its directory and
+    grouped by the comparison (the stores under the comparison's --out: credo.integrations.tracking)."""
     if not os.path.exists(os.path.join(run_dir, "summary.json")):  # else finished earlier: reuse (resumable)
-        Trainer(run_config(method, seed, preset, start), run_dir, progress=False, on_step=on_step).train()
+        out_dir = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))  # <out>/runs/<run>
+        place = TrackingPlace(root=out_dir, run_name=os.path.basename(run_dir), group=os.path.basename(out_dir))
+        Trainer(run_config(method, seed, preset, start, report_to), run_dir, progress=False, on_step=on_step,
+                tracking=place).train()
     return run_result(run_dir)
 
 
@@ -93,7 +101,8 @@ def run_grad_clip(run_dir: str) -> float:
     return float(clip)
 
 
-def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm) -> list[tuple[Any, str | None]]:
+def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm,
+                report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
     outcomes = []
     for method, seed, run_dir in plan:
         state = {"tokens": 0}
@@ -104,7 +113,7 @@ def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, ba
             bar.set_description(f"{method} seed {seed} step {row['step']}")
 
         try:
-            outcomes.append((run_one(method, seed, preset, start, run_dir, on_step), None))
+            outcomes.append((run_one(method, seed, preset, start, run_dir, on_step, report_to), None))
         except Exception as err:
             if is_disk_error(err):  # the machine's, not the method's: every later run would fail the same way
                 raise as_disk_error(err) from err
@@ -113,12 +122,13 @@ def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, ba
     return outcomes
 
 
-def _worker(method: str, seed: int, preset: Preset, start: str, run_dir: str, threads: int) -> tuple[Any, str | None]:
+def _worker(method: str, seed: int, preset: Preset, start: str, run_dir: str, threads: int,
+            report_to: tuple[str, ...] = ()) -> tuple[Any, str | None]:
     import torch
     torch.set_num_threads(threads)
     with worker_task():  # stopped by the parent (credo.interrupts): the run unwinds, then the worker leaves
         try:
-            return run_one(method, seed, preset, start, run_dir, None), None
+            return run_one(method, seed, preset, start, run_dir, None, report_to), None
         except Exception as err:
             if is_disk_error(err):  # raised to the parent, which stops the grid (DiskError pickles from its parts)
                 raise as_disk_error(err) from err
@@ -150,7 +160,8 @@ def _executor(jobs: int) -> Any:
                                initializer=worker_started, initargs=(os.getpid(),))
 
 
-def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm, jobs: int) -> list[tuple[Any, str | None]]:
+def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm, jobs: int,
+                  report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
     """Runs `plan` `jobs` at a time. A run is submitted only when a worker is free: a process pool starts
     what it is handed ahead of time, so a full disk (DiskError) then stops the grid with no run begun after
     it; the runs already going are waited for (on that disk they fail at their next write), then it raises."""
@@ -165,7 +176,7 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
             while queued:
                 i, (method, seed, run_dir) = queued.pop()
                 try:
-                    future = pool.submit(_worker, method, seed, preset, start, run_dir, threads)
+                    future = pool.submit(_worker, method, seed, preset, start, run_dir, threads, report_to)
                 except Exception:  # a pool broken by a worker that died: each run left fails, and is reported
                     outcomes[i] = (None, traceback.format_exc())
                     continue
@@ -202,13 +213,15 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
 
 
 def _train_all(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
-               progress: bool) -> list[tuple[Any, str | None]]:
+               progress: bool, report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
     """(result, None) or (None, traceback) of each run of `plan`, under one progress bar (closed even when a
     full disk stops the grid, so the error is not printed onto the bar's line)."""
     bar = tqdm(total=len(plan) * preset.token_budget, unit="tok", unit_scale=True, disable=not progress,
                dynamic_ncols=True)
     try:
-        return _run_serial(plan, preset, start, bar) if jobs <= 1 else _run_parallel(plan, preset, start, bar, jobs)
+        if jobs <= 1:
+            return _run_serial(plan, preset, start, bar, report_to)
+        return _run_parallel(plan, preset, start, bar, jobs, report_to)
     finally:
         bar.close()
 
@@ -262,7 +275,8 @@ def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: 
 def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
             start: str | None = None, progress: bool = True, jobs: int | None = None,
             token_budget: int | None = None, command: str | None = None, schedule: dict[str, Any] | None = None,
-            confirm: Callable[[float], None] | None = None, task: str | None = None) -> dict[str, Any]:
+            confirm: Callable[[float], None] | None = None, task: str | None = None,
+            report_to: tuple[str, ...] = ()) -> dict[str, Any]:
     """Runs the preset and writes the run directory; returns results.json's content.
 
     jobs (default: the preset's) > 1 runs that many (method, seed) trainings at once in worker processes,
@@ -272,8 +286,11 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     replaces the preset's budget of generated tokens per run (evaluated at each quarter of it); schedule
     replaces the shared epochs/minibatches/lr; task the preset's task (the default start follows it).
     confirm(estimated seconds) is called after the timing and before any training; it raises to stop (the
-    CLI's --yes gate, compare_eta.confirm)."""
+    CLI's --yes gate, compare_eta.confirm). report_to: the trackers every run logs to, each run its own
+    tracker run grouped by the comparison (credo.integrations.tracking)."""
     preset = resolve_preset(preset_name, methods, seeds, token_budget, schedule, task)
+    report_to = checked_names(report_to, "compare.report_to")
+    check_installed(report_to, "compare.report_to")  # before any timing or training
     jobs = preset.jobs if jobs is None else jobs
     if jobs < 1:
         raise ConfigError(f"jobs (--jobs) must be >= 1, got {jobs}")
@@ -300,7 +317,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     os.makedirs(out_dir, exist_ok=True)  # only once confirmed: a refused comparison leaves nothing behind
     with run_lock(out_dir):  # a second comparison into the same --out is refused, not interleaved
         compare_eta.keep_estimate(out_dir, results["estimate"])  # for --status (methods no run has started)
-        outcomes = _train_all(plan, preset, start, jobs, progress)
+        outcomes = _train_all(plan, preset, start, jobs, progress, report_to)
         results["methods"] = {method: {"seeds": {}} for method in preset.methods}
         for (method, seed, _), (result, error) in zip(plan, outcomes):
             if error is None:

@@ -110,7 +110,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             results = compare(config.preset, out, config.methods or None, config.seeds, start=config.start or None,
                               progress=not args.quiet, jobs=config.jobs, token_budget=config.budget,
                               command=" ".join(["credo", *args.argv]), schedule=config.schedule,
-                              task=config.task or None, confirm=confirm_then_claim)
+                              task=config.task or None, confirm=confirm_then_claim,
+                              report_to=config.report_to)
         except Interrupted as stop:  # one line: what finished, and the command that finishes the rest
             from credo.compare import stopped_at
             from credo.compare_presets import resolve_preset

@@ -15,6 +15,7 @@ from typing import Any
 
 from credo import methods as method_registry
 from credo.compare_stats import parse_method_spec
+from credo.integrations import tracking
 from credo.config import MAX_EPOCHS, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigError, check, parse_yaml_value, to_dict
 from credo.train_config import config_from_run, flatten_config, load_train_config
 
@@ -124,6 +125,9 @@ class CompareConfig:
     grad_clip: float | None = None
     """Gradient-norm clip shared by every method (None = the training default, 1.0). Clipping acts unequally
     on methods (the report shows each one's share of clipped steps); a very large value turns it off for all."""
+    report_to: tuple[str, ...] = ()
+    """Experiment trackers each run also logs to, as its own tracker run grouped by the comparison (--out's
+    name): any of tensorboard, wandb, mlflow, trackio; stores under --out (docs/tracking.md). None by default."""
 
     def __post_init__(self) -> None:
         check(self.preset in PRESETS, f"compare --preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
@@ -143,6 +147,7 @@ class CompareConfig:
               f"compare.grad_clip must be in (0, {MAX_GRAD_CLIP:g}], got {self.grad_clip}")
         check(self.seeds is None or len(self.seeds) > 0, "compare.seeds: give at least one seed")
         check_method_specs(self.methods or (), where="compare --methods")
+        object.__setattr__(self, "report_to", tracking.checked_names(self.report_to, "compare.report_to"))
 
     @property
     def schedule(self) -> dict[str, Any]:
@@ -155,17 +160,17 @@ def run_dir_name(spec: str, seed: int) -> str:
     return f"{spec.replace(':', '_')}-s{seed}"
 
 
-def run_config(spec: str, seed: int, preset: Preset, start: str) -> Any:
+def run_config(spec: str, seed: int, preset: Preset, start: str, report_to: tuple[str, ...] = ()) -> Any:
     """The TrainConfig of one run: the preset's shared settings and schedule, the method's recipe, and the
     spec's options as the estimator's credit options. The shared schedule goes under the recipe: a recipe
-    that sets its own schedule (a paper's setting) keeps it in any comparison."""
+    that sets its own schedule (a paper's setting) keeps it in any comparison. report_to: the run's trackers."""
     name, options = parse_method_spec(spec)
     credit = {**preset.train.get("credit", {}), **{k: parse_yaml_value(v, f"method {spec} option {k}")
                                                    for k, v in options.items()}}
     overrides = {**preset.train, "method": name, "seed": seed, "start": start, "task": preset.task,
                  "steps": 1_000_000, "max_generated_tokens": preset.token_budget,
                  "eval_every_tokens": preset.eval_every_tokens, "eval_n": preset.eval_n,
-                 "final_eval_n": preset.final_eval_n, "checkpoint_every": 50}
+                 "final_eval_n": preset.final_eval_n, "checkpoint_every": 50, "report_to": list(report_to)}
     if credit:
         overrides["credit"] = credit
     return load_train_config(None, None, overrides, base=dict(preset.schedule))
@@ -215,7 +220,8 @@ def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str)
         for recorded in (old, new):  # the default start named by a path (another checkout's, the cache's) is ''
             if is_default_start(recorded.get("start", ""), preset.task):
                 recorded["start"] = ""
-        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        # where a run reports to is not what it trains: a comparison may add or drop trackers and reuse its runs
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k != "report_to")
         if changed:
             raise ConfigError(f"{run_dir} was made with a different config ({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "
                              "choose a new --out or remove that run directory")

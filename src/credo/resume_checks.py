@@ -20,8 +20,9 @@ from credo.state_io import CorruptStateError
 from credo.train_config import TrainConfig, flatten_config
 
 
-# fields a resume may change in config.yaml: none of them changes what training does
-MAY_CHANGE = ("steps", "keep_checkpoints", "final_eval_n")
+# fields a resume may change in config.yaml: none of them changes what training does (report_to: where it is
+# reported)
+MAY_CHANGE = ("steps", "keep_checkpoints", "final_eval_n", "report_to")
 
 
 def config_changes(saved: dict[str, Any] | None, config: TrainConfig) -> list[str]:

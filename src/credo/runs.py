@@ -165,10 +165,12 @@ _SIGNATURES = {"train": ("config.yaml", "metrics.jsonl"), "sft": ("sft_config.ya
                "audit": ("audit.json",), "compare": ("results.json",)}
 # every name credo writes into an output of that kind: a directory holding anything else holds a user's
 # files too, and is never taken for (or replaced as) a credo output by its file names alone
-_OWN_NAMES = {"train": ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "final"),
+# (tensorboard/, wandb/, mlruns/: the local stores of the trackers a run or comparison reports to)
+_TRACKER_DIRS = ("tensorboard", "wandb", "mlruns")
+_OWN_NAMES = {"train": ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "final", *_TRACKER_DIRS),
               "audit": ("audit.json", "localisers.json", "audit.md", "audit.png", "audit.html"),
               "compare": ("results.json", "report.md", "*.png", "runs", "audit", "failure-*.txt", ".credo-export",
-                          "estimate.json"),
+                          "estimate.json", *_TRACKER_DIRS),
               "bookkeeping": ()}  # (no output's own names: _ALWAYS_OWN alone)
 # credo's bookkeeping, and what file systems and desktops leave in any folder (NFS's silly-renamed files,
 # macOS's .DS_Store): none of it is a user's work

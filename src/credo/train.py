@@ -30,6 +30,7 @@ from credo import strategies
 from credo.config import ConfigError, UserError, dump_yaml, to_dict
 from credo.distributed import DataParallel, Sharded
 from credo.evaluate import evaluate
+from credo.integrations.tracking import TrackingPlace, check_installed, closing_trackers, open_trackers
 from credo.loss import policy_loss
 from credo.policy import bind_task, check_policy_path, load_policy
 from credo.policy.locate import NAMED_START, named_start
@@ -45,27 +46,21 @@ from credo.strategies import Collected, SamplingContext, Strategy
 from credo.streams import RandomStreams
 from credo.train_eta import estimate_run_seconds, evaluations_left, format_seconds, steps_within, time_step_pieces
 from credo.train_config import (TrainConfig, config_from_run, load_train_config,  # noqa: F401  (re-exported)
-                                overlong_buffer_for_task, overlong_penalty)
+                                overlong_buffer_for_task, overlong_penalty, strategy_options)
 from credo.tasks import make_task
 
 
-def strategy_options(config: TrainConfig) -> Any:
-    """The run's strategy config, from the TrainConfig fields that hold it."""
-    if config.strategy == "resets":
-        return config.reset
-    if config.strategy == "dynamic":
-        return {"max_rounds": config.dynamic_max_rounds}
-    return None
-
-
 class Trainer:
-    """GRPO-family trainer over any Policy backend. Subclass and override a phase to try an idea."""
+    """GRPO-family trainer over any Policy backend. Subclass and override a phase to try an idea. tracking: where
+    the trackers of `config.report_to` write (default: in run_dir; credo.integrations.tracking)."""
 
     def __init__(self, config: TrainConfig, run_dir: str, policy: Policy | None = None, progress: bool = True,
                  on_step: Callable[["Trainer", dict], None] | None = None,
-                 accept_unrecorded_checkpoint: bool = False) -> None:
+                 accept_unrecorded_checkpoint: bool = False, tracking: TrackingPlace | None = None) -> None:
         self.config, self.run_dir, self.progress, self.on_step = config, run_dir, progress, on_step
         self.accept_unrecorded_checkpoint = accept_unrecorded_checkpoint  # resume_checks.check_resumable
+        check_installed(config.report_to, "train.report_to")  # before a model loads or --out is touched
+        self.tracking, self.trackers = tracking or TrackingPlace.for_run(run_dir), None  # opened by begin()
         loaded_commit()  # summary.json's credo_commit, read while what is on disk is the code this process loaded
         self.task = make_task(config.task, config.task_options, prefix="train.task_options.")
         self.estimator = credit_registry.get(config.estimator)  # resolved and its options checked at load
@@ -244,7 +239,7 @@ class Trainer:
     def train(self, stop_after: int | None = None) -> dict[str, Any]:
         """Run until the step/token budget is spent (or `stop_after` steps in this call, for tests). The main
         process holds the run directory's lock meanwhile (credo.runs.run_lock)."""
-        with run_lock(self.run_dir) if self.is_main else contextlib.nullcontext():
+        with run_lock(self.run_dir) if self.is_main else contextlib.nullcontext(), closing_trackers(self):
             return self._train(stop_after)
 
     def _train(self, stop_after: int | None) -> dict[str, Any]:
@@ -303,6 +298,7 @@ class Trainer:
             check_restartable(self.run_dir, self.config)
         if self.is_main:  # the checks passed: config.yaml describes the run (an extended --steps included)
             update_config_yaml(config_path, self.config)
+            self.trackers, self.log = open_trackers(self.config, self.tracking, self.step if resumed else None, self.log)
         if not resumed:
             self.log.truncate_after(-1)
             self.log.append({"step": 0, "tokens_generated": 0, "seconds": 0.0, "eval_accuracy": self.evaluate(self.config.eval_n)})
@@ -319,6 +315,8 @@ class Trainer:
         if self.is_main:
             self.policy.save(os.path.join(self.run_dir, "final"))
             atomic_write_text(os.path.join(self.run_dir, "summary.json"), json.dumps(final, indent=2) + "\n")
+            if self.trackers is not None:
+                self.trackers.log_summary(final)
         if self.dp is not None:
             self.dp.barrier()
         return final

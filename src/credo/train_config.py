@@ -18,6 +18,7 @@ import torch
 
 from credo import credit as credit_registry
 from credo import methods
+from credo.integrations import tracking
 from credo.config import MAX_EPOCHS, MAX_GROUP, MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_ROUNDS, MAX_STEP_COMPLETIONS, ConfigError, check, check_in, from_dict, merge, read_yaml, to_dict, user_settings
 from credo.loss import LossConfig
 from credo.policy.base import SamplingConfig
@@ -110,6 +111,10 @@ class TrainConfig:
     data_parallel: bool = False
     """Split each step's prompts over the processes of an accelerate/torchrun launch (plain strategy only;
     see credo.distributed)."""
+    report_to: tuple[str, ...] = ()
+    """Experiment trackers that also get each metrics row, the config and the summary (metrics.jsonl stays the
+    record): any of tensorboard, wandb, mlflow, trackio (e.g. `--set report_to=tensorboard,wandb`); none by
+    default. Each needs its extra (`pip install 'credo[wandb]'`); stores and names: docs/tracking.md."""
     seed: int = 0
     """Seed of every random draw of the run."""
 
@@ -148,6 +153,7 @@ class TrainConfig:
             check(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
         check_in(self.eval_n, 1, MAX_HELD_OUT, "train.eval_n")
         check_in(self.final_eval_n, 0, MAX_HELD_OUT, "train.final_eval_n")
+        object.__setattr__(self, "report_to", tracking.checked_names(self.report_to, "train.report_to"))
         check(not self.data_parallel or self.strategy == "plain",
               f"train.data_parallel supports strategy 'plain' only, got {self.strategy!r}")
         estimator = credit_registry.get(resolve_method(self.method).estimator)
@@ -169,6 +175,15 @@ class TrainConfig:
     def estimator(self) -> str:
         """The registered credit estimator `method` resolves to (`credo.credit.get(config.estimator)`)."""
         return self._estimator
+
+
+def strategy_options(config: TrainConfig) -> Any:
+    """The run's strategy config, from the TrainConfig fields that hold it."""
+    if config.strategy == "resets":
+        return config.reset
+    if config.strategy == "dynamic":
+        return {"max_rounds": config.dynamic_max_rounds}
+    return None
 
 
 def resolve_method(method: str) -> methods.Recipe:
