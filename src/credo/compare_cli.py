@@ -39,7 +39,7 @@ def _schedule(text: str | None) -> dict:
 def compare_flags(args: argparse.Namespace) -> dict:
     """The CompareConfig fields the flags give."""
     flags = {**flag_values(args, {"preset": "preset", "start": "start", "task": "task", "jobs": "jobs",
-                                  "budget": "budget", "lr": "lr"}),
+                                  "budget": "budget", "lr": "lr", "device": "device"}),
              **csv_flags(args, "methods"), **_schedule(args.schedule)}
     seeds = _int_list("--seeds", args.seeds)
     if seeds is not None:
@@ -84,6 +84,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.report_only:
         results = rewrite_report(out)
     else:
+        from credo.policy.device import resolve_device, resolve_dtype
+        resolve_dtype(config.dtype, resolve_device(config.device, "compare.device"), "compare.dtype")  # before --out
         if config.start == "sft":  # the task's SFT start, which a comparison's runs record as ''
             config = replace(config, start="")
         if config.start:  # before --out is claimed or any run is timed: each run would fail on it
@@ -106,7 +108,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         results = compare(config.preset, out, config.methods or None, config.seeds, start=config.start or None,
                           progress=not args.quiet, jobs=config.jobs, token_budget=config.budget,
                           command=" ".join(["credo", *args.argv]), schedule=config.schedule,
-                          task=config.task or None, confirm=confirm_then_claim)
+                          task=config.task or None, confirm=confirm_then_claim, device=config.device,
+                          dtype=config.dtype, share_gpu=config.share_gpu)
     print(open(os.path.join(out, "report.md")).read())
     return 1 if results["failures"] else 0
 
@@ -124,7 +127,8 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", help="task of every run instead of the preset's (arith; long: arith-long)")
     p.add_argument("--out", help="run directory (resumable: finished runs inside it are reused); required")
     p.add_argument("--jobs", type=int,
-                   help="trainings run at once, each in its own process with cpu_count/jobs threads (default: the preset's)")
+                   help="trainings run at once, each in its own process with cpu_count/jobs threads (default: the "
+                        "preset's); on a GPU one at a time unless --set share_gpu=true")
     p.add_argument("--budget", type=int,
                    help="generated tokens per training run instead of the preset's (evaluated every quarter of it)")
     p.add_argument("--schedule", metavar="EPOCHSxMINIBATCHES",

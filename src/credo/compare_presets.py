@@ -120,8 +120,17 @@ class CompareConfig:
     lr: float | None = None
     """Learning rate shared by every method (None = the training default); a sweep is one comparison per
     value, each into its own --out."""
+    device: str = "auto"
+    """Where every run and the audit run: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N
+    (docs/gpu.md); each run records the device it resolved to, and a comparison continues only on it."""
+    dtype: str = "float32"
+    """The weights' dtype: float32, or bfloat16 for a Hugging Face start on a GPU."""
+    share_gpu: bool = False
+    """On a GPU, run `jobs` trainings at once, each process with its own copy of the model on the one device
+    (default false: one after another, as one training keeps a GPU busy)."""
 
     def __post_init__(self) -> None:
+        check_device_fields(self.device, self.dtype, "compare.")
         check(self.preset in PRESETS, f"compare --preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
         check(self.budget is None or self.budget > 0,
               f"compare --budget must be a positive number of generated tokens, got {self.budget}")

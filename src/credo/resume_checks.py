@@ -2,7 +2,7 @@
 
 A checkpoint records the config it was trained with; a resume is refused when config.yaml has changed since
 (but for fields that do not change training: `steps` may grow, `keep_checkpoints` and `final_eval_n` may
-change), when `--steps` would shorten the run, and (credo.runs.MetricsLog) when metrics.jsonl lost rows.
+change, and `device` when the command names another one), when `--steps` would shorten the run, and (credo.runs.MetricsLog) when metrics.jsonl lost rows.
 Checkpoints written before configs were recorded are resumed unchecked. A run without a checkpoint starts again from step 0 only when it cannot have
 had one: not when it finished or logged past the first checkpoint's step (its checkpoints were removed).
 """
@@ -20,6 +20,9 @@ from credo.train_config import TrainConfig, flatten_config
 
 # fields a resume may change in config.yaml: none of them changes what training does
 MAY_CHANGE = ("steps", "keep_checkpoints", "final_eval_n")
+# and the device, when the command asks for another one explicitly (`--device`): the same computation, whose
+# floating-point rounding differs across devices (the CLI warns; docs/gpu.md)
+MAY_MOVE = ("device",)
 
 
 def config_changes(saved: dict[str, Any] | None, config: TrainConfig) -> list[str]:
@@ -30,7 +33,7 @@ def config_changes(saved: dict[str, Any] | None, config: TrainConfig) -> list[st
         return []
     old, new = flatten_config(saved), flatten_config(to_dict(config))
     return [f"train.{k}: checkpoint {old[k]!r}, now {new[k]!r}" for k in sorted(set(old) & set(new))
-            if k not in MAY_CHANGE and old[k] != new[k]]
+            if k not in MAY_CHANGE + MAY_MOVE and old[k] != new[k]]
 
 
 def check_resumable(state: dict[str, Any], config: TrainConfig, step: int, checkpoint: str) -> None:

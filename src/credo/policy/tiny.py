@@ -126,7 +126,7 @@ class TinyPolicy(CompletionScoring):
         for (i, start, c), (_, _, tokens) in zip(placement, branches):
             n = len(tokens)
             ids[i, start:start + n] = torch.tensor(list(tokens), dtype=torch.long)
-            positions[i, start:start + n] = prompt_len[i] + c + torch.arange(n)
+            positions[i, start:start + n] = prompt_len[i] + c + torch.arange(n, device=self.device)
             attn[i, start:start + n, :P + c] = mask[i, :P + c]
             attn[i, start:start + n, S + start:S + start + n] = torch.ones(n, n, dtype=torch.bool).tril()
         tree_logits = self.model(ids, cache=cache, positions=positions, attn_mask=attn)
