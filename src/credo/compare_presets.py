@@ -16,6 +16,7 @@ from typing import Any
 from credo import methods as method_registry
 from credo.compare_stats import parse_method_spec
 from credo.config import MAX_EPOCHS, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigError, check, parse_yaml_value, to_dict
+from credo.policy.device import check_device_fields
 from credo.train_config import config_from_run, flatten_config, load_train_config
 
 ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain", "rredcot", "ibpo", "sc_grpo", "rrpo", "srpo")

@@ -222,7 +222,9 @@ def collect(config: ShowConfig, progress: bool = True) -> Page:
         reference_cost = (spent.tokens_scored + spent.tokens_generated) / len(rows) / trace_tokens
     subtitle = (f"checkpoint {checkpoint} · task {config.task} · {len(rows)} traces (one per prompt, methods see "
                 f"groups of {config.group_size}) · seed {config.seed}" + (f" · K_ref={config.k_ref}" if config.k_ref else ""))
-    return build_page("credo show", subtitle, task, policy, rollouts, segment_ids, rows, runs, reference, reference_cost)
+    on_cpu = None if reference is None else [v.cpu() for v in reference]  # the page reads them beside runs' credit
+    return build_page("credo show", subtitle, task, policy, rollouts.to("cpu"), segment_ids.cpu(), rows, runs, on_cpu,
+                      reference_cost)
 
 
 def write_page(page: Page, out_dir: str, name: str = "index.html") -> str:
