@@ -1,6 +1,6 @@
 """A CUDA device emulated on the CPU: device placement tested on a machine without a GPU.
 
-Inside `FakeCuda(monkeypatch)`, torch.cuda.is_available() is True, and a tensor created on or moved to 'cuda'
+Inside `with FakeCuda():`, torch.cuda.is_available() is True, and a tensor created on or moved to 'cuda'
 lives on the CPU but is marked as a CUDA tensor: its `.device` reads cuda:0 and its `.is_cuda` True. What
 CUDA refuses raises here too: an op mixing a marked tensor with an unmarked (CPU) tensor of one dimension or
 more, a CPU tensor indexed by CUDA indices, a draw from a CPU generator into a CUDA tensor, and a CUDA tensor
@@ -20,7 +20,8 @@ from torch.overrides import TorchFunctionMode
 CUDA = torch.device("cuda", 0)
 _BASE = torch._C.TensorBase
 # ops whose tensors may sit on different devices under CUDA (each one's own rule is checked below)
-_MIXING_ALLOWED = {"copy_", "to", "cpu", "cuda", "__getitem__", "__setitem__", "new_tensor", "_has_compatible_shallow_copy_type"}
+_MIXING_ALLOWED = {"copy_", "to", "cpu", "cuda", "__getitem__", "__setitem__", "__deepcopy__", "new_tensor",
+                   "_has_compatible_shallow_copy_type"}
 
 
 def _is_cuda(device: Any) -> bool:
@@ -42,15 +43,26 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 class FakeCuda(TorchFunctionMode):
-    """`with FakeCuda(monkeypatch):` runs the block with 'cuda' emulated (see the module docstring)."""
+    """`with FakeCuda() as fake:` runs the block with 'cuda' emulated (see the module docstring)."""
 
-    def __init__(self, monkeypatch: Any) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self._marked: dict[int, weakref.ref] = {}
         self.ops = 0  # ops seen on marked tensors: a test can check the emulation was exercised
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "fake cuda")
+        self._saved: dict[str, Any] = {}
+
+    def __enter__(self) -> "FakeCuda":
+        fakes = {"is_available": lambda: True, "device_count": lambda: 1,
+                 "get_device_name": lambda *a, **k: "fake cuda"}
+        for name, fake in fakes.items():  # restored on exit: after the block the machine has no CUDA again
+            self._saved[name] = getattr(torch.cuda, name)
+            setattr(torch.cuda, name, fake)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        for name, real in self._saved.items():
+            setattr(torch.cuda, name, real)
+        super().__exit__(*exc)
 
     def is_cuda(self, t: torch.Tensor) -> bool:
         ref = self._marked.get(id(t))
@@ -89,7 +101,7 @@ class FakeCuda(TorchFunctionMode):
         out = func(*args, **kwargs)
         if name == "__setitem__":
             return out
-        if name == "__getitem__":
+        if name in ("__getitem__", "__deepcopy__"):  # where the tensor itself is (a deepcopy's memo holds others)
             return self._mark(out, self.is_cuda(args[0]))
         if on_cuda or to_cuda:
             self._mark(out, True)
