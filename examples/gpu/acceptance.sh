@@ -27,7 +27,7 @@ PY=${PYTHON:-python}
 CREDO=${CREDO:-credo}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-export CREDO_CACHE=${CREDO_CACHE:-$OUT/cache}  # the audit's reference cache and the SmolLM2 conversion: under OUT
+export CREDO_CACHE=$OUT/cache  # the audit's reference cache and the SmolLM2 conversion: under OUT, like the rest
 PASSED=0
 FAILED=0
 RESULTS=()
