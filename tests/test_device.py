@@ -6,6 +6,7 @@ an op that mixes them with CPU tensors raises as CUDA would, so a tensor built o
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -268,3 +269,16 @@ def test_a_tiny_policy_refuses_bfloat16(saved_policy):
     with pytest.raises(ConfigError, match="tiny policy, which runs float32"):
         load_policy(saved_policy, dtype=torch.bfloat16)
     assert tiny_policy().device == torch.device("cpu")
+
+
+def test_a_comparison_continues_only_on_the_device_its_runs_recorded(tmp_path, saved_policy):
+    from credo.compare_presets import check_reusable, resolve_preset, run_config, run_dir_name
+    preset = resolve_preset("smoke", None, None, None, None)
+    on = {d: dataclasses.replace(preset, train={**preset.train, "device": d}) for d in ("cpu", "cuda")}
+    run_dir = tmp_path / "runs" / run_dir_name("grpo", 0)
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(run_config("grpo", 0, on["cpu"], saved_policy))))
+    plan = [("grpo", 0, str(run_dir))]
+    check_reusable(plan, on["cpu"], saved_policy)
+    with pytest.raises(ConfigError, match="device: 'cpu' -> 'cuda'.*pass --device cpu to continue it where it ran"):
+        check_reusable(plan, on["cuda"], saved_policy)

@@ -221,8 +221,9 @@ def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str)
                 recorded["start"] = ""
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         if changed:
+            moved = f"pass --device {old['device']} to continue it where it ran, " if "device" in changed else ""
             raise ConfigError(f"{run_dir} was made with a different config ({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "
-                             "choose a new --out or remove that run directory")
+                             f"{moved}choose a new --out or remove that run directory")
 
 
 def check_method_specs(specs: tuple[str, ...], where: str) -> None:
