@@ -70,6 +70,7 @@ if [ $DRY = 1 ]; then
   "$PY" "$HERE/tiny_model.py" "$MODEL" > /dev/null || { echo "FAIL model: could not build the tiny model"; exit 1; }
   SFT_SET=(--set steps=2 --set eval_every=2 --set eval_n=4 --set batch_size=2 --set max_new_tokens=8 --eval-n 4)
   AUDIT_SIZE=(--n 4 --group-size 2 --k-ref 2 --set max_new_tokens=8)
+  PRESET=(--preset smoke --task gym:chain_sum)  # the smollm2 preset's evaluations (100 and 300 problems), cut to 8
   BUDGET=48
   JOBS=1  # two processes on a CPU would only slow the dry run; --jobs 2 on the GPU shows they run one at a time
 else
@@ -81,6 +82,7 @@ else
     || { echo "FAIL model: SmolLM2-135M could not be converted from its packaged GGUF"; exit 1; }
   SFT_SET=(--eval-n 100)
   AUDIT_SIZE=(--n 64 --group-size 8 --k-ref 8)
+  PRESET=(--preset smollm2)
   BUDGET=4000
   JOBS=2
 fi
@@ -94,7 +96,7 @@ check audit "$CREDO" audit --checkpoint "$OUT/sft" --task gym:chain_sum --method
   --device $DEVICE --out "$OUT/audit" --force --quiet "${AUDIT_SIZE[@]}"
 [ -f "$OUT/audit/audit.json" ] && tokens_per_second audit "$OUT/audit/audit.json" | sed 's/^/  /'
 
-check compare "$CREDO" compare --preset smollm2 --start "$OUT/sft" --methods rredcot --seeds 0,1 --budget $BUDGET \
+check compare "$CREDO" compare "${PRESET[@]}" --start "$OUT/sft" --methods rredcot --seeds 0,1 --budget $BUDGET \
   --jobs $JOBS --device $DEVICE --yes --out "$OUT/compare" --force
 [ -f "$OUT/compare/results.json" ] && tokens_per_second compare "$OUT/compare/results.json" | sed 's/^/  /'
 
