@@ -2,7 +2,8 @@
 
 A checkpoint records the config it was trained with; a resume is refused when config.yaml has changed since
 (but for fields that do not change training: `steps` may grow, `keep_checkpoints` and `final_eval_n` may
-change, and `device` when the command names another one), when `--steps` would shorten the run, and (credo.runs.MetricsLog) when metrics.jsonl lost rows.
+change, and `device` when the command names another one), when `--steps` would shorten the run, and
+(credo.runs.MetricsLog) when metrics.jsonl lost rows.
 Checkpoints written before configs were recorded are resumed unchecked. A run without a checkpoint starts again from step 0 only when it cannot have
 had one: not when it finished or logged past the first checkpoint's step (its checkpoints were removed).
 """

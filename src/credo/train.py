@@ -70,8 +70,9 @@ class Trainer:
         self.credit_config = config.credit
         if policy is None:
             device = resolve_device(config.device, "train.device")  # before the start is read: one line, exit 2
+            dtype = resolve_dtype(config.dtype, device, "train.dtype")
             policy = load_policy(self.start_path(), device=device, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
-                                 lora_targets=config.lora_targets, dtype=resolve_dtype(config.dtype, device, "train.dtype"))
+                                 lora_targets=config.lora_targets, dtype=dtype)
         # config.yaml records the device the run trains on ('auto' resolved), so that a resume or a comparison
         # reusing the run continues on it, and moving it elsewhere is asked for explicitly (docs/gpu.md)
         self.config = config = replace(config, device=device_name(policy.device))

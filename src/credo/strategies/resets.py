@@ -96,8 +96,8 @@ def continue_from(ctx: SamplingContext, jobs: Sequence[tuple[Rollouts, int, int,
     for i, prefix in enumerate(prefixes):
         loss_mask[i, :len(prefix)] = False
     return Rollouts(p_ids, p_mask, comp_ids, comp_mask, torch.tensor(groups, dtype=torch.long, device=device),
-                    out.rewards.to(device), torch.zeros(comp_ids.shape, device=device), out.correct.to(device), problems,
-                    out.texts, loss_mask=loss_mask)
+                    out.rewards.to(device), torch.zeros(comp_ids.shape, device=device), out.correct.to(device),
+                    problems, out.texts, loss_mask=loss_mask)
 
 
 @dataclass
