@@ -9,6 +9,8 @@ ESTIMATOR=${1:-rredcot}
 MODEL=${2:-Qwen/Qwen2.5-1.5B-Instruct}
 GPUS=${3:-8}
 export STEPS=${STEPS:-20}
-OUT=runs/verl-grpo bash examples/verl/run_credo_gpu.sh grpo "$MODEL" "$GPUS"
-OUT=runs/verl-$ESTIMATOR bash examples/verl/run_credo_gpu.sh "$ESTIMATOR" "$MODEL" "$GPUS"
-python examples/gpu/verl_summary.py runs/verl-grpo/metrics.jsonl "runs/verl-$ESTIMATOR/metrics.jsonl"
+OUT_ROOT=${OUT_ROOT:-runs}  # where both runs go (examples/gpu/acceptance.sh gives its own directory)
+cd "$(dirname "$0")/../.."
+OUT=$OUT_ROOT/verl-grpo bash examples/verl/run_credo_gpu.sh grpo "$MODEL" "$GPUS"
+OUT=$OUT_ROOT/verl-$ESTIMATOR bash examples/verl/run_credo_gpu.sh "$ESTIMATOR" "$MODEL" "$GPUS"
+python examples/gpu/verl_summary.py "$OUT_ROOT/verl-grpo/metrics.jsonl" "$OUT_ROOT/verl-$ESTIMATOR/metrics.jsonl"

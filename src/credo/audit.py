@@ -48,6 +48,7 @@ from credo.audit_cache import load_cached, save_cached
 from credo.config import MAX_GROUP, MAX_HELD_OUT, MAX_SAMPLES, ConfigError, UserError, check, check_in, to_dict
 from credo.credit.values import MCValues, mc_values
 from credo.policy import load_policy, resolve_checkpoint
+from credo.policy.device import check_device_fields, device_name, resolve_device, resolve_dtype
 from credo.policy.base import SamplingConfig
 from credo.probe import Probe
 from credo.rollouts import Rollouts
@@ -95,10 +96,15 @@ class AuditConfig:
     """Generation limit per completion."""
     batch_size: int = 1024
     """Rows per forward pass of the reference sampling."""
+    device: str = "auto"
+    """Where the model runs: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N (docs/gpu.md)."""
+    dtype: str = "float32"
+    """The weights' dtype: float32, or bfloat16 for a Hugging Face model on a GPU."""
     seed: int = 0
     """Seed of the sampled traces and the reference."""
 
     def __post_init__(self) -> None:
+        check_device_fields(self.device, self.dtype, "audit.")
         check_in(self.group_size, 2, MAX_GROUP, "audit.group_size")
         check(self.n >= self.group_size >= 2, f"audit.n must be >= audit.group_size >= 2, got {self.n}/{self.group_size}")
         check(self.k_ref >= 2, f"audit.k_ref must be >= 2, got {self.k_ref}")
@@ -150,18 +156,33 @@ def with_task_segmenter(config: AuditConfig, task: Any) -> AuditConfig:
     return config if config.segmenter else replace(config, segmenter=default_segmenter(task))
 
 
+def audit_device(config: AuditConfig) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype the audit's model runs on (a device this machine lacks: one line naming audit.device)."""
+    device = resolve_device(config.device, "audit.device")
+    return device, resolve_dtype(config.dtype, device, "audit.dtype")
+
+
+def reference_key(config: AuditConfig, checkpoint: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The cache key of the traces and their reference. A reference sampled elsewhere than on the CPU in
+    float32 is another entry (its draws differ: docs/gpu.md); the CPU's keys are those of audits cached
+    before devices were a setting."""
+    fields = (_weights_digest(checkpoint), config.task, sorted(config.task_options.items()), config.seed, config.n,
+              config.group_size, config.k_ref, config.segmenter, config.temperature, config.max_new_tokens)
+    if device.type != "cpu" or dtype != torch.float32:
+        fields += (device.type, str(dtype))
+    return hashlib.sha256(repr(fields).encode()).hexdigest()[:16]
+
+
 def build_reference(config: AuditConfig, checkpoint: str, progress: bool = True) -> AuditData:
-    """Sample the traces and their MC reference, or load both from the cache."""
+    """Sample the traces and their MC reference, or load both from the cache; on the CPU either way."""
     task = make_task(config.task, config.task_options, prefix="audit.task_options.")
     config = with_task_segmenter(config, task)
-    key = hashlib.sha256(repr((_weights_digest(checkpoint), config.task, sorted(config.task_options.items()),
-                               config.seed, config.n, config.group_size, config.k_ref, config.segmenter,
-                               config.temperature, config.max_new_tokens)).encode()).hexdigest()[:16]
-    path = os.path.join(cache_root(), "audit", key)
+    device, dtype = audit_device(config)
+    path = os.path.join(cache_root(), "audit", reference_key(config, checkpoint, device, dtype))
     saved = load_cached(path, task.heldout_problems(config.n // config.group_size))
     if saved is not None:
         return AuditData(**saved)
-    policy = load_policy(checkpoint)
+    policy = load_policy(checkpoint, device=device, dtype=dtype)
     policy.model.eval()
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
     generator = torch.Generator().manual_seed(config.seed)
@@ -183,6 +204,9 @@ def build_reference(config: AuditConfig, checkpoint: str, progress: bool = True)
                       "tokens_generated_per_trace": spent.tokens_generated / n,
                       "seconds_per_trace": (time.time() - start) / n}
     trace_tokens = float((rollouts.prompt_mask.sum() + rollouts.completion_mask.sum()) / n)
+    # kept on the CPU, as the cache reads them back (no copy when they are there already)
+    rollouts, segment_ids = rollouts.to("cpu"), segment_ids.cpu()
+    reference = MCValues([v.cpu() for v in reference.values], [x.cpu() for x in reference.samples])
     data = AuditData(rollouts, segment_ids, reference, reference_cost, trace_tokens)
     save_cached(path, rollouts, segment_ids, reference, reference_cost, trace_tokens)
     return data
@@ -191,7 +215,7 @@ def build_reference(config: AuditConfig, checkpoint: str, progress: bool = True)
 def segment_credit_of(result: Any, segment_ids: torch.Tensor) -> list[torch.Tensor]:
     """Per row, the mean over each segment of advantages x weights (weights None means 1)."""
     effective = result.advantages if result.weights is None else result.advantages * result.weights
-    return segment_means(effective, segment_ids)
+    return [means.cpu() for means in segment_means(effective, segment_ids)]  # scored beside the CPU reference
 
 
 def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[str, Any]:
@@ -215,19 +239,21 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
     for name in FLOORS:
         rows[name] = score_row(floor_credit(name, reference, config.seed, prior), reference, labels, zero_cost,
                                data.trace_tokens)
-    policy = load_policy(checkpoint)
+    device, dtype = audit_device(config)
+    policy = load_policy(checkpoint, device=device, dtype=dtype)
     policy.model.eval()
+    on_device, segments_on_device = rollouts.to(policy.device), segment_ids.to(policy.device)
 
     def record(label: str, credit: list[torch.Tensor], cost: dict[str, float]) -> None:
         rows[label] = score_row(credit, reference, labels, cost, data.trace_tokens)
 
     credits: dict[str, Any] = {}  # label -> Credit, for the show grid of audit.html
-    failures = score_methods(config, methods, rollouts, segment_ids, policy, task, progress, record, credits)
+    failures = score_methods(config, methods, on_device, segments_on_device, policy, task, progress, record, credits)
     rows["mc_reference"] = score_row(reference, reference, labels, data.reference_cost, data.trace_tokens)
     split_half = split_half_spearman(data.reference)
     reliability = 2 * split_half / (1 + split_half) if split_half > -1 else float("nan")
     report: dict[str, Any] = {
-        "config": {**to_dict(config), "checkpoint": checkpoint, "traces": n,
+        "config": {**to_dict(config), "checkpoint": checkpoint, "device": device_name(policy.device), "traces": n,
                    "incorrect_with_first_error": sum(1 for f, r in zip(first, reference) if f is not None and f < len(r)),
                    "localisable_traces": sum(f is not None for f in labels.localisable),
                    "position_prior_step": prior,
@@ -247,7 +273,8 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
         report["premises"] = {"teacher": check_teacher(config, rollouts, segment_ids, first, policy, task, progress)}
         table += "\n" + teacher_table(report["premises"]["teacher"])
     if config.localisers:
-        report["localisers"] = audit_localisers(config, rollouts, segment_ids, data.reference, labels, policy, task, progress)
+        report["localisers"] = audit_localisers(config, on_device, segments_on_device, data.reference, labels, policy,
+                                                task, progress)
         table += "\n" + localiser_table(report["localisers"])
     write_audit(out_dir, report, table)
     from credo.show import write_audit_page

@@ -243,9 +243,14 @@ def plot_audit(report: dict[str, Any], path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, metric in zip(axes, ("spearman", "first_error_top1")):
         for name, m in report["methods"].items():
+            if not math.isfinite(m[metric]):  # e.g. first_error_top1 when no trace has a labelled first error
+                continue
             x = max(m["cost_vs_grpo_step"], 1e-2)  # zero-cost floors drawn at the axis floor
             ax.scatter(x, m[metric], s=40)
             ax.annotate(name, (x, m[metric]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        if not any(math.isfinite(m[metric]) for m in report["methods"].values()):
+            ax.set_xlim(1e-2, 10)  # an empty log axis needs positive limits
+            ax.text(0.5, 0.5, f"no trace gives a {metric}", ha="center", transform=ax.transAxes)
         ax.set_xscale("log")
         ax.set_xlabel("cost vs sampling the trace (tokens, log scale; floors at 0.01)")
         ax.set_ylabel(metric)

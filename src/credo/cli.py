@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import sys
+from dataclasses import replace
 
 import torch
 
@@ -44,7 +45,8 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from credo.config import MAX_HELD_OUT, ConfigError, load_config, to_dict, user_settings
+    from credo.config import MAX_HELD_OUT, ConfigError, from_dict, merge, to_dict, user_settings
+    from credo.policy.device import resolve_device
     from credo.runs import claim_output
     from credo.sft import SFTConfig, copy_checkpoint, ensure_sft, preset_names, sft_config_for
     if not 1 <= args.eval_n <= MAX_HELD_OUT:
@@ -59,7 +61,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
         check_preset(args.preset, args.task, "sft --preset")
     args.task = args.task or "arith"
     preset = args.preset or args.task
-    config = load_config(SFTConfig, args.config, args.set, prefix="sft.", base=to_dict(sft_config_for(preset)))
+    # the tiny SFT start is built on the CPU (cached and shipped by the hash of its config; the CPU build is
+    # deterministic): `device` moves its held-out evaluation only, and is no SFTConfig field
+    placement = {k: given.pop(k) for k in ("device", "dtype") if k in given}
+    device = resolve_device(args.device or placement.get("device", "auto"), "sft.device")
+    if placement.get("dtype", "float32") != "float32":
+        raise ConfigError(f"sft.dtype={placement['dtype']}: the tiny GPT runs float32 (dtype is for a Hugging Face "
+                          "model: give --start)")
+    config = from_dict(SFTConfig, merge(to_dict(sft_config_for(preset)), given), prefix="sft.")
     if args.help_config:
         return show_config(config, "sft")
     # before training: refuse a foreign --out up front
@@ -72,7 +81,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from credo.policy import load_policy
     from credo.tasks.arith import ArithTask
     task = ArithTask(config.task, args.task)
-    result = evaluate(load_policy(args.out), task, task.heldout_problems(args.eval_n), progress=not args.quiet)
+    result = evaluate(load_policy(args.out, device=device), task, task.heldout_problems(args.eval_n),
+                      progress=not args.quiet)
     print(f"SFT start in {args.out} (cache {path}); validation accuracy {summary.get('val_accuracy', float('nan')):.3f}")
     print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
     return 0
@@ -83,9 +93,10 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
     from credo.config import ConfigError, load_config
     from credo.evaluate import evaluate
     from credo.policy import load_policy
+    from credo.policy.device import resolve_device, resolve_dtype
     from credo.runs import claim_output
     from credo.sft_hf import HFSFTConfig, check_sft_inputs, train_hf_sft
-    flags = {k: v for k, v in (("task", args.task), ("start", args.start)) if v}
+    flags = {k: v for k, v in (("task", args.task), ("start", args.start), ("device", args.device)) if v}
     config = load_config(HFSFTConfig, args.config, args.set, prefix="sft.", flags=flags)
     if args.help_config:
         return show_config(config, "sft")
@@ -98,8 +109,10 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
             and finished and not args.retrain):
         raise ConfigError(f"--out {args.out} already holds an SFT start; pass --retrain to train it again")
     summary = train_hf_sft(config, args.out, progress=not args.quiet, task=task)
-    result = evaluate(load_policy(args.out), task, task.heldout_problems(args.eval_n),
-                      max_new_tokens=config.max_new_tokens, progress=not args.quiet)
+    device = resolve_device(config.device, "sft.device")
+    result = evaluate(load_policy(args.out, device=device, dtype=resolve_dtype(config.dtype, device, "sft.dtype")),
+                      task, task.heldout_problems(args.eval_n), max_new_tokens=config.max_new_tokens,
+                      progress=not args.quiet)
     print(f"SFT start in {args.out}: validation accuracy {summary['val_accuracy']:.3f} at step {summary['step']} "
           f"({summary['seconds']:.0f}s)")
     print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
@@ -113,7 +126,7 @@ def _flag_settings(args: argparse.Namespace) -> dict:
         raise ConfigError("--model was removed: use --start (a credo checkpoint, a Hugging Face model directory "
                           "or 'smollm2-135m')")
     extra = {k: v for k, v in flag_values(args, {"method": "method", "start": "start", "seed": "seed",
-                                                 "task": "task"}).items() if v != ""}
+                                                 "task": "task", "device": "device"}).items() if v != ""}
     if args.localiser:
         extra["reset"] = {"localiser": args.localiser}
     return extra
@@ -136,13 +149,35 @@ def _resume_config(args: argparse.Namespace):
     if args.steps is not None:
         config = replace(config, steps=args.steps)  # extending a run is allowed (range-checked by TrainConfig)
     requested = _requested_settings(args)
+    device = requested.pop("device", None)  # moving a run to another device is allowed, when asked for
     if "report_to" in requested:  # where the run reports to may change: it is not what it trains
         config = train_config_from_dict(merge(to_dict(config), {"report_to": requested["report_to"]}))
     differences = resume_differences(config, requested)
     if differences:
         raise ConfigError(f"--resume {args.resume}: the command differs from the run's config.yaml: "
                           + "; ".join(differences) + " (drop those options, or start a new run with --out)")
-    return config
+    return _resume_device(config, device, args.resume)
+
+
+def _resume_device(config, device: object, run_dir: str):
+    """The run's config on the device a resume continues on: the one config.yaml records, or `device` when the
+    command names one (a move to another device is announced: its steps from here round differently)."""
+    from credo.config import ConfigError
+    from credo.policy.device import device_name, resolve_device
+    if device is None:
+        try:
+            resolve_device(config.device, "train.device")
+        except ConfigError as err:
+            raise ConfigError(f"{err} (--resume {run_dir} trained on {config.device}; pass --device cpu to continue "
+                              "it on the CPU)") from None
+        return config
+    moved = replace(config, device=device)  # its format checked, naming train.device
+    now = device_name(resolve_device(moved.device, "train.device"))
+    if now != config.device:
+        print(f"credo train: --resume {run_dir} trained on {config.device} and continues on {now}, as asked; its "
+              f"steps from here are not bit-identical to a run that stayed on {config.device} (docs/gpu.md)",
+              file=sys.stderr)
+    return replace(config, device=now)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -251,6 +286,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from credo.config import ConfigError, load_config
     from credo.evaluate import EvalConfig, evaluate
     from credo.policy import bind_task, load_policy, resolve_checkpoint
+    from credo.policy.device import resolve_device, resolve_dtype
     from credo.tasks import make_task
     known = {f for f in EvalConfig.__dataclass_fields__}
     for item in args.set:  # before EvalConfig, `eval --set` set task options
@@ -260,12 +296,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
                               f"task_options.{key} (--set task_options.{item})")
     config = load_config(EvalConfig, args.config, args.set, prefix="eval.", flags=flag_values(args, {
         "checkpoint": "checkpoint", "task": "task", "n": "n", "k": "k", "max_new_tokens": "max_new_tokens",
-        "seed": "seed"}))
+        "seed": "seed", "device": "device"}))
     if args.help_config:
         return show_config(config, "eval")
     task = make_task(config.task, config.task_options, prefix="eval.task_options.")
+    device = resolve_device(config.device, "eval.device")
+    dtype = resolve_dtype(config.dtype, device, "eval.dtype")
     checkpoint = resolve_checkpoint(config.checkpoint, "eval.checkpoint", task=config.task, progress=not args.quiet)
-    policy = bind_task(load_policy(checkpoint), task, check_as="eval.checkpoint")
+    policy = bind_task(load_policy(checkpoint, device=device, dtype=dtype), task, check_as="eval.checkpoint")
     result = evaluate(policy, task, task.heldout_problems(config.n), k=config.k, max_new_tokens=config.max_new_tokens,
                       seed=config.seed, progress=not args.quiet)
     print(json.dumps(result.as_dict()))
@@ -275,15 +313,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from dataclasses import replace
-    from credo.audit import AuditConfig, checked_methods, run_audit
+    from credo.audit import AuditConfig, audit_device, checked_methods, run_audit
     from credo.config import load_config
     from credo.runs import claim_output
     flags = {**flag_values(args, {"checkpoint": "checkpoint", "task": "task", "n": "n", "group_size": "group_size",
-                                  "k_ref": "k_ref", "seed": "seed"}), **csv_flags(args, "methods", "localisers")}
+                                  "k_ref": "k_ref", "seed": "seed", "device": "device"}),
+             **csv_flags(args, "methods", "localisers")}
     config = load_config(AuditConfig, args.config, args.set, prefix="audit.", flags=flags)
     if args.help_config:
         return show_config(config, "audit")
     checked_methods(config.methods)  # unknown estimators and options fail before any sampling starts
+    audit_device(config)  # a device the machine lacks: one line before --out is claimed
     out = require_out(args)
     policy_dir = check_inputs(config.checkpoint, "audit.checkpoint", config.task, config.task_options,
                               "audit.task_options.", progress=not args.quiet)

@@ -17,6 +17,8 @@ def add_config_options(p: argparse.ArgumentParser, config_name: str, set_example
     p.add_argument("--config", help=f"YAML file of {config_name} fields (flags and --set override it)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help=f"override a field of {config_name}, e.g. {set_example} (repeatable)")
+    p.add_argument("--device", help="where the model runs: auto (default: CUDA when torch finds a GPU, else the "
+                   "CPU), cpu, cuda or cuda:N; the same as --set device=... (docs/gpu.md)")
     p.add_argument("--help-config", action="store_true",
                    help=f"list every {config_name} field with its doc and its value after --config, the flags "
                         "and --set, then exit")

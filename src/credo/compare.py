@@ -31,8 +31,10 @@ import shutil
 import sys
 import time
 import traceback
+from dataclasses import replace
 from typing import Any, Callable
 
+import torch
 import yaml
 from tqdm import tqdm
 
@@ -47,6 +49,7 @@ from credo.config import ConfigError, UserError
 from credo.disk_errors import DiskError, as_disk_error, is_disk_error
 from credo.interrupts import Interrupted, worker_started, worker_task, workers_stopped_on_interrupt
 from credo.integrations.tracking import TrackingPlace, check_installed, checked_names
+from credo.policy.device import device_name, resolve_device, resolve_dtype
 from credo.provenance import loaded_commit
 from credo.runs import MetricsLog, atomic_write_json, atomic_write_text, is_locked, run_lock
 from credo.train import Trainer
@@ -276,7 +279,8 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
             start: str | None = None, progress: bool = True, jobs: int | None = None,
             token_budget: int | None = None, command: str | None = None, schedule: dict[str, Any] | None = None,
             confirm: Callable[[float], None] | None = None, task: str | None = None,
-            report_to: tuple[str, ...] = ()) -> dict[str, Any]:
+            report_to: tuple[str, ...] = (), device: str = "auto", dtype: str = "float32",
+            share_gpu: bool = False) -> dict[str, Any]:
     """Runs the preset and writes the run directory; returns results.json's content.
 
     jobs (default: the preset's) > 1 runs that many (method, seed) trainings at once in worker processes,
@@ -287,13 +291,19 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     replaces the shared epochs/minibatches/lr; task the preset's task (the default start follows it).
     confirm(estimated seconds) is called after the timing and before any training; it raises to stop (the
     CLI's --yes gate, compare_eta.confirm). report_to: the trackers every run logs to, each run its own
-    tracker run grouped by the comparison (credo.integrations.tracking)."""
+    tracker run grouped by the comparison (credo.integrations.tracking). `device` (resolved here once: every run
+    records the same one) and `dtype` place every run and the audit; on a GPU the runs go one after another
+    unless `share_gpu`."""
     preset = resolve_preset(preset_name, methods, seeds, token_budget, schedule, task)
     report_to = checked_names(report_to, "compare.report_to")
     check_installed(report_to, "compare.report_to")  # before any timing or training
     jobs = preset.jobs if jobs is None else jobs
     if jobs < 1:
         raise ConfigError(f"jobs (--jobs) must be >= 1, got {jobs}")
+    placed = resolve_device(device, "compare.device")
+    resolve_dtype(dtype, placed, "compare.dtype")
+    preset = replace(preset, train={**preset.train, "device": device_name(placed), "dtype": dtype})
+    jobs = jobs_on(placed, jobs, share_gpu, progress)
     if preset.needs_start and not start:
         raise ConfigError(f"--preset {preset_name} needs --start: {preset.needs_start}")
     start, default = start or "", "" if start else default_start(preset.task, progress)  # runs record '' (portable)
@@ -305,7 +315,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     compare_eta.timed_steps(out_dir)  # a malformed estimate.json is refused now, not after minutes of timing
     results: dict[str, Any] = {"preset": preset_name, "command": command, "start": start or default or f"the default start of {preset.task}",
                                "task": preset.task, "commit": loaded_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
-                               "machine": f"{os.cpu_count()} cpus", "token_budget": preset.token_budget,
+                               "machine": machine(placed), "token_budget": preset.token_budget,
                                "final_eval_n": preset.final_eval_n, "note": preset.note,
                                "protocol": protocol(preset, start, jobs), "methods": {}, "failures": {}}
     began = time.time()
@@ -327,10 +337,28 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
                 atomic_write_text(failure_path(out_dir, method, seed), error)
         atomic_write_json(os.path.join(out_dir, "results.json"), results)
         if preset.audit_n > 0:
-            results["audit"] = audit_rows(preset, start, out_dir, progress)
+            results["audit"] = audit_rows(preset, start, out_dir, progress, device=device_name(placed), dtype=dtype)
         results["wall_seconds"] = time.time() - began
         write_report(results, out_dir)
     return results
+
+
+def jobs_on(device: torch.device, jobs: int, share_gpu: bool, progress: bool = True) -> int:
+    """The trainings a comparison runs at once on `device`: `jobs` on the CPU (or with share_gpu), else 1. One
+    training keeps a GPU busy; `jobs` processes would each hold a copy of the model on it and time each other's
+    steps (the step times a comparison reports)."""
+    if device.type == "cpu" or jobs == 1 or share_gpu:
+        return jobs
+    if progress:
+        print(f"credo compare: --jobs {jobs} on {device_name(device)} runs one training at a time (--set "
+              "share_gpu=true runs them at once)", file=sys.stderr, flush=True)
+    return 1
+
+
+def machine(device: torch.device) -> str:
+    """results.json's `machine`: the CPU count, and the GPU when the runs use one."""
+    cpus = f"{os.cpu_count()} cpus"
+    return cpus if device.type == "cpu" else f"{cpus}, {torch.cuda.get_device_name(device)}"
 
 
 def write_report(results: dict[str, Any], out_dir: str) -> None:
@@ -372,7 +400,8 @@ def rewrite_report(out_dir: str) -> dict[str, Any]:
     return results
 
 
-def audit_rows(preset: Preset, start: str, out_dir: str, progress: bool) -> dict[str, Any]:
+def audit_rows(preset: Preset, start: str, out_dir: str, progress: bool, device: str = "auto",
+               dtype: str = "float32") -> dict[str, Any]:
     """Credit audit of the start checkpoint for the compared methods that are estimators."""
     from credo import credit
     estimators = []
@@ -383,7 +412,7 @@ def audit_rows(preset: Preset, start: str, out_dir: str, progress: bool) -> dict
         if estimator in credit.names() and row not in estimators and estimator != "grpo":
             estimators.append(row)
     config = AuditConfig(checkpoint=start, task=preset.task, n=preset.audit_n, group_size=8 if preset.audit_n >= 16 else 4,
-                         k_ref=preset.audit_k_ref, methods=tuple(estimators))
+                         k_ref=preset.audit_k_ref, methods=tuple(estimators), device=device, dtype=dtype)
     try:
         report_ = run_audit(config, os.path.join(out_dir, "audit"), progress=progress)
         shutil.copy(os.path.join(out_dir, "audit", "audit.png"), os.path.join(out_dir, "audit.png"))

@@ -42,7 +42,7 @@ def _schedule(text: str | None) -> dict:
 def compare_flags(args: argparse.Namespace) -> dict:
     """The CompareConfig fields the flags give."""
     flags = {**flag_values(args, {"preset": "preset", "start": "start", "task": "task", "jobs": "jobs",
-                                  "budget": "budget", "lr": "lr"}),
+                                  "budget": "budget", "lr": "lr", "device": "device"}),
              **csv_flags(args, "methods"), **_schedule(args.schedule)}
     seeds = _int_list("--seeds", args.seeds)
     if seeds is not None:
@@ -87,6 +87,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.report_only:
         results = rewrite_report(out)
     else:
+        from credo.policy.device import resolve_device, resolve_dtype
+        resolve_dtype(config.dtype, resolve_device(config.device, "compare.device"), "compare.dtype")  # before --out
         if config.start == "sft":  # the task's SFT start, which a comparison's runs record as ''
             config = replace(config, start="")
         if config.start:  # before --out is claimed or any run is timed: each run would fail on it
@@ -111,7 +113,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                               progress=not args.quiet, jobs=config.jobs, token_budget=config.budget,
                               command=" ".join(["credo", *args.argv]), schedule=config.schedule,
                               task=config.task or None, confirm=confirm_then_claim,
-                              report_to=config.report_to)
+                              report_to=config.report_to, device=config.device, dtype=config.dtype,
+                              share_gpu=config.share_gpu)
         except Interrupted as stop:  # one line: what finished, and the command that finishes the rest
             from credo.compare import stopped_at
             from credo.compare_presets import resolve_preset
@@ -135,7 +138,8 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", help="task of every run instead of the preset's (arith; long: arith-long)")
     p.add_argument("--out", help="run directory (resumable: finished runs inside it are reused); required")
     p.add_argument("--jobs", type=int,
-                   help="trainings run at once, each in its own process with cpu_count/jobs threads (default: the preset's)")
+                   help="trainings run at once, each in its own process with cpu_count/jobs threads (default: the "
+                        "preset's); on a GPU one at a time unless --set share_gpu=true")
     p.add_argument("--budget", type=int,
                    help="generated tokens per training run instead of the preset's (evaluated every quarter of it)")
     p.add_argument("--schedule", metavar="EPOCHSxMINIBATCHES",

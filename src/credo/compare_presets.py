@@ -17,6 +17,7 @@ from credo import methods as method_registry
 from credo.compare_stats import parse_method_spec
 from credo.integrations import tracking
 from credo.config import MAX_EPOCHS, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigError, check, parse_yaml_value, to_dict
+from credo.policy.device import check_device_fields
 from credo.train_config import config_from_run, flatten_config, load_train_config
 
 ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain", "rredcot", "ibpo", "sc_grpo", "rrpo", "srpo")
@@ -128,8 +129,17 @@ class CompareConfig:
     report_to: tuple[str, ...] = ()
     """Experiment trackers each run also logs to, as its own tracker run grouped by the comparison (--out's
     name): any of tensorboard, wandb, mlflow, trackio; stores under --out (docs/tracking.md). None by default."""
+    device: str = "auto"
+    """Where every run and the audit run: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N
+    (docs/gpu.md); each run records the device it resolved to, and a comparison continues only on it."""
+    dtype: str = "float32"
+    """The weights' dtype: float32, or bfloat16 for a Hugging Face start on a GPU."""
+    share_gpu: bool = False
+    """On a GPU, run `jobs` trainings at once, each process with its own copy of the model on the one device
+    (default false: one after another, as one training keeps a GPU busy)."""
 
     def __post_init__(self) -> None:
+        check_device_fields(self.device, self.dtype, "compare.")
         check(self.preset in PRESETS, f"compare --preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
         check(self.budget is None or self.budget > 0,
               f"compare --budget must be a positive number of generated tokens, got {self.budget}")
@@ -223,8 +233,9 @@ def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str)
         # where a run reports to is not what it trains: a comparison may add or drop trackers and reuse its runs
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k != "report_to")
         if changed:
+            moved = f"pass --device {old['device']} to continue it where it ran, " if "device" in changed else ""
             raise ConfigError(f"{run_dir} was made with a different config ({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "
-                             "choose a new --out or remove that run directory")
+                             f"{moved}choose a new --out or remove that run directory")
 
 
 def check_method_specs(specs: tuple[str, ...], where: str) -> None:

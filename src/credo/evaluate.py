@@ -9,6 +9,7 @@ import torch
 from tqdm import tqdm
 
 from credo.config import MAX_HELD_OUT, MAX_NEW_TOKENS, MAX_SAMPLES, check, check_in
+from credo.policy.device import check_device_fields
 from credo.policy.base import Policy, SamplingConfig
 from credo.tasks.base import Problem, Task
 
@@ -29,10 +30,15 @@ class EvalConfig:
     """> 0 also reports avg@k and pass@k from k samples per problem at temperature 1."""
     max_new_tokens: int = 96
     """Generation limit per completion."""
+    device: str = "auto"
+    """Where the model runs: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N (docs/gpu.md)."""
+    dtype: str = "float32"
+    """The weights' dtype: float32, or bfloat16 for a Hugging Face model on a GPU."""
     seed: int = 0
     """Seed of the sampled (avg@k) completions."""
 
     def __post_init__(self) -> None:
+        check_device_fields(self.device, self.dtype, "eval.")
         for flag, value, low in (("--n", self.n, 1), ("--k", self.k, 0), ("--max-new-tokens", self.max_new_tokens, 1)):
             check(value >= low, f"eval {flag} must be >= {low}, got {value}")
         check_in(self.n, 1, MAX_HELD_OUT, "eval --n")

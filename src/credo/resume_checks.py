@@ -2,7 +2,8 @@
 
 A checkpoint records the config it was trained with; a resume is refused when config.yaml has changed since
 (but for fields that do not change training: `steps` may grow, `keep_checkpoints` and `final_eval_n` may
-change), when `--steps` would shorten the run, and (credo.runs.MetricsLog) when metrics.jsonl lost rows.
+change, and `device` when the command names another one), when `--steps` would shorten the run, and
+(credo.runs.MetricsLog) when metrics.jsonl lost rows.
 A checkpoint without that record (written before configs were recorded, or with the record removed) cannot be
 checked, so it is refused unless the user accepts it (`--accept-unrecorded-checkpoint`). A run without a
 checkpoint starts again from step 0 only when it cannot have had one: not when it finished or logged past the
@@ -23,6 +24,9 @@ from credo.train_config import TrainConfig, flatten_config
 # fields a resume may change in config.yaml: none of them changes what training does (report_to: where it is
 # reported)
 MAY_CHANGE = ("steps", "keep_checkpoints", "final_eval_n", "report_to")
+# and the device, when the command asks for another one explicitly (`--device`): the same computation, whose
+# floating-point rounding differs across devices (the CLI warns; docs/gpu.md)
+MAY_MOVE = ("device",)
 
 
 def config_changes(saved: dict[str, Any] | None, config: TrainConfig) -> list[str]:
@@ -33,7 +37,7 @@ def config_changes(saved: dict[str, Any] | None, config: TrainConfig) -> list[st
         return []
     old, new = flatten_config(saved), flatten_config(to_dict(config))
     return [f"train.{k}: checkpoint {old[k]!r}, now {new[k]!r}" for k in sorted(set(old) & set(new))
-            if k not in MAY_CHANGE and old[k] != new[k]]
+            if k not in MAY_CHANGE + MAY_MOVE and old[k] != new[k]]
 
 
 ACCEPT_UNRECORDED = "--accept-unrecorded-checkpoint"

@@ -129,6 +129,11 @@ class Rollouts:
     def with_fields(self, **changes: Any) -> "Rollouts":
         return replace(self, **changes)
 
+    def to(self, device: torch.device | str) -> "Rollouts":
+        """Every tensor field on `device` (itself when they are there already: no copy on one device)."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
+
 
 def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
     """Stack several Rollouts (different P and T allowed) into one, re-padding as needed."""

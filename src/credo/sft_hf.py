@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from credo.config import MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_STEP_COMPLETIONS, ConfigError, check, check_in, dump_yaml
+from credo.policy.device import check_device_fields, resolve_device, resolve_dtype
 from credo.evaluate import evaluate
 from credo.runs import MetricsLog, atomic_directory, atomic_write_json, atomic_write_text
 from credo.sft import VALIDATION_SEED
@@ -62,10 +63,15 @@ class HFSFTConfig:
     """Generation limit of the validation checks."""
     target_accuracy: float = 0.3
     """Stop at the first check at or above it (1.0 = train all `steps`); leaves room for RL."""
+    device: str = "auto"
+    """Where the model runs: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N (docs/gpu.md)."""
+    dtype: str = "float32"
+    """The weights' dtype: float32, or bfloat16 for a Hugging Face model on a GPU."""
     seed: int = 0
     """Seed of the examples."""
 
     def __post_init__(self) -> None:
+        check_device_fields(self.device, self.dtype, "sft.")
         for name in ("steps", "batch_size", "eval_every", "eval_n", "max_new_tokens"):
             check(getattr(self, name) > 0, f"sft.{name} must be > 0, got {getattr(self, name)}")
         check_in(self.eval_n, 1, MAX_HELD_OUT, "sft.eval_n")
@@ -116,6 +122,7 @@ def check_sft_inputs(config: HFSFTConfig):  # noqa: ANN201
     from credo.policy.smollm import ALIASES
     from credo.tasks import make_task
     task = make_task(config.task, config.task_options, prefix="sft.task_options.")
+    resolve_dtype(config.dtype, resolve_device(config.device, "sft.device"), "sft.dtype")
     sft_example(task, task.train_problems(1, torch.Generator().manual_seed(config.seed))[0])
     if config.start not in ALIASES and not os.path.isfile(os.path.join(config.start, "config.json")):
         raise ConfigError(f"sft.start={config.start!r} is neither 'smollm2-135m' nor a Hugging Face model directory "
@@ -129,7 +136,9 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
     from credo.policy import bind_task, load_policy
     from credo.policy.hf import HFPolicy
     task = task or check_sft_inputs(config)
-    policy = bind_task(load_policy(config.start, lora_r=config.lora_r, lora_alpha=config.lora_alpha), task)
+    device = resolve_device(config.device, "sft.device")
+    policy = bind_task(load_policy(config.start, device=device, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
+                                   dtype=resolve_dtype(config.dtype, device, "sft.dtype")), task)
     if not isinstance(policy, HFPolicy):
         raise ConfigError(f"sft.start={config.start!r} is a tiny credo policy; `credo sft --task arith...` builds those")
     torch.manual_seed(config.seed)

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from credo.config import check
+from credo.policy.device import check_device_fields, resolve_device, resolve_dtype
 
 
 @dataclass(frozen=True)
@@ -46,10 +47,15 @@ class ShowConfig:
     """Sampling temperature."""
     max_new_tokens: int = 96
     """Generation limit per completion."""
+    device: str = "auto"
+    """Where the model runs: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N (docs/gpu.md)."""
+    dtype: str = "float32"
+    """The weights' dtype: float32, or bfloat16 for a Hugging Face model on a GPU."""
     seed: int = 0
     """Seed of the sampled traces."""
 
     def __post_init__(self) -> None:
+        check_device_fields(self.device, self.dtype, "show.")
         check(bool(self.methods), "show.methods must name at least one method")
         from credo.audit_report import checked_methods
         checked_methods(self.methods, where="show --methods")  # unknown estimators fail before --out is claimed
@@ -178,7 +184,7 @@ def run_methods(specs: Sequence[str], rollouts: Any, policy: Any, task: Any, sam
         result = estimator(rollouts, probe, estimator.make_config(options))
         credit = result.advantages if result.weights is None else result.advantages * result.weights
         spent = (result.cost.tokens_scored + result.cost.tokens_generated) / n
-        runs.append(MethodRun(label, credit.detach().float(), spent / trace_tokens, spent))
+        runs.append(MethodRun(label, credit.detach().float().cpu(), spent / trace_tokens, spent))
     return runs
 
 
@@ -193,7 +199,9 @@ def collect(config: ShowConfig, progress: bool = True) -> Page:
     from credo.tasks import make_task
     checkpoint = resolve_checkpoint(config.checkpoint, "show.checkpoint", task=config.task, progress=progress)
     task = make_task(config.task, config.task_options, prefix="show.task_options.")
-    policy = bind_task(load_policy(checkpoint), task, check_as="show.checkpoint")
+    device = resolve_device(config.device, "show.device")
+    policy = bind_task(load_policy(checkpoint, device=device, dtype=resolve_dtype(config.dtype, device, "show.dtype")),
+                       task, check_as="show.checkpoint")
     policy.model.eval()
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
     rollouts = sample_groups(policy, task, task.heldout_problems(config.n), config.group_size, sampling,
@@ -214,7 +222,9 @@ def collect(config: ShowConfig, progress: bool = True) -> Page:
         reference_cost = (spent.tokens_scored + spent.tokens_generated) / len(rows) / trace_tokens
     subtitle = (f"checkpoint {checkpoint} · task {config.task} · {len(rows)} traces (one per prompt, methods see "
                 f"groups of {config.group_size}) · seed {config.seed}" + (f" · K_ref={config.k_ref}" if config.k_ref else ""))
-    return build_page("credo show", subtitle, task, policy, rollouts, segment_ids, rows, runs, reference, reference_cost)
+    on_cpu = None if reference is None else [v.cpu() for v in reference]  # the page reads them beside runs' credit
+    return build_page("credo show", subtitle, task, policy, rollouts.to("cpu"), segment_ids.cpu(), rows, runs, on_cpu,
+                      reference_cost)
 
 
 def write_page(page: Page, out_dir: str, name: str = "index.html") -> str:
@@ -265,7 +275,7 @@ def write_audit_page(out_dir: str, markdown: str, task: Any, policy: Any, rollou
     for label, result in results.items():
         credit = result.advantages if result.weights is None else result.advantages * result.weights
         spent = (result.cost.tokens_scored + result.cost.tokens_generated) / rollouts.batch_size
-        runs.append(MethodRun(label, credit.detach().float(), spent / trace_tokens, spent))
+        runs.append(MethodRun(label, credit.detach().float().cpu(), spent / trace_tokens, spent))
     rows = pick_rows(rollouts, task, segment_ids, n)
     page = build_page("credo audit", f"{len(rows)} traces, one per prompt; colours: credit = advantage x weight",
                       task, policy, rollouts, segment_ids, rows, runs, [reference.values[r] for r in rows])
@@ -296,10 +306,11 @@ def cmd_show(args: Any) -> int:
     from credo.config import load_config
     from credo.runs import claim_output
     flags = {**flag_values(args, {"checkpoint": "checkpoint", "task": "task", "n": "n", "k_ref": "k_ref",
-                                  "seed": "seed"}), **csv_flags(args, "methods")}
+                                  "seed": "seed", "device": "device"}), **csv_flags(args, "methods")}
     config = load_config(ShowConfig, args.config, args.set, prefix="show.", flags=flags)
     if args.help_config:
         return show_config(config, "show")
+    resolve_dtype(config.dtype, resolve_device(config.device, "show.device"), "show.dtype")  # before --out is claimed
     out = require_out(args)
     policy_dir = check_inputs(config.checkpoint, "show.checkpoint", config.task, config.task_options,
                               "show.task_options.", progress=not args.quiet)

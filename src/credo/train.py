@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -35,6 +36,7 @@ from credo.loss import policy_loss
 from credo.policy import bind_task, check_policy_path, load_policy
 from credo.policy.locate import NAMED_START, named_start
 from credo.policy.base import Policy
+from credo.policy.device import device_name, resolve_device, resolve_dtype
 from credo.provenance import loaded_commit
 from credo.probe import Probe
 from credo.rollouts import Credit, Rollouts
@@ -66,8 +68,13 @@ class Trainer:
         self.estimator = credit_registry.get(config.estimator)  # resolved and its options checked at load
         self.credit_config = config.credit
         if policy is None:
-            policy = load_policy(self.start_path(), lora_r=config.lora_r, lora_alpha=config.lora_alpha,
-                                 lora_targets=config.lora_targets)
+            device = resolve_device(config.device, "train.device")  # before the start is read: one line, exit 2
+            dtype = resolve_dtype(config.dtype, device, "train.dtype")
+            policy = load_policy(self.start_path(), device=device, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
+                                 lora_targets=config.lora_targets, dtype=dtype)
+        # config.yaml records the device the run trains on ('auto' resolved), so that a resume or a comparison
+        # reusing the run continues on it, and moving it elsewhere is asked for explicitly (docs/gpu.md)
+        self.config = config = replace(config, device=device_name(policy.device))
         self.policy = bind_task(policy, self.task, check_as="train.start")  # else a traceback at the first sample
         self.reference = self.policy.copy() if config.loss.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad], lr=config.lr,

@@ -20,6 +20,7 @@ from credo import credit as credit_registry
 from credo import methods
 from credo.integrations import tracking
 from credo.config import MAX_EPOCHS, MAX_GROUP, MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_ROUNDS, MAX_STEP_COMPLETIONS, ConfigError, check, check_in, from_dict, merge, read_yaml, to_dict, user_settings
+from credo.policy.device import check_device_fields
 from credo.loss import LossConfig
 from credo.policy.base import SamplingConfig
 from credo.strategies import STRATEGIES
@@ -115,10 +116,15 @@ class TrainConfig:
     """Experiment trackers that also get each metrics row, the config and the summary (metrics.jsonl stays the
     record): any of tensorboard, wandb, mlflow, trackio (e.g. `--set report_to=tensorboard,wandb`); none by
     default. Each needs its extra (`pip install 'credo[wandb]'`); stores and names: docs/tracking.md."""
+    device: str = "auto"
+    """Where the model runs: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N (docs/gpu.md)."""
+    dtype: str = "float32"
+    """The weights' dtype: float32, or bfloat16 for a Hugging Face model on a GPU."""
     seed: int = 0
     """Seed of every random draw of the run."""
 
     def __post_init__(self) -> None:
+        check_device_fields(self.device, self.dtype, "train.")
         check(self.prompts_per_step > 0, f"train.prompts_per_step must be > 0, got {self.prompts_per_step}")
         check(self.group_size >= 2, f"train.group_size must be >= 2 (group baselines need two samples), got {self.group_size}")
         check_in(self.group_size, 2, MAX_GROUP, "train.group_size")
@@ -303,7 +309,12 @@ def config_from_run(run_dir: str) -> TrainConfig:
     missing = [k for k in ("method", "seed") if k not in data]
     if missing:
         raise ConfigError(f"{path} lacks {', '.join('train.' + m for m in missing)} (truncated?); the run cannot be resumed")
-    return train_config_from_dict(data)
+    # a run recorded before `device` existed trained on the CPU (credo ran nowhere else): it continues there
+    return train_config_from_dict({**data, "device": data.get("device", RECORDED_BEFORE_DEVICES)})
+
+
+RECORDED_BEFORE_DEVICES = "cpu"
+"""The device of a run whose config.yaml predates the `device` field."""
 
 
 def resume_differences(run: TrainConfig, requested: dict[str, Any]) -> list[str]:

@@ -237,18 +237,19 @@ def counterfactual(rollouts: Rollouts, probe: Probe, config: AttributionConfig) 
     segment_ids, pl = players(rollouts, probe, config)
     importance = loo_scores(rollouts, probe, pl, config)
     a_grpo = grpo_advantages(rollouts.rewards, rollouts.group)
+    a_row = a_grpo.cpu()  # beside the per-segment scores, which are on the CPU (broadcast_segments places them)
     weights = []
     for row, imp in enumerate(importance):
         w = torch.ones(pl.n_segments[row])
         if imp.numel():
-            signed = torch.sign(a_grpo[row]) * imp
+            signed = torch.sign(a_row[row]) * imp
             spread = signed.max() - signed.min()
             u = (signed - signed.min()) / spread if float(spread) > 0 else torch.full_like(signed, 0.5)
             w[:len(imp)] = 0.5 + 1.5 * u
         weights.append(w)
     dense_w = broadcast_segments(weights, segment_ids) * rollouts.trainable_mask()
     advantages = a_grpo[:, None] * dense_w
-    return Credit(advantages=advantages, segment_credit=[a_grpo[i] * w for i, w in enumerate(weights)])
+    return Credit(advantages=advantages, segment_credit=[a_row[i] * w for i, w in enumerate(weights)])
 
 
 def oar_weights(u: torch.Tensor) -> torch.Tensor:

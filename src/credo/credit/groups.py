@@ -58,8 +58,8 @@ def mixed_groups(group: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
     """group[B], rewards[B] -> [n_groups] bool over the sorted unique group ids: True where rewards differ
     inside the group (the groups that carry an outcome signal)."""
     ids, inverse = torch.unique(group, return_inverse=True)
-    hi = torch.full((len(ids),), -float("inf")).scatter_reduce(0, inverse, rewards, "amax")
-    lo = torch.full((len(ids),), float("inf")).scatter_reduce(0, inverse, rewards, "amin")
+    hi = torch.full((len(ids),), -float("inf"), device=rewards.device).scatter_reduce(0, inverse, rewards, "amax")
+    lo = torch.full((len(ids),), float("inf"), device=rewards.device).scatter_reduce(0, inverse, rewards, "amin")
     return hi > lo
 
 

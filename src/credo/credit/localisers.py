@@ -189,7 +189,7 @@ def localise_by_value(rollouts: Rollouts, rows: Sequence[int], probe: Probe, seg
     default were chosen on training problems (docs/results/audit-faithful/choose_value_drop.txt:
     top-1 0.957 with step-1 share 0.504 vs the oracle's 0.475; the absolute value reaches 0.763)."""
     index = list(rows)
-    alone = rollouts.select(index).with_fields(group=torch.arange(len(index)))
+    alone = rollouts.select(index).with_fields(group=torch.arange(len(index), device=rollouts.group.device))
     values = suffix_values(alone, probe, segment_ids[index], mode="normalized", include_reference=True)
     return [first_value_drop(v, threshold) if probe.task.extract_answer(text) is not None else 0
             for v, text in zip(values, alone.completions)]

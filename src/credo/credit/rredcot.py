@@ -120,13 +120,14 @@ def advantages_from_redistribution(rollouts: Rollouts, segment_ids: torch.Tensor
     z = _standardise([r if keep else r[:0] for r, keep in zip(R, live)], gather)
     z = [zi if keep else torch.zeros_like(r) for zi, r, keep in zip(z, R, live)]
     mask = rollouts.trainable_mask().float()
+    a_row = a_grpo.cpu()  # beside the per-segment values, which are on the CPU (broadcast_segments places them)
     if config.mode == "additive":
-        shaped = [a_grpo[i] + config.lam * ((zi - zi.mean()) if config.center and zi.numel() else zi) for i, zi in enumerate(z)]
+        shaped = [a_row[i] + config.lam * ((zi - zi.mean()) if config.center and zi.numel() else zi) for i, zi in enumerate(z)]
         return broadcast_segments(shaped, segment_ids) * mask
     if config.mode == "replace":
-        shaped = [zi if zi.numel() > 1 and live[i] else a_grpo[i].expand(zi.numel()) for i, zi in enumerate(z)]
+        shaped = [zi if zi.numel() > 1 and live[i] else a_row[i].expand(zi.numel()) for i, zi in enumerate(z)]
         return broadcast_segments(shaped, segment_ids) * mask
-    raw = [(1 + config.lam * torch.sign(a_grpo[i]) * zi).clamp(0, config.w_max) for i, zi in enumerate(z)]
+    raw = [(1 + config.lam * torch.sign(a_row[i]) * zi).clamp(0, config.w_max) for i, zi in enumerate(z)]
     weights = broadcast_segments(raw, segment_ids) * mask
     per_seq = weights.sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
     weights = torch.where(per_seq > 0, weights / per_seq.clamp(min=1e-8), mask)

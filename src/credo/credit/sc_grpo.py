@@ -66,7 +66,7 @@ def self_conditioned_kl(rollouts: Rollouts, probe: Probe, rows: list[int], refer
     not fit the context; such rows are appended to `truncated`). Zero on padding."""
     task, policy = probe.task, probe.policy
     T = rollouts.completion_ids.shape[1]
-    out = torch.zeros(len(rows), T)
+    out = torch.zeros(len(rows), T, device=rollouts.completion_ids.device)
     for start in range(0, len(rows), chunk_rows):
         chunk, refs = rows[start:start + chunk_rows], references[start:start + chunk_rows]
         comp_ids, comp_mask = rollouts.completion_ids[chunk], rollouts.completion_mask[chunk]
@@ -194,7 +194,7 @@ def _diversity_advantages(advantages: torch.Tensor, f: torch.Tensor, diversity: 
         block = f[cursor:cursor + len(others)]
         cursor += len(others)
         s = torch.stack([block[j, :int(min(lengths[i], lengths[ref]))].mean() if min(lengths[i], lengths[ref]) > 0
-                         else torch.tensor(0.0) for j, i in enumerate(others)])
+                         else torch.tensor(0.0, device=block.device) for j, i in enumerate(others)])
         s = s.double()  # scores equal up to float32 noise must give z = 0, not a noise-sized z of +-0.8
         spread = float(s.max() - s.min()) if len(others) > 1 else 0.0
         z = zscore(s).float() if spread > 1e-6 else torch.zeros(len(others))

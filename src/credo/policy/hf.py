@@ -33,10 +33,13 @@ class HFPolicy(CompletionScoring):
     """A transformers causal LM + tokenizer with the interface of credo.policy.base.Policy."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: object, device: str | torch.device = "cpu",
-                 chat: bool | None = None, system_prompt: str | None = None, cast: bool = True) -> None:
+                 chat: bool | None = None, system_prompt: str | None = None, cast: bool = True,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.device = torch.device(device)
+        # float32, or bfloat16 on a GPU (credo.policy.device); a wrapped model (cast=False) keeps its own
+        self.dtype = dtype if cast else getattr(model, "dtype", dtype)
         # cast=False wraps a model owned by someone else (a TRL trainer) without touching its dtype/device
-        self.model = model.to(self.device).float() if cast else model
+        self.model = model.to(self.device).to(dtype) if cast else model
         self.tokenizer = tokenizer
         has_template = bool(getattr(tokenizer, "chat_template", None))
         self.chat = has_template if chat is None else (chat and has_template)
@@ -47,14 +50,15 @@ class HFPolicy(CompletionScoring):
 
     # --- construction -----------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, path: str, device: str = "cpu", chat: bool | None = None, lora_r: int = 0,
-                        lora_alpha: int = 16, lora_targets: Sequence[str] = ("q_proj", "v_proj")) -> "HFPolicy":
+    def from_pretrained(cls, path: str, device: str | torch.device = "cpu", chat: bool | None = None, lora_r: int = 0,
+                        lora_alpha: int = 16, lora_targets: Sequence[str] = ("q_proj", "v_proj"),
+                        dtype: torch.dtype = torch.float32) -> "HFPolicy":
         from transformers import AutoModelForCausalLM, AutoTokenizer
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
-        policy = cls(model, tokenizer, device, chat)
+        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype)
+        policy = cls(model, tokenizer, device, chat, dtype=dtype)
         if lora_r > 0:
             policy.add_lora(lora_r, lora_alpha, lora_targets)
         return policy
@@ -118,7 +122,8 @@ class HFPolicy(CompletionScoring):
         from transformers import DynamicCache
         was_training = self.model.training
         self.model.eval()
-        state = {"cache": DynamicCache(), "mask": None, "next": torch.zeros(prompt_ids.shape[0], dtype=torch.long)}
+        state = {"cache": DynamicCache(), "mask": None,
+                 "next": torch.zeros(prompt_ids.shape[0], dtype=torch.long, device=prompt_ids.device)}
 
         def step(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             first = state["mask"] is None
@@ -239,16 +244,17 @@ class HFPolicy(CompletionScoring):
                 raise CorruptStateError(f"{directory} has no {ADAPTER_FILE} (LoRA adapters); it cannot be resumed")
             set_peft_model_state_dict(self.model, load_file(adapter))
             return
-        self.model.load_state_dict(HFPolicy.load(directory).model.state_dict())
+        self.model.load_state_dict(HFPolicy.load(directory, dtype=self.dtype).model.state_dict())
 
     @classmethod
-    def load(cls, directory: str, device: str = "cpu") -> "HFPolicy":
+    def load(cls, directory: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> "HFPolicy":
         meta = read_policy_meta(directory)
-        policy = cls.from_pretrained(directory, device, meta.get("chat"))
+        policy = cls.from_pretrained(directory, device, meta.get("chat"), dtype=dtype)
         policy.system_prompt = meta.get("system_prompt")
         return policy
 
     def copy(self) -> "HFPolicy":
-        clone = HFPolicy(copy.deepcopy(self.model), self.tokenizer, self.device, self.chat, self.system_prompt)
+        clone = HFPolicy(copy.deepcopy(self.model), self.tokenizer, self.device, self.chat, self.system_prompt,
+                         dtype=self.dtype)
         clone.banned_ids = list(self.banned_ids)
         return clone

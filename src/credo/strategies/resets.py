@@ -95,8 +95,9 @@ def continue_from(ctx: SamplingContext, jobs: Sequence[tuple[Rollouts, int, int,
     loss_mask = comp_mask.clone()
     for i, prefix in enumerate(prefixes):
         loss_mask[i, :len(prefix)] = False
-    return Rollouts(p_ids, p_mask, comp_ids, comp_mask, torch.tensor(groups, dtype=torch.long), out.rewards,
-                    torch.zeros(comp_ids.shape), out.correct, problems, out.texts, loss_mask=loss_mask)
+    return Rollouts(p_ids, p_mask, comp_ids, comp_mask, torch.tensor(groups, dtype=torch.long, device=device),
+                    out.rewards.to(device), torch.zeros(comp_ids.shape, device=device), out.correct.to(device),
+                    problems, out.texts, loss_mask=loss_mask)
 
 
 @dataclass
@@ -154,7 +155,8 @@ def _top_up(ctx: SamplingContext, problems: Sequence[Problem], searches: list[_S
 
 def _rows(parts: list[tuple[Rollouts, int]], group_id: int, pad_id: int) -> Rollouts:
     rows = concat_rollouts([source.select([j]) for source, j in parts], pad_id)
-    return rows.with_fields(group=torch.full((rows.batch_size,), group_id, dtype=torch.long))
+    return rows.with_fields(group=torch.full((rows.batch_size,), group_id, dtype=torch.long,
+                                             device=rows.completion_ids.device))
 
 
 def _reset_points(ctx: SamplingContext, searches: list[_Search], with_parent: list[int],
@@ -162,7 +164,7 @@ def _reset_points(ctx: SamplingContext, searches: list[_Search], with_parent: li
     """prompt -> (reset step, cut in completion tokens) for every prompt with a parent, all parents localised in
     one call (each parent its own group: no cross-prompt leakage)."""
     parents = _rows([searches[p].parent for p in with_parent], 0, ctx.policy.pad_id)
-    parents = parents.with_fields(group=torch.arange(len(with_parent)))
+    parents = parents.with_fields(group=torch.arange(len(with_parent), device=parents.completion_ids.device))
     segment_ids = ctx.probe.segment(parents, config.segmenter)
     picks = localise(config.localiser, parents, list(range(len(with_parent))), ctx.probe, segment_ids, ctx.rng,
                      config.prompt_temperature, config.value_drop, prompt_max_new_tokens=config.prompt_max_new_tokens)

@@ -30,7 +30,7 @@ def sample_groups(policy: Policy, task: Task, problems: Sequence[Problem], group
     out = policy.sample(prompt_ids, prompt_mask, sampling, generator)
     texts = [policy.decode(row) for row in out.completion_ids]
     rewards, correct = rewards_for(task, repeated, texts)
-    group = torch.arange(len(problems)).repeat_interleave(group_size) + group_offset
+    group = (torch.arange(len(problems)).repeat_interleave(group_size) + group_offset).to(prompt_ids.device)
     return Rollouts(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=out.completion_ids,
                     completion_mask=out.completion_mask, group=group, rewards=rewards.to(prompt_ids.device),
                     old_logprobs=out.logprobs, correct=correct.to(prompt_ids.device), problems=repeated,

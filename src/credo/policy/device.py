@@ -1,0 +1,67 @@
+"""Where a command's model runs: the `device` and `dtype` settings of every command's config.
+
+`device` is 'auto' (CUDA when torch says it is available, else the CPU), 'cpu', 'cuda' (the current CUDA
+device) or 'cuda:N'; `dtype` is 'float32' (the default, and the only one on the CPU) or 'bfloat16' (a
+Hugging Face model on a GPU). The format is checked when a config loads (`check_device_fields`, naming the
+field); whether the machine has that device is checked when a command starts (`resolve_device`), so
+`--help-config` and a config file written on one machine load on another. Random draws stay on credo's
+seeded CPU generators whatever the device (docs/gpu.md says what is bit-identical across devices).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from credo.config import ConfigError, check
+
+DEVICE_PATTERN = re.compile(r"(auto|cpu|cuda(:(0|[1-9][0-9]{0,3}))?)")
+"""auto, cpu, cuda or cuda:N with N in 0..9999 (no sign, no leading zero)."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""The weights' dtypes a command may ask for, by name."""
+
+
+def check_device_fields(device: str, dtype: str, prefix: str) -> None:
+    """Refuse, naming `<prefix>device` or `<prefix>dtype`, a value that is not one of the forms above, and
+    bfloat16 on an explicit cpu (what the machine has is checked later, by resolve_device)."""
+    check(isinstance(device, str) and DEVICE_PATTERN.fullmatch(device) is not None,
+          f"{prefix}device must be auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:0), got {device!r}")
+    check(dtype in DTYPES, f"{prefix}dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    check(not (dtype == "bfloat16" and device == "cpu"),
+          f"{prefix}dtype=bfloat16 needs a GPU (device=cuda or auto on a GPU machine); on the CPU credo runs float32")
+
+
+def resolve_device(device: str, field: str = "device") -> torch.device:
+    """The torch.device that setting `device` names on this machine. 'auto' is CUDA when
+    torch.cuda.is_available(), else the CPU; 'cuda' / 'cuda:N' on a machine without CUDA, or N past its last
+    GPU, is a ConfigError naming `field`."""
+    if DEVICE_PATTERN.fullmatch(str(device)) is None:
+        raise ConfigError(f"{field} must be auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:0), got {device!r}")
+    if device == "cpu":
+        return torch.device("cpu")
+    available = torch.cuda.is_available()
+    if device == "auto":
+        return torch.device("cuda") if available else torch.device("cpu")
+    if not available:
+        raise ConfigError(f"{field}={device}: this machine has no CUDA device that torch {torch.__version__} can use "
+                          "(use device=cpu, or auto to take a GPU only where there is one)")
+    index = int(device.split(":")[1]) if ":" in device else None
+    count = torch.cuda.device_count()
+    if index is not None and index >= count:
+        raise ConfigError(f"{field}={device}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device, field: str = "dtype") -> torch.dtype:
+    """The torch dtype named `dtype`, on `device` (bfloat16 only on a GPU: a ConfigError naming `field`)."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"{field} must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype != "float32" and device.type == "cpu":
+        raise ConfigError(f"{field}={dtype} needs a GPU, and the device is the CPU; on the CPU credo runs float32")
+    return DTYPES[dtype]
+
+
+def device_name(device: torch.device) -> str:
+    """How a run records the device it resolved to: 'cpu', 'cuda' or 'cuda:N' (a setting that loads back)."""
+    return device.type if device.index is None else f"{device.type}:{device.index}"
