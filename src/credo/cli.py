@@ -229,7 +229,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return show_config(config, "eval")
     task = make_task(config.task, config.task_options, prefix="eval.task_options.")
     checkpoint = resolve_checkpoint(config.checkpoint, "eval.checkpoint", task=config.task, progress=not args.quiet)
-    policy = bind_task(load_policy(checkpoint), task, check_as="eval.checkpoint")
+    policy = bind_task(load_policy(checkpoint), task, check_as="eval.checkpoint", max_new_tokens=config.max_new_tokens)
     result = evaluate(policy, task, task.heldout_problems(config.n), k=config.k, max_new_tokens=config.max_new_tokens,
                       seed=config.seed, progress=not args.quiet)
     print(json.dumps(result.as_dict()))
@@ -250,7 +250,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     checked_methods(config.methods)  # unknown estimators and options fail before any sampling starts
     out = require_out(args)
     policy_dir = check_inputs(config.checkpoint, "audit.checkpoint", config.task, config.task_options,
-                              "audit.task_options.", progress=not args.quiet)
+                              "audit.task_options.", progress=not args.quiet, max_new_tokens=config.max_new_tokens,
+                              system_prompt=False)
     claim_output(out, "audit", force=args.force,  # both the path given and the policy it names (a run's final/)
                  inputs=input_paths(args.config, config.checkpoint, config.task) + (policy_dir,))
     report = run_audit(replace(config, checkpoint=policy_dir), out, progress=not args.quiet)

@@ -193,7 +193,7 @@ def collect(config: ShowConfig, progress: bool = True) -> Page:
     from credo.tasks import make_task
     checkpoint = resolve_checkpoint(config.checkpoint, "show.checkpoint", task=config.task, progress=progress)
     task = make_task(config.task, config.task_options, prefix="show.task_options.")
-    policy = bind_task(load_policy(checkpoint), task, check_as="show.checkpoint")
+    policy = bind_task(load_policy(checkpoint), task, check_as="show.checkpoint", max_new_tokens=config.max_new_tokens)
     policy.model.eval()
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
     rollouts = sample_groups(policy, task, task.heldout_problems(config.n), config.group_size, sampling,
@@ -302,7 +302,7 @@ def cmd_show(args: Any) -> int:
         return show_config(config, "show")
     out = require_out(args)
     policy_dir = check_inputs(config.checkpoint, "show.checkpoint", config.task, config.task_options,
-                              "show.task_options.", progress=not args.quiet)
+                              "show.task_options.", progress=not args.quiet, max_new_tokens=config.max_new_tokens)
     claim_output(out, "show", force=args.force,  # both the path given and the policy it names (a run's final/)
                  inputs=input_paths(args.config, config.checkpoint, config.task) + (policy_dir,))
     path = run_show(replace(config, checkpoint=policy_dir), out, terminal=args.terminal, progress=not args.quiet)

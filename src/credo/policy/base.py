@@ -93,6 +93,36 @@ def render_plain(text: str | Prompt) -> str:
     return (prompt.system + "\n\n" if prompt.system else "") + prompt.user
 
 
+TRUNCATION_MARK = "…"
+"""Where a prompt cut to fit the model's context lost its start (fit_prompt)."""
+
+
+def fit_prompt(encode: Callable[[Prompt], list[int]], prompt: Prompt, limit: int,
+               mark: str = TRUNCATION_MARK) -> list[int]:
+    """encode(prompt) (a prompt's token ids, template included), cut to at most `limit` tokens by dropping the
+    start of its user text (marked `mark`): the end of a question usually holds what it asks. Only when the user
+    asked for it (a task's `truncate_prompts`); a template that alone exceeds `limit` is a UserError."""
+    ids = encode(prompt)
+    if len(ids) <= limit:
+        return ids
+    user = prompt.user
+
+    def cut(drop: int) -> list[int]:
+        return encode(Prompt(mark + user[drop:], prompt.system))
+
+    if len(cut(len(user))) > limit:
+        raise UserError(f"a prompt's template alone is {len(cut(len(user)))} tokens, over the {limit} the model's "
+                        "context leaves for it; truncation cannot make it fit (lower max_new_tokens)")
+    low, high = 0, len(user)  # the fewest characters dropped that fit: cut(high) fits, cut(low) may not
+    while low < high:
+        middle = (low + high) // 2
+        if len(cut(middle)) <= limit:
+            high = middle
+        else:
+            low = middle + 1
+    return cut(high)
+
+
 def strip_eos(ids: Sequence[int], eos_id: int) -> list[int]:
     """A completion's ids without its trailing EOS (unchanged when it stopped without one)."""
     ids = list(ids)
