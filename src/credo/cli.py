@@ -16,6 +16,7 @@ import sys
 import torch
 
 from credo.cli_config import add_config_options, check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
+from credo.show import escape_controls
 
 
 def _threads() -> None:
@@ -373,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line_error(command: str, message: str) -> int:
-    print(f"credo {command}: error: {message}", file=sys.stderr)
+    # a path or value from the user or a data file may hold terminal escapes
+    print(f"credo {command}: error: {escape_controls(message)}", file=sys.stderr)
     return 2
 
 
