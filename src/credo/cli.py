@@ -15,7 +15,8 @@ import sys
 
 import torch
 
-from credo.cli_config import add_config_options, check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
+from credo.cli_config import (add_config_options, check_inputs, check_overrides, csv_flags, flag_values, input_paths,
+                              require_out, show_config)
 from credo.show import escape_controls
 
 
@@ -357,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     _threads()
     from credo.config import UserError
     try:
+        check_overrides(args)
         return args.fn(args)
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -20,6 +20,15 @@ def add_config_options(p: argparse.ArgumentParser, config_name: str, set_example
     p.add_argument("--help-config", action="store_true",
                    help=f"list every {config_name} field with its doc and its value after --config, the flags "
                         "and --set, then exit")
+    p.set_defaults(set_example=set_example.split()[1])  # the command's own KEY=VALUE, for check_overrides
+
+
+def check_overrides(args: argparse.Namespace) -> None:
+    """Every --set is KEY=VALUE; one that is not is one line whose example is the command's own (a field of
+    its config, as its --help shows: `train.lr=1e-5` would name a field `train` of TrainConfig)."""
+    for item in getattr(args, "set", None) or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. --set {args.set_example})")
 
 
 def flag_values(args: argparse.Namespace, names: dict[str, str]) -> dict:

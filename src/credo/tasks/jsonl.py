@@ -11,6 +11,7 @@ math-verify's signal-based time-outs only work on the main thread, so they are t
 
 from __future__ import annotations
 
+import codecs
 import json
 import sys
 import threading
@@ -78,6 +79,8 @@ def read_rows(path: str, skip_bad_rows: bool, max_question_chars: int = 16_000) 
         raise UserError(f"task file {path} does not exist or is not a file") from None
     with handle:
         for number, raw in enumerate(handle, 1):
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):  # utf-8-sig: as Windows editors save UTF-8
+                raw = raw[len(codecs.BOM_UTF8):]
             if not raw.strip():
                 continue
             try:
