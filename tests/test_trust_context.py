@@ -12,8 +12,7 @@ import torch
 
 from credo.cli import main
 from credo.policy import load_policy
-from credo.policy.base import SamplingConfig
-from credo.policy.batches import row_chunks
+from credo.policy.base import SamplingConfig, row_chunks
 from credo.policy.gpt import GPTConfig
 from credo.policy.hf import HFPolicy
 from credo.policy.tiny import TinyPolicy
@@ -91,7 +90,8 @@ def test_a_short_prompt_is_never_cut(hf_dir):
 def test_the_tiny_gpt_max_len_is_checked_too(tmp_path, capsys):
     tok = make_tokenizer()
     start = str(tmp_path / "start")
-    TinyPolicy.create(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, d_model=16, n_head=2, max_len=64), tok).save(start)
+    config = GPTConfig(vocab_size=tok.vocab_size, n_layer=1, d_model=16, n_head=2, max_len=64)
+    TinyPolicy.create(config, tok).save(start)
     data = write_rows(tmp_path / "d.jsonl", [f"{i}+1=" for i in range(8)] + ["1+" * 40 + "1="])
     line = one_line_error(capsys, ["eval", "--checkpoint", start, "--task", f"jsonl:{data}", "--n", "2", "--quiet"])
     assert f"{data}:9: the prompt is 83 tokens, and with 1 new token(s)" in line and "context of 64 tokens" in line

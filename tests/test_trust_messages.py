@@ -52,8 +52,9 @@ def test_the_set_errors_own_example_is_accepted(command, capsys):
     assert f"\n{example.split('=')[0].split('.')[0]} = " in capsys.readouterr().out  # a field of the listing
 
 
-@pytest.mark.parametrize("text, where", [("lr: [1e-5\nsteps: 3\n", "line 2, column 6: expected ',' or ']', but got ':'"),
-                                         ("lr: 1\n steps: 2\n", "line 2, column 7: mapping values are not allowed")])
+@pytest.mark.parametrize("text, where", [
+    ("lr: [1e-5\nsteps: 3\n", "line 2, column 6: expected ',' or ']', but got ':'"),
+    ("lr: 1\n steps: 2\n", "line 2, column 7: mapping values are not allowed")])
 def test_a_yaml_error_keeps_its_line_and_column(tmp_path, capsys, text, where):
     config = tmp_path / "c.yaml"
     config.write_text(text)

@@ -69,8 +69,7 @@ class Trainer:
         if policy is None:
             policy = load_policy(self.start_path(), lora_r=config.lora_r, lora_alpha=config.lora_alpha,
                                  lora_targets=config.lora_targets)
-        # else a traceback at the first sample (or a prompt longer than the model silently read)
-        self.policy = bind_task(policy, self.task, check_as="train.start",
+        self.policy = bind_task(policy, self.task, check_as="train.start",  # else a traceback at the first sample
                                 max_new_tokens=config.sampling.max_new_tokens)
         self.reference = self.policy.copy() if config.loss.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad], lr=config.lr,

@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 
 from credo.config import UserError
 from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, fit_prompt, generate, left_pad,
-                               render_plain, read_policy_meta, right_pad, score_branches_by_rescoring)
-from credo.policy.batches import row_chunks, stitch_samples, trim_left_padding
+                               render_plain, read_policy_meta, right_pad, row_chunks, score_branches_by_rescoring,
+                               stitch_samples, trim_left_padding)
 from credo.rollouts import Prompt
 from credo.runs import atomic_directory
 from credo.state_io import CorruptStateError
@@ -138,7 +138,8 @@ class HFPolicy(CompletionScoring):
     def prompt_row(self, text: str | Prompt, system: bool = True) -> list[int]:
         """A prompt's token ids, template included; cut to max_prompt_tokens when that is set (fit_prompt)."""
         def encode(prompt: str | Prompt) -> list[int]:
-            return list(self.tokenizer(self.format_prompt(prompt, system), add_special_tokens=not self.chat)["input_ids"])
+            text = self.format_prompt(prompt, system)
+            return list(self.tokenizer(text, add_special_tokens=not self.chat)["input_ids"])
         if self.max_prompt_tokens is None:
             return encode(text)
         return fit_prompt(encode, as_prompt(text), self.max_prompt_tokens)
