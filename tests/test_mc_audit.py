@@ -178,3 +178,26 @@ def test_split_half_differences_use_each_half_of_the_samples():
     # identical halves agree perfectly
     same = torch.tensor([[1., 1.], [1., 0.], [0., 0.]])
     assert split_half_spearman(MCValues([torch.tensor([1.0, 0.5, 0.0, 0.0])], [torch.cat([same, same], 1)])) == 1.0
+
+
+def test_audit_on_a_jsonl_task_writes_its_plot_and_page(saved_policy, tmp_path):
+    """A task without step labels (jsonl): first_error_top1 is NaN for every row, which crashed the log-scaled
+    plot after audit.json and audit.md were written (issue 42, item 8)."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(30)))
+    out = tmp_path / "audit"
+    cfg = AuditConfig(checkpoint=saved_policy, task=f"jsonl:{data}", n=4, group_size=2, k_ref=2, methods=("rloo",),
+                      max_new_tokens=8)
+    report = run_audit(cfg, str(out), progress=False)
+    assert all(math.isnan(row["first_error_top1"]) for row in report["methods"].values())
+    assert os.path.getsize(out / "audit.png") > 1000
+    assert "<html" in open(out / "audit.html").read()
+
+
+def test_audit_plot_with_an_undefined_metric_and_cost(tmp_path):
+    from credo.audit_report import plot_audit
+    nan = float("nan")
+    rows = {"grpo": {"spearman": 0.0, "first_error_top1": nan, "cost_vs_grpo_step": 0.0},
+            "broken": {"spearman": 0.5, "first_error_top1": nan, "cost_vs_grpo_step": nan}}
+    plot_audit({"methods": rows}, str(tmp_path / "audit.png"))
+    assert os.path.getsize(tmp_path / "audit.png") > 1000

@@ -1,5 +1,6 @@
 """The corpus of malformed inputs (tests/data/corpus.yaml): each gives its one-line error, exit 2, and
-changes no file that existed before; the --out it names never appears."""
+changes no file that existed before; the --out it names never appears. Hugging Face models ({hf}, {pickled})
+are built here from a config, once, and copied beside the data of the cases that name them."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from credo.cli import build_parser, main
+from credo.policy.hf import HFPolicy
+from test_hf import build_tokenizer, tiny_llama
 from trust_helpers import one_line_error, snapshot
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -25,13 +29,32 @@ def data_copy(tmp_path):
     return folder
 
 
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory) -> dict[str, str]:
+    """{'hf': a tiny chat Llama with a context of 128 positions, 'pickled': its config and tokenizer with its
+    weights as pytorch_model.bin only}, saved once; cases get copies."""
+    root = tmp_path_factory.mktemp("corpus-models")
+    tokenizer = build_tokenizer()
+    model = tiny_llama(tokenizer, max_positions=128)
+    HFPolicy(model, tokenizer, chat=True).save(str(root / "hf"))
+    model.config.save_pretrained(root / "pickled")
+    tokenizer.save_pretrained(root / "pickled")
+    torch.save(model.state_dict(), root / "pickled" / "pytorch_model.bin")
+    return {"hf": str(root / "hf"), "pickled": str(root / "pickled")}
+
+
 @pytest.mark.parametrize("case", CASES, ids=[" ".join(c["argv"][:3]).replace("{data}/", "") for c in CASES])
-def test_malformed_input_gives_its_one_line_error(case, data_copy, saved_policy, tmp_path, capsys):
+def test_malformed_input_gives_its_one_line_error(case, data_copy, saved_policy, hf_models, tmp_path, capsys):
     new = str(tmp_path / "new-out")
-    argv = [a.format(data=data_copy, start=saved_policy, new=new) for a in case["argv"]] + ["--quiet"]
+    models = {}
+    for name, source in hf_models.items():  # copied into tmp_path: the snapshot covers them too
+        if "{" + name + "}" in " ".join(case["argv"]):
+            models[name] = shutil.copytree(source, str(tmp_path / name))
+    names = {"data": data_copy, "start": saved_policy, "new": new, "hf": "", "pickled": "", **models}
+    argv = [a.format(**names) for a in case["argv"]] + ["--quiet"]
     before = snapshot(str(tmp_path))
     line = one_line_error(capsys, argv)
-    assert case["expect"] in line
+    assert case["expect"].replace("{data}", data_copy) in line
     assert not os.path.exists(new)
     assert snapshot(str(tmp_path)) == before
 

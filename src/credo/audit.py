@@ -47,7 +47,7 @@ from credo import credit as credit_registry
 from credo.audit_cache import load_cached, save_cached
 from credo.config import MAX_GROUP, MAX_HELD_OUT, MAX_SAMPLES, ConfigError, UserError, check, check_in, to_dict
 from credo.credit.values import MCValues, mc_values
-from credo.policy import load_policy, resolve_checkpoint
+from credo.policy import check_task_fits, load_policy, resolve_checkpoint
 from credo.policy.device import check_device_fields, device_name, resolve_device, resolve_dtype
 from credo.policy.base import SamplingConfig
 from credo.probe import Probe
@@ -173,6 +173,15 @@ def reference_key(config: AuditConfig, checkpoint: str, device: torch.device, dt
     return hashlib.sha256(repr(fields).encode()).hexdigest()[:16]
 
 
+def audited_policy(checkpoint: str, task: Any, config: AuditConfig, device: torch.device, dtype: torch.dtype) -> Any:
+    """The checkpoint's policy in eval mode, its context checked against the task's prompts (and set to cut
+    them when the task asks for it: check_task_fits). No task system prompt: the audit samples bare prompts."""
+    policy = load_policy(checkpoint, device=device, dtype=dtype)
+    check_task_fits(policy, task, "audit.checkpoint", config.max_new_tokens)
+    policy.model.eval()
+    return policy
+
+
 def build_reference(config: AuditConfig, checkpoint: str, progress: bool = True) -> AuditData:
     """Sample the traces and their MC reference, or load both from the cache; on the CPU either way."""
     task = make_task(config.task, config.task_options, prefix="audit.task_options.")
@@ -182,8 +191,7 @@ def build_reference(config: AuditConfig, checkpoint: str, progress: bool = True)
     saved = load_cached(path, task.heldout_problems(config.n // config.group_size))
     if saved is not None:
         return AuditData(**saved)
-    policy = load_policy(checkpoint, device=device, dtype=dtype)
-    policy.model.eval()
+    policy = audited_policy(checkpoint, task, config, device, dtype)
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
     generator = torch.Generator().manual_seed(config.seed)
     problems = task.heldout_problems(config.n // config.group_size)
@@ -240,8 +248,7 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
         rows[name] = score_row(floor_credit(name, reference, config.seed, prior), reference, labels, zero_cost,
                                data.trace_tokens)
     device, dtype = audit_device(config)
-    policy = load_policy(checkpoint, device=device, dtype=dtype)
-    policy.model.eval()
+    policy = audited_policy(checkpoint, task, config, device, dtype)
     on_device, segments_on_device = rollouts.to(policy.device), segment_ids.to(policy.device)
 
     def record(label: str, credit: list[torch.Tensor], cost: dict[str, float]) -> None:

@@ -236,23 +236,31 @@ def _figure(value: float | None) -> str:
     return "—" if value is None or math.isnan(value) else f"{value:.3f}"
 
 
+COST_FLOOR = 1e-2
+"""Zero-cost rows (the floors) are drawn at this cost: the cost axis is logarithmic."""
+
+
 def plot_audit(report: dict[str, Any], path: str) -> None:
+    """audit.png: each method's spearman and first_error_top1 against its cost. A metric that is undefined
+    (NaN) for a method is not drawn; a panel with no defined point (first_error_top1 on a task without step
+    labels, e.g. jsonl) says so instead of crashing the log-scaled axis."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, metric in zip(axes, ("spearman", "first_error_top1")):
-        for name, m in report["methods"].items():
-            if not math.isfinite(m[metric]):  # e.g. first_error_top1 when no trace has a labelled first error
-                continue
-            x = max(m["cost_vs_grpo_step"], 1e-2)  # zero-cost floors drawn at the axis floor
-            ax.scatter(x, m[metric], s=40)
-            ax.annotate(name, (x, m[metric]), textcoords="offset points", xytext=(4, 4), fontsize=8)
-        if not any(math.isfinite(m[metric]) for m in report["methods"].values()):
-            ax.set_xlim(1e-2, 10)  # an empty log axis needs positive limits
-            ax.text(0.5, 0.5, f"no trace gives a {metric}", ha="center", transform=ax.transAxes)
+        points = [(name, max(m["cost_vs_grpo_step"], COST_FLOOR), m[metric]) for name, m in report["methods"].items()
+                  if math.isfinite(m["cost_vs_grpo_step"]) and math.isfinite(m[metric])]
+        for name, x, y in points:
+            ax.scatter(x, y, s=40)
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
         ax.set_xscale("log")
-        ax.set_xlabel("cost vs sampling the trace (tokens, log scale; floors at 0.01)")
+        if not points:  # a log axis with no data has no limits to draw ticks from: give it some
+            ax.set_xlim(COST_FLOOR, 10)
+            ax.text(0.5, 0.5, f"{metric} is undefined for every method here\n(no labelled first errors)"
+                    if metric.startswith("first_error") else f"{metric} is undefined for every method here",
+                    ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel(f"cost vs sampling the trace (tokens, log scale; floors at {COST_FLOOR})")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
     axes[0].set_title("credit fidelity vs cost")

@@ -17,9 +17,10 @@ from dataclasses import replace
 
 import torch
 
-from credo.cli_config import (add_config_options, add_force_option, check_inputs, csv_flags, flag_values, input_paths,
-                              require_out, show_config)
+from credo.cli_config import (add_config_options, add_force_option, check_inputs, check_overrides, csv_flags,
+                              flag_values, input_paths, require_out, show_config)
 from credo.interrupts import Interrupted, signals_raise
+from credo.show import escape_controls
 
 
 def _threads() -> None:
@@ -303,7 +304,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     device = resolve_device(config.device, "eval.device")
     dtype = resolve_dtype(config.dtype, device, "eval.dtype")
     checkpoint = resolve_checkpoint(config.checkpoint, "eval.checkpoint", task=config.task, progress=not args.quiet)
-    policy = bind_task(load_policy(checkpoint, device=device, dtype=dtype), task, check_as="eval.checkpoint")
+    policy = bind_task(load_policy(checkpoint, device=device, dtype=dtype), task, check_as="eval.checkpoint",
+                       max_new_tokens=config.max_new_tokens)
     result = evaluate(policy, task, task.heldout_problems(config.n), k=config.k, max_new_tokens=config.max_new_tokens,
                       seed=config.seed, progress=not args.quiet)
     print(json.dumps(result.as_dict()))
@@ -326,7 +328,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     audit_device(config)  # a device the machine lacks: one line before --out is claimed
     out = require_out(args)
     policy_dir = check_inputs(config.checkpoint, "audit.checkpoint", config.task, config.task_options,
-                              "audit.task_options.", progress=not args.quiet)
+                              "audit.task_options.", progress=not args.quiet, max_new_tokens=config.max_new_tokens,
+                              system_prompt=False)
     claim_output(out, "audit", force=args.force,  # both the path given and the policy it names (a run's final/)
                  inputs=input_paths(args.config, config.checkpoint, config.task) + (policy_dir,))
     report = run_audit(replace(config, checkpoint=policy_dir), out, progress=not args.quiet)
@@ -441,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     _threads()
     from credo.config import UserError
     try:
+        check_overrides(args)
         with signals_raise() if args.command in STOPPABLE else contextlib.nullcontext():
             return args.fn(args)
     except Interrupted as stop:  # Ctrl-C, kill, a closed terminal: not an error, no traceback
@@ -463,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line_error(command: str, message: str) -> int:
-    print(f"credo {command}: error: {message}", file=sys.stderr)
+    # a path or value from the user or a data file may hold terminal escapes
+    print(f"credo {command}: error: {escape_controls(message)}", file=sys.stderr)
     return 2
 
 

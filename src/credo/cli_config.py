@@ -22,6 +22,15 @@ def add_config_options(p: argparse.ArgumentParser, config_name: str, set_example
     p.add_argument("--help-config", action="store_true",
                    help=f"list every {config_name} field with its doc and its value after --config, the flags "
                         "and --set, then exit")
+    p.set_defaults(set_example=set_example.split()[1])  # the command's own KEY=VALUE, for check_overrides
+
+
+def check_overrides(args: argparse.Namespace) -> None:
+    """Every --set is KEY=VALUE; one that is not is one line whose example is the command's own (a field of
+    its config, as its --help shows: `train.lr=1e-5` would name a field `train` of TrainConfig)."""
+    for item in getattr(args, "set", None) or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. --set {args.set_example})")
 
 
 def flag_values(args: argparse.Namespace, names: dict[str, str]) -> dict:
@@ -62,11 +71,13 @@ def input_paths(config_file: str | None, start: str = "", task: str = "") -> tup
 
 
 def check_inputs(checkpoint: str, checkpoint_field: str, task: str, task_options: dict, options_prefix: str,
-                 progress: bool = True) -> str:
+                 progress: bool = True, max_new_tokens: int | None = None, system_prompt: bool = True) -> str:
     """What a command reads, checked before it claims --out (as `credo train` does by building its Trainer):
     the task with its options (an unknown task or a missing jsonl file is one line naming it), the checkpoint
-    (credo.policy.resolve_checkpoint: '' the task's SFT start, an alias, a run directory's final/), and, for a
-    tiny policy, that it can read the task's prompts. Returns the checkpoint's directory."""
+    (credo.policy.resolve_checkpoint: '' the task's SFT start, an alias, a run directory's final/), for a
+    tiny policy that it can read the task's prompts, and with `max_new_tokens` that the model's context holds
+    every prompt of the task (rendered with the task's system prompt unless `system_prompt` is False) and that
+    many new tokens: the policy is loaded for it. Returns the checkpoint's directory."""
     from credo.policy import read_policy_meta, resolve_checkpoint
     from credo.policy.locate import check_alphabet
     from credo.tasks import make_task
@@ -75,4 +86,11 @@ def check_inputs(checkpoint: str, checkpoint_field: str, task: str, task_options
     alphabet = (read_policy_meta(path).get("tokenizer") or {}).get("alphabet")  # a tiny policy's, without loading it
     if isinstance(alphabet, str):
         check_alphabet(alphabet, built, checkpoint_field)
+    if max_new_tokens is not None:
+        from credo.policy import bind_task, check_task_fits, load_policy
+        policy = load_policy(path)
+        if system_prompt:
+            bind_task(policy, built, checkpoint_field, max_new_tokens)
+        else:
+            check_task_fits(policy, built, checkpoint_field, max_new_tokens)
     return path

@@ -43,12 +43,22 @@ SEED_LIMIT = 2**32
 """Seeds are 0 <= seed < 2**32, the range every generator credo seeds (torch, Python's random) accepts."""
 
 
+def yaml_error_text(err: yaml.YAMLError) -> str:
+    """What is wrong, and where ('line 3, column 7: ...'), from a YAML error, in one line: its own str is a
+    few lines, the first of which ('while parsing a flow sequence') says neither."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return " ".join(f"{where}{problem}{', ' + context if context else ''}".split())
+
+
 def parse_yaml_value(raw: str, where: str) -> Any:
     """A `key=value` value parsed as a YAML scalar or flow collection; malformed YAML is an error naming `where`."""
     try:
         return yaml.safe_load(raw)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{where}: {raw!r} is not valid YAML ({str(err).splitlines()[0]})") from None
+        raise ConfigError(f"{where}: {raw!r} is not valid YAML ({yaml_error_text(err)})") from None
 
 
 def _coerce(value: Any, hint: Any, name: str) -> Any:
@@ -163,7 +173,7 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     nested: dict[str, Any] = {}
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key=value (e.g. train.lr=1e-5)")
+            raise ConfigError(f"override {item!r} must look like key=value")  # the CLI's check_overrides: an example
         key, raw = item.split("=", 1)
         value = parse_yaml_value(raw, f"--set {key.strip()}") if raw.strip() else ""
         node = nested
@@ -194,7 +204,9 @@ def read_yaml(path: str | None) -> dict[str, Any]:
         raise ConfigError(f"config file {path} does not exist") from None
     except IsADirectoryError:
         raise ConfigError(f"config file {path} is a directory") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML ({yaml_error_text(err)})") from None
+    except UnicodeDecodeError as err:
         raise ConfigError(f"config file {path} is not valid YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")

@@ -11,6 +11,7 @@ with a labelled first error when the group has one); the methods see the whole g
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
@@ -201,7 +202,7 @@ def collect(config: ShowConfig, progress: bool = True) -> Page:
     task = make_task(config.task, config.task_options, prefix="show.task_options.")
     device = resolve_device(config.device, "show.device")
     policy = bind_task(load_policy(checkpoint, device=device, dtype=resolve_dtype(config.dtype, device, "show.dtype")),
-                       task, check_as="show.checkpoint")
+                       task, check_as="show.checkpoint", max_new_tokens=config.max_new_tokens)
     policy.model.eval()
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
     rollouts = sample_groups(policy, task, task.heldout_problems(config.n), config.group_size, sampling,
@@ -237,29 +238,44 @@ def write_page(page: Page, out_dir: str, name: str = "index.html") -> str:
     return path
 
 
+CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""What data may not write to a terminal as is: C0 controls but tab and newline (ESC starts the sequences that
+set a title or clear the screen), DEL, C1 controls, and the bidirectional marks that reorder what a line shows."""
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every CONTROLS character written out as its Python escape (ESC as '\\x1b'), newlines kept."""
+    return CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def render_terminal(page: Page, console: Any = None) -> None:
-    """Coloured tokens with rich: per trace, one block per method, one line per segment."""
+    """Coloured tokens with rich: per trace, one block per method, one line per segment. Every text from data
+    or the command line (prompts, tokens, labels, paths) goes through escape_controls, and none is read as
+    rich markup."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.text import Text
     from credo.show_html import colour, token_text
     console = console or Console()
-    console.print(Text(f"{page.title}: {page.subtitle}", style="bold"))
+    console.print(Text(escape_controls(f"{page.title}: {page.subtitle}"), style="bold"))
     for row in page.summary:
         cost = "" if row["cost_vs_step"] is None else f"  cost x{row['cost_vs_step']:.2f}"
-        console.print(f"  {row['label']:<28} first-error top-1 {row['first_error_top1']:.2f}{cost}")
+        console.print(escape(escape_controls(f"  {row['label']:<28} first-error top-1 "
+                                             f"{row['first_error_top1']:.2f}{cost}")))
     console.print(f"  colour scale: |credit| {page.scale:.3g} = full red (negative) / blue (positive)")
     for trace in page.traces:
         verdict = "correct" if trace.correct else "wrong" + (f", first error step {trace.first_error + 1}"
                                                            if trace.first_error is not None else "")
-        console.print(Text(f"\ntrace {trace.index} ({verdict}): {trace.prompt.strip()}", style="bold"))
+        console.print(Text(escape_controls(f"\ntrace {trace.index} ({verdict}): {trace.prompt.strip()}"),
+                           style="bold"))
         for label in page.methods:
-            console.print(Text(f" {label}", style="italic"))
+            console.print(Text(escape_controls(f" {label}"), style="italic"))
             for k, seg in enumerate(trace.segments):
                 mark = " " if seg.ok is None else ("✓" if seg.ok else "✗")
                 line = Text(f"  {mark}{'>' if k == trace.first_error else ' '} ")
                 for tok, value in zip(seg.tokens, seg.credit[label]):
                     r, g, b = colour(value, page.scale)
-                    line.append(token_text(tok), style=f"black on rgb({r},{g},{b})")
+                    line.append(escape_controls(token_text(tok)), style=f"black on rgb({r},{g},{b})")
                 if seg.ref_value is not None:
                     line.append(f"   V={seg.ref_value:.2f} Δ{seg.ref_diff:+.2f}", style="dim")
                 console.print(line)
@@ -313,7 +329,7 @@ def cmd_show(args: Any) -> int:
     resolve_dtype(config.dtype, resolve_device(config.device, "show.device"), "show.dtype")  # before --out is claimed
     out = require_out(args)
     policy_dir = check_inputs(config.checkpoint, "show.checkpoint", config.task, config.task_options,
-                              "show.task_options.", progress=not args.quiet)
+                              "show.task_options.", progress=not args.quiet, max_new_tokens=config.max_new_tokens)
     claim_output(out, "show", force=args.force,  # both the path given and the policy it names (a run's final/)
                  inputs=input_paths(args.config, config.checkpoint, config.task) + (policy_dir,))
     path = run_show(replace(config, checkpoint=policy_dir), out, terminal=args.terminal, progress=not args.quiet)

@@ -53,13 +53,14 @@ def _checked_load(load, path: str, device: str) -> "Policy":
         raise UserError(f"{path}: cannot load the checkpoint ({type(err).__name__}: {first})") from None
 
 
-def bind_task(policy: "Policy", task: object, check_as: str = "") -> "Policy":
+def bind_task(policy: "Policy", task: object, check_as: str = "", max_new_tokens: int = 0) -> "Policy":
     """Give the policy the task's system prompt (the answer format its verifier expects), unless it has one
     already (a saved chat checkpoint keeps its own). Only a chat backend renders it. With `check_as` (the
-    field that named the policy), first refuse a policy that cannot encode the task's prompts (check_task_fits)."""
-    if check_as:
-        check_task_fits(policy, task, check_as)
+    field that named the policy), then refuse a policy that cannot encode the task's prompts, or whose context
+    cannot hold one with `max_new_tokens` more (check_task_fits)."""
     task_system = getattr(task, "system_prompt", None)  # a task without one (arith) states none
     if task_system and not policy.system_prompt:
         policy.system_prompt = task_system
+    if check_as:  # after the system prompt: it is part of every prompt's length
+        check_task_fits(policy, task, check_as, max_new_tokens)
     return policy

@@ -93,6 +93,36 @@ def render_plain(text: str | Prompt) -> str:
     return (prompt.system + "\n\n" if prompt.system else "") + prompt.user
 
 
+TRUNCATION_MARK = "…"
+"""Where a prompt cut to fit the model's context lost its start (fit_prompt)."""
+
+
+def fit_prompt(encode: Callable[[Prompt], list[int]], prompt: Prompt, limit: int,
+               mark: str = TRUNCATION_MARK) -> list[int]:
+    """encode(prompt) (a prompt's token ids, template included), cut to at most `limit` tokens by dropping the
+    start of its user text (marked `mark`): the end of a question usually holds what it asks. Only when the user
+    asked for it (a task's `truncate_prompts`); a template that alone exceeds `limit` is a UserError."""
+    ids = encode(prompt)
+    if len(ids) <= limit:
+        return ids
+    user = prompt.user
+
+    def cut(drop: int) -> list[int]:
+        return encode(Prompt(mark + user[drop:], prompt.system))
+
+    if len(cut(len(user))) > limit:
+        raise UserError(f"a prompt's template alone is {len(cut(len(user)))} tokens, over the {limit} the model's "
+                        "context leaves for it; truncation cannot make it fit (lower max_new_tokens)")
+    low, high = 0, len(user)  # the fewest characters dropped that fit: cut(high) fits, cut(low) may not
+    while low < high:
+        middle = (low + high) // 2
+        if len(cut(middle)) <= limit:
+            high = middle
+        else:
+            low = middle + 1
+    return cut(high)
+
+
 def strip_eos(ids: Sequence[int], eos_id: int) -> list[int]:
     """A completion's ids without its trailing EOS (unchanged when it stopped without one)."""
     ids = list(ids)
@@ -180,6 +210,49 @@ def generate(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], prompt_
     completion_mask = ~done_before
     completion_ids = completion_ids.masked_fill(~completion_mask, pad_id)
     return Samples(completion_ids, completion_mask, logps[:, :made] * completion_mask)
+
+
+# A batch's memory bounded by its longest row: left padding makes every row as long as the longest prompt, so a
+# few long questions among many short ones multiply the KV cache of the whole batch (rows x longest prompt).
+# A backend runs a batch over its budget as consecutive sub-batches, each padded only to its own longest prompt;
+# a batch within it is one chunk and runs exactly as before.
+
+def row_chunks(prompt_mask: torch.Tensor, new_tokens: int, budget: int) -> list[torch.Tensor]:
+    """Row indices of consecutive sub-batches of prompt_mask[B, P] (True = a real prompt token), each with
+    rows x (its longest prompt + new_tokens) <= budget, or a single row when one row alone is over it.
+    One chunk (every row) when the whole padded batch, B x (P + new_tokens), is within the budget."""
+    rows = prompt_mask.shape[0]
+    if rows * (prompt_mask.shape[1] + new_tokens) <= budget:
+        return [torch.arange(rows)]
+    lengths = prompt_mask.sum(1).tolist()
+    chunks, start, longest = [], 0, 0
+    for row, length in enumerate(lengths):
+        wider = max(longest, int(length))
+        if row > start and (row - start + 1) * (wider + new_tokens) > budget:
+            chunks.append(torch.arange(start, row))
+            start, wider = row, int(length)
+        longest = wider
+    chunks.append(torch.arange(start, rows))
+    return chunks
+
+
+def trim_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids[b, P], mask[b, P] (left-padded) without the leading columns that are padding in every row."""
+    real = mask.any(0).nonzero()
+    first = int(real[0]) if real.numel() else mask.shape[1]
+    return ids[:, first:], mask[:, first:]
+
+
+def stitch_samples(parts: Sequence[Samples], pad_id: int) -> Samples:
+    """Sub-batches' Samples in order, as one: each right-padded (pad_id, mask False, log-prob 0) to the widest."""
+    width = max(p.completion_ids.shape[1] for p in parts)
+
+    def widen(t: torch.Tensor, fill: float | int | bool) -> torch.Tensor:
+        return F.pad(t, (0, width - t.shape[1]), value=fill)
+
+    return Samples(torch.cat([widen(p.completion_ids, pad_id) for p in parts]),
+                   torch.cat([widen(p.completion_mask, False) for p in parts]),
+                   torch.cat([widen(p.logprobs, 0.0) for p in parts]))
 
 
 class CompletionScoring:

@@ -10,16 +10,19 @@ LoRA adapters come from peft (`lora_r > 0`); only adapter weights then train.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, generate, left_pad, render_plain,
-                               read_policy_meta, right_pad, score_branches_by_rescoring)
+from credo.config import UserError
+from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, fit_prompt, generate, left_pad,
+                               render_plain, read_policy_meta, right_pad, row_chunks, score_branches_by_rescoring,
+                               stitch_samples, trim_left_padding)
 from credo.rollouts import Prompt
 from credo.runs import atomic_directory
 from credo.state_io import CorruptStateError
@@ -27,6 +30,37 @@ from credo.state_io import CorruptStateError
 
 ADAPTER_FILE = "adapter_state.safetensors"
 """A LoRA policy's adapters in a saved directory (beside the merged model, which loads anywhere)."""
+MAX_BATCH_TOKENS = 65_536
+"""Padded tokens (rows x (longest prompt + new tokens)) one sampling or gradient-free scoring pass may hold; a
+batch over it runs as consecutive sub-batches, each padded to its own longest row. ~3 GB of KV cache for
+SmolLM2-135M (46 KB a token); every batch of credo's SmolLM2 recipes stays under it (so runs as before). Three
+15,000-character questions among 24 prompts x 8 samples made one pass of ~190 rows x ~4,100 tokens (16.7 GB)."""
+
+
+def refuse_pickled_weights(path: str, field: str = "") -> None:
+    """A model directory whose weights are only pickled (pytorch_model*.bin, no *.safetensors) is one line
+    saying to convert them: credo reads no pickle from disk (unpickling can run code), whatever transformers
+    would do with it (its restricted loader, or a traceback when the pickle holds more than tensors)."""
+    names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    pickled = [n for n in names if n.startswith("pytorch_model") and n.endswith((".bin", ".bin.index.json"))]
+    if pickled and not any(n.endswith(".safetensors") for n in names):
+        where = f"{field}={path!r}: " if field else ""
+        raise UserError(f"{where}{os.path.join(path, pickled[0])} holds pickled PyTorch weights, which credo does "
+                        "not load (a pickle can run code); convert them to safetensors (load the model with "
+                        "transformers where you trust the file, then save_pretrained it) and use that directory")
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """transformers' 'Loading weights' bar off while a local model loads: an error after it stays one line."""
+    from transformers.utils import logging as hf_logging
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 class HFPolicy(CompletionScoring):
@@ -45,6 +79,8 @@ class HFPolicy(CompletionScoring):
         self.chat = has_template if chat is None else (chat and has_template)
         self.system_prompt = system_prompt
         self.banned_ids: list[int] = []
+        self.max_prompt_tokens: int | None = None  # set: prompts are cut to fit (a task's truncate_prompts)
+        self.max_batch_tokens = MAX_BATCH_TOKENS
         # score rows that share a prompt by reading it once (shared_prompt_logits); False: every row in full
         self.share_prompts = True
 
@@ -56,8 +92,10 @@ class HFPolicy(CompletionScoring):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+        refuse_pickled_weights(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype)
+        with quiet_loading():
+            model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype)
         policy = cls(model, tokenizer, device, chat, dtype=dtype)
         if lora_r > 0:
             policy.add_lora(lora_r, lora_alpha, lora_targets)
@@ -91,9 +129,29 @@ class HFPolicy(CompletionScoring):
         messages = ([{"role": "system", "content": system_text}] if system_text else []) + [{"role": "user", "content": prompt.user}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
+    @property
+    def context_length(self) -> int | None:
+        """Positions the model can read (its config's max_position_embeddings or n_positions; None: unknown)."""
+        config = getattr(self.model, "config", None)
+        for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+            value = getattr(config, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    def prompt_row(self, text: str | Prompt, system: bool = True) -> list[int]:
+        """A prompt's token ids, template included; cut to max_prompt_tokens when that is set (fit_prompt)."""
+        def encode(prompt: str | Prompt) -> list[int]:
+            text = self.format_prompt(prompt, system)
+            return list(self.tokenizer(text, add_special_tokens=not self.chat)["input_ids"])
+        if self.max_prompt_tokens is None:
+            return encode(text)
+        return fit_prompt(encode, as_prompt(text), self.max_prompt_tokens)
+
     def encode_prompts(self, texts: Sequence[str | Prompt], system: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = [self.tokenizer(self.format_prompt(t, system), add_special_tokens=not self.chat)["input_ids"] for t in texts]
-        return left_pad(rows, self.pad_id, self.device)
+        # a task's prompts were checked against the context (credo.policy.locate.check_context); prompts built at
+        # run time (SRPO's localisation request around a completion) may pass it: a RoPE model reads on, degraded
+        return left_pad([self.prompt_row(t, system) for t in texts], self.pad_id, self.device)
 
     def encode_continuation(self, text: str, eos: bool = False) -> list[int]:
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -119,6 +177,17 @@ class HFPolicy(CompletionScoring):
     @torch.no_grad()
     def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingConfig,
                generator: torch.Generator) -> Samples:
+        """Completions of prompt_ids[B, P]; a batch over max_batch_tokens runs as sub-batches (row_chunks),
+        one after another from the same generator (so the same seed gives the same samples)."""
+        chunks = row_chunks(prompt_mask, sampling.max_new_tokens, self.max_batch_tokens)
+        if len(chunks) == 1:
+            return self._sample_batch(prompt_ids, prompt_mask, sampling, generator)
+        parts = [self._sample_batch(*trim_left_padding(prompt_ids[rows], prompt_mask[rows]), sampling, generator)
+                 for rows in chunks]
+        return stitch_samples(parts, self.pad_id)
+
+    def _sample_batch(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingConfig,
+                      generator: torch.Generator) -> Samples:
         from transformers import DynamicCache
         was_training = self.model.training
         self.model.eval()
@@ -149,6 +218,18 @@ class HFPolicy(CompletionScoring):
                           banned_ids=self.banned_ids)
         self.model.train(was_training)
         return result
+
+    def score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+              completion_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """CompletionScoring.score; without a gradient, a batch over max_batch_tokens is scored in sub-batches
+        (row_chunks; with a gradient every row's graph is kept anyway, so the batch stays whole)."""
+        chunks = row_chunks(prompt_mask, completion_ids.shape[1], self.max_batch_tokens)
+        if len(chunks) == 1 or torch.is_grad_enabled():
+            return super().score(prompt_ids, prompt_mask, completion_ids, completion_mask, entropy)
+        parts = [super(HFPolicy, self).score(*trim_left_padding(prompt_ids[rows], prompt_mask[rows]),
+                                             completion_ids[rows], completion_mask[rows], entropy) for rows in chunks]
+        logprobs = torch.cat([p[0] for p in parts])
+        return logprobs, (torch.cat([p[1] for p in parts]) if entropy else None)
 
     def forward_logits(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=ids, attention_mask=mask.long(), position_ids=self._positions(mask)).logits
@@ -257,4 +338,5 @@ class HFPolicy(CompletionScoring):
         clone = HFPolicy(copy.deepcopy(self.model), self.tokenizer, self.device, self.chat, self.system_prompt,
                          dtype=self.dtype)
         clone.banned_ids = list(self.banned_ids)
+        clone.max_prompt_tokens, clone.max_batch_tokens = self.max_prompt_tokens, self.max_batch_tokens
         return clone

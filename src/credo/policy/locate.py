@@ -72,29 +72,65 @@ def check_policy_path(path: str, field: str) -> str:
     elif not os.path.isfile(os.path.join(path, "config.json")):
         raise ConfigError(f"{field}={path!r}: its policy.json names backend {backend!r}, which needs a Hugging Face "
                           f"config.json, and {path} has none; the checkpoint is incomplete")
+    else:
+        from credo.policy.hf import refuse_pickled_weights
+        refuse_pickled_weights(path, field)
     from credo.state_io import check_safetensors
     check_safetensors(path)  # a damaged header: one line naming the file, before --out is touched
     return path
 
 
-def task_prompts(task: Any) -> list[str]:
-    """Prompts that stand for all of the task's: every row of a task that holds its rows (jsonl: its train
+def task_problems(task: Any) -> list[Any]:
+    """Problems that stand for all of the task's: every row of a task that holds its rows (jsonl: its train
     and held-out lists), else PROBE_PROBLEMS held-out and PROBE_PROBLEMS training problems, drawn with a
     generator of their own (the run's random streams are untouched)."""
     import torch
     held, train = getattr(task, "heldout", None), getattr(task, "train", None)
     if isinstance(held, list) and isinstance(train, list):
-        return [p.prompt for p in held + train]
+        return held + train
     drawn = task.train_problems(PROBE_PROBLEMS, torch.Generator().manual_seed(0))
-    return [p.prompt for p in task.heldout_problems(PROBE_PROBLEMS) + drawn]
+    return task.heldout_problems(PROBE_PROBLEMS) + drawn
 
 
-def check_task_fits(policy: Any, task: Any, field: str) -> None:
+def task_prompts(task: Any) -> list[str]:
+    """The prompts of task_problems(task)."""
+    return [p.prompt for p in task_problems(task)]
+
+
+def check_task_fits(policy: Any, task: Any, field: str, max_new_tokens: int = 0) -> None:
     """Refuses, naming `field`, a character-level policy (the tiny GPT) whose alphabet lacks a character of
-    the task's prompts (check_alphabet). A Hugging Face tokenizer encodes any text: nothing to check."""
+    the task's prompts (check_alphabet; a Hugging Face tokenizer encodes any text), and a task prompt longer
+    than the model's context leaves room for (check_context)."""
     alphabet = getattr(getattr(policy, "tokenizer", None), "alphabet", None)
     if isinstance(alphabet, str):
         check_alphabet(alphabet, task, field)
+    check_context(policy, task, field, max_new_tokens)
+
+
+def check_context(policy: Any, task: Any, field: str, max_new_tokens: int) -> None:
+    """Every prompt of the task (task_problems), rendered as the policy renders it, plus `max_new_tokens`
+    (one token for a backend that stops generating at its context, the tiny GPT) must fit the model's context.
+    The first that does not is one line naming its row and both lengths, unless the task asks for truncation
+    (`truncate_prompts`): then the policy cuts every prompt to fit (credo.policy.base.fit_prompt)."""
+    context = getattr(policy, "context_length", None)
+    if not context:  # a model whose config states no context: nothing to check against
+        return
+    needed = 1 if getattr(policy, "clamps_generation", False) else max_new_tokens
+    room = context - needed
+    if room < 1:
+        raise ConfigError(f"{field}: max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
+                          f"context of {context} tokens")
+    if getattr(task, "truncate_prompts", False):
+        policy.max_prompt_tokens = room
+    for problem in task_problems(task):
+        length = len(policy.prompt_row(problem.prompt))
+        if length > room:
+            row = (f"{task.path}:{problem.data['line']}" if hasattr(task, "path") and "line" in problem.data
+                   else f"task {getattr(task, 'name', '')!r}, prompt {problem.prompt[:40]!r}")
+            raise ConfigError(f"{field}: {row}: the prompt is {length} tokens, and with {needed} new token(s) "
+                              f"(max_new_tokens) it needs {length + needed}, over the model's context of {context} "
+                              "tokens; shorten the row or lower max_new_tokens, or set task_options.truncate_prompts"
+                              "=true to cut such prompts to fit")
 
 
 def check_alphabet(alphabet: str, task: Any, field: str) -> None:

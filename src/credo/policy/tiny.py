@@ -9,8 +9,8 @@ from typing import Callable, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
-from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, generate, left_pad, render_plain, right_pad,
-                               read_policy_meta, score_branches_by_rescoring)
+from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, fit_prompt, generate, left_pad,
+                               render_plain, right_pad, read_policy_meta, score_branches_by_rescoring)
 from credo.policy.branches import score_packed_branches
 from credo.policy.gpt import GPT, GPTConfig, KVCache
 from credo.policy.tokenizer import CharTokenizer
@@ -34,6 +34,8 @@ class TinyPolicy(CompletionScoring):
     """A GPT of our own with a character tokenizer. Sampling uses a preallocated KV cache."""
 
     system_prompt: str | None = None  # no system turn: a bound task system prompt is not rendered
+    max_prompt_tokens: int | None = None  # set: prompts are cut to fit (a task's truncate_prompts)
+    clamps_generation = True  # `sample` stops at model.max_len: a prompt needs room for one new token only
 
     def __init__(self, model: GPT, tokenizer: CharTokenizer, device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
@@ -53,7 +55,21 @@ class TinyPolicy(CompletionScoring):
     def encode_prompts(self, texts: Sequence[str | Prompt], system: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompts -> (ids[B, P] left-padded with BOS first, mask[B, P]), each rendered as plain text.
         `system` and `system_prompt` are unused: the tiny model has no system turn."""
-        return left_pad([self.tokenizer.encode(render_plain(t), bos=True) for t in texts], self.tokenizer.pad_id, self.device)
+        return left_pad([self.prompt_row(t) for t in texts], self.tokenizer.pad_id, self.device)
+
+    def prompt_row(self, text: str | Prompt, system: bool = True) -> list[int]:
+        """A prompt's token ids (BOS first); cut to max_prompt_tokens when that is set (fit_prompt)."""
+        def encode(prompt: str | Prompt) -> list[int]:
+            return self.tokenizer.encode(render_plain(prompt), bos=True)
+        if self.max_prompt_tokens is None:
+            return encode(text)
+        # no mark: '…' is not in its alphabet
+        return fit_prompt(encode, as_prompt(text), self.max_prompt_tokens, mark="")
+
+    @property
+    def context_length(self) -> int:
+        """Positions the model reads (model.max_len)."""
+        return self.model.config.max_len
 
     def encode_completions(self, texts: Sequence[str], eos: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         return right_pad([self.tokenizer.encode(t, eos=eos) for t in texts], self.tokenizer.pad_id, self.device)
@@ -148,4 +164,6 @@ class TinyPolicy(CompletionScoring):
     def copy(self) -> "TinyPolicy":
         clone = GPT(self.model.config).to(self.device)
         clone.load_state_dict(self.model.state_dict())
-        return TinyPolicy(clone, self.tokenizer, self.device)
+        copied = TinyPolicy(clone, self.tokenizer, self.device)
+        copied.max_prompt_tokens = self.max_prompt_tokens
+        return copied

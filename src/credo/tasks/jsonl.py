@@ -11,6 +11,7 @@ math-verify's signal-based time-outs only work on the main thread, so they are t
 
 from __future__ import annotations
 
+import codecs
 import json
 import sys
 import threading
@@ -78,6 +79,8 @@ def read_rows(path: str, skip_bad_rows: bool, max_question_chars: int = 16_000) 
         raise UserError(f"task file {path} does not exist or is not a file") from None
     with handle:
         for number, raw in enumerate(handle, 1):
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):  # utf-8-sig: as Windows editors save UTF-8
+                raw = raw[len(codecs.BOM_UTF8):]
             if not raw.strip():
                 continue
             try:
@@ -106,11 +109,13 @@ def _unique(problems: list[Problem]) -> list[Problem]:
 class JsonlOptions:
     """skip_bad_rows: skip (and count) malformed rows instead of stopping at the first. heldout_permille:
     share of questions (by hash) held out. max_question_chars: longer questions are refused (a huge
-    prompt would ask for a huge KV cache)."""
+    prompt would ask for a huge KV cache). truncate_prompts: a question too long for the model's context
+    loses its start to fit (marked '…'); off, such a question is an error naming its row."""
 
     skip_bad_rows: bool = False
     heldout_permille: int = 100
     max_question_chars: int = 16_000
+    truncate_prompts: bool = False
 
     def __post_init__(self) -> None:
         check(0 <= self.heldout_permille <= 1000, f"heldout_permille must be in 0..1000, got {self.heldout_permille}")
@@ -123,7 +128,8 @@ class JsonlTask(FreeFormTask):
     def __init__(self, path: str, options: JsonlOptions = JsonlOptions()) -> None:
         skip_bad_rows, heldout_permille, max_question_chars = (options.skip_bad_rows, options.heldout_permille,
                                                                options.max_question_chars)
-        self.name = f"jsonl:{path}"
+        self.name, self.path = f"jsonl:{path}", path
+        self.truncate_prompts = options.truncate_prompts  # read by credo.policy.locate.check_context
         self.system_prompt = SYSTEM_PROMPT
         rows = _unique(read_rows(path, skip_bad_rows, max_question_chars))
         held = [p for p in rows if in_heldout_split(p.key, heldout_permille)]
