@@ -204,9 +204,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     trainer = Trainer(config, run_dir, progress=not args.quiet,  # task, start and options checked before --out is touched
                       accept_unrecorded_checkpoint=args.accept_unrecorded_checkpoint)
     inputs = input_paths(args.config, config.start, config.task)
-    if not args.resume and _claim_run(run_dir, args.force, inputs, config):
+    from credo.resume_checks import claim_run
+    if not args.resume and claim_run(run_dir, args.force, inputs, config):
         print(f"credo train: {run_dir} holds a run that never reached a checkpoint; replacing it", file=sys.stderr)
-        _claim_run(run_dir, True, inputs, config)
+        claim_run(run_dir, True, inputs, config)
     try:
         summary = _train_with_guidance(trainer, run_dir)
     except Interrupted as stop:
@@ -256,31 +257,6 @@ def _train_with_guidance(trainer, run_dir: str) -> dict:
         if is_disk_error(caught):  # a full disk too says how to go on, after what to free
             raise as_disk_error(caught, then=f" ({hint})") from caught
         raise type(caught)(f"{caught} ({hint})") from None
-
-
-def _claim_run(run_dir: str, force: bool, inputs: tuple[str, ...], config) -> bool:
-    """Claim --out for a new training run; True if it holds an earlier run with nothing worth keeping: one
-    that never reached a checkpoint (not one whose checkpoints were removed), is not running, and holds no
-    file credo did not write."""
-    from credo.config import ConfigError, UserError
-    from credo.resume_checks import check_restartable
-    from credo.runs import claim_output, holds_only_own_files, is_locked, last_checkpoint
-    if not claim_output(run_dir, "train", force=force, inputs=inputs):
-        return False
-    if last_checkpoint(run_dir) is not None or os.path.exists(os.path.join(run_dir, "final")):
-        raise ConfigError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or replace it with --force")
-    if is_locked(run_dir):
-        raise ConfigError(f"{run_dir} holds a run that another credo process is training; nothing was touched")
-    if not holds_only_own_files(run_dir, "train"):
-        raise ConfigError(f"{run_dir} holds a run that never reached a checkpoint, and files credo did not write; "
-                          "nothing was touched (choose another --out, or pass --force to replace it all)")
-    try:  # the earlier run's own checkpoint_every says when it must have written a checkpoint
-        from credo.train_config import config_from_run
-        earlier = config_from_run(run_dir)
-    except (UserError, ValueError):
-        earlier = config
-    check_restartable(run_dir, earlier)  # a run whose checkpoints were removed is not "nothing worth keeping"
-    return True
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -58,6 +58,13 @@ def _foreign_output(path: str, kind: str) -> bool:
     return not os.path.isdir(path) or (bool(os.listdir(path)) and run_kind(path) != kind)
 
 
+def _preset(config):
+    """The comparison `config` (a CompareConfig) describes: its preset with the caller's replacements."""
+    from credo.compare_presets import resolve_preset
+    return resolve_preset(config.preset, config.methods or None, config.seeds, config.budget, config.schedule,
+                          config.task or None)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from credo.compare import compare, rewrite_report
     from credo.compare_presets import CompareConfig
@@ -76,13 +83,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(describe(export(out, args.export), args.export))
         return 0
     if args.status:  # read-only: safe beside the running comparison
-        from credo.compare_presets import resolve_preset
         from credo.compare_status import status_text
         if not os.path.isdir(os.path.join(out, "runs")):
             raise ConfigError(f"--out {out}: no runs/ directory; nothing of a comparison has started there")
-        preset = resolve_preset(config.preset, config.methods or None, config.seeds, config.budget,
-                                config.schedule, config.task or None)
-        print(status_text(preset, out, config.jobs))
+        print(status_text(_preset(config), out, config.jobs))
         return 0
     if args.report_only:
         results = rewrite_report(out)
@@ -92,9 +96,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if config.start == "sft":  # the task's SFT start, which a comparison's runs record as ''
             config = replace(config, start="")
         if config.start:  # before --out is claimed or any run is timed: each run would fail on it
-            from credo.compare_presets import resolve_preset
-            preset = resolve_preset(config.preset, config.methods or None, config.seeds, config.budget,
-                                    config.schedule, config.task or None)
+            preset = _preset(config)
             check_inputs(config.start, "compare --start", preset.task, preset.train.get("task_options", {}),
                          "compare.task_options.", progress=not args.quiet)
         interactive = sys.stdin is not None and sys.stdin.isatty()
@@ -117,10 +119,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                               share_gpu=config.share_gpu)
         except Interrupted as stop:  # one line: what finished, and the command that finishes the rest
             from credo.compare import stopped_at
-            from credo.compare_presets import resolve_preset
-            preset = resolve_preset(config.preset, config.methods or None, config.seeds, config.budget,
-                                    config.schedule, config.task or None)
-            raise stopped_at(stop, preset, out, shlex.join(["credo", *args.argv])) from None
+            raise stopped_at(stop, _preset(config), out, shlex.join(["credo", *args.argv])) from None
     print(open(os.path.join(out, "report.md")).read())
     return 1 if results["failures"] else 0
 

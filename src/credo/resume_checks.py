@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from credo.config import ConfigError, dump_yaml, to_dict
-from credo.runs import atomic_write_text, read_jsonl
+from credo.config import ConfigError, UserError, dump_yaml, to_dict
+from credo.runs import atomic_write_text, claim_output, holds_only_own_files, is_locked, last_checkpoint, read_jsonl
 from credo.state_io import CorruptStateError
-from credo.train_config import TrainConfig, flatten_config
+from credo.train_config import TrainConfig, config_from_run, flatten_config
 
 
 # fields a resume may change in config.yaml: none of them changes what training does (report_to: where it is
@@ -79,6 +79,28 @@ def check_restartable(run_dir: str, config: TrainConfig) -> None:
         raise CorruptStateError(f"{run_dir}: metrics.jsonl reaches step {last}, past the checkpoint of step "
                                 f"{config.checkpoint_every}, but checkpoints/ holds none: nothing to resume from "
                                 "(start a new run with --out)")
+
+
+def claim_run(run_dir: str, force: bool, inputs: tuple[str, ...], config: TrainConfig) -> bool:
+    """Claim `credo train --out` for a new run; True if it holds an earlier run with nothing worth keeping: one
+    that never reached a checkpoint (not one whose checkpoints were removed), is not running, and holds no
+    file credo did not write."""
+    if not claim_output(run_dir, "train", force=force, inputs=inputs):
+        return False
+    if last_checkpoint(run_dir) is not None or os.path.exists(os.path.join(run_dir, "final")):
+        raise ConfigError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or replace it with "
+                          "--force")
+    if is_locked(run_dir):
+        raise ConfigError(f"{run_dir} holds a run that another credo process is training; nothing was touched")
+    if not holds_only_own_files(run_dir, "train"):
+        raise ConfigError(f"{run_dir} holds a run that never reached a checkpoint, and files credo did not write; "
+                          "nothing was touched (choose another --out, or pass --force to replace it all)")
+    try:  # the earlier run's own checkpoint_every says when it must have written a checkpoint
+        earlier = config_from_run(run_dir)
+    except (UserError, ValueError):
+        earlier = config
+    check_restartable(run_dir, earlier)  # a run whose checkpoints were removed is not "nothing worth keeping"
+    return True
 
 
 def update_config_yaml(path: str, config: TrainConfig) -> None:
