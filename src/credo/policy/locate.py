@@ -113,7 +113,7 @@ def check_context(policy: Any, task: Any, field: str, max_new_tokens: int) -> No
     The first that does not is one line naming its row and both lengths, unless the task asks for truncation
     (`truncate_prompts`): then the policy cuts every prompt to fit (credo.policy.base.fit_prompt)."""
     context = getattr(policy, "context_length", None)
-    if not context:  # a model whose config states no context: nothing to check against
+    if not context or not hasattr(policy, "prompt_row"):  # no context stated (or a backend of someone else's)
         return
     needed = 1 if getattr(policy, "clamps_generation", False) else max_new_tokens
     room = context - needed
