@@ -356,7 +356,8 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
     first = labels.first
     rows = [i for i, f in enumerate(first) if f is not None and f < len(reference.values[i]) - 1]
     out: dict[str, Any] = {"traces": len(rows), "oracle_step1_share": sum(first[i] == 0 for i in rows) / max(len(rows), 1),
-                           "random_top1_expectation": sum(1 / (len(reference.values[i]) - 1) for i in rows) / max(len(rows), 1),
+                           "random_top1_expectation":
+                               sum(1 / (len(reference.values[i]) - 1) for i in rows) / max(len(rows), 1),
                            "localisers": {}, "failures": {},
                            "privileged_localisers": [n for n in config.localisers if LOCALISERS.get(n).reads_privileged()]}
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)

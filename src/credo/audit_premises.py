@@ -51,7 +51,8 @@ def teacher_gain(rollouts: Any, policy: Any, task: Any) -> dict[str, float]:
                 "teacher_logp_per_solution": nan, "student_logp_per_solution": nan}
     comp_ids, comp_mask = rollouts.completion_ids[rows], rollouts.completion_mask[rows]
     width = comp_ids.shape[1]
-    prompts = [teacher_prompt(task, policy, rollouts.problems[i], rollouts.completions[i], width, None, i) for i in rows]
+    prompts = [teacher_prompt(task, policy, rollouts.problems[i], rollouts.completions[i], width, None, i)
+               for i in rows]
     t_ids, t_mask = policy.encode_prompts(prompts)
     with torch.no_grad():
         teacher, _ = policy.score(t_ids, t_mask, comp_ids, comp_mask)
@@ -63,7 +64,8 @@ def teacher_gain(rollouts: Any, policy: Any, task: Any) -> dict[str, float]:
             "teacher_logp_per_solution": float(t_sum.mean()), "student_logp_per_solution": float(s_sum.mean())}
 
 
-def kl_argmax_hits(rollouts: Any, segment_ids: torch.Tensor, first: Sequence[int | None], probe: Any) -> dict[str, float]:
+def kl_argmax_hits(rollouts: Any, segment_ids: torch.Tensor, first: Sequence[int | None],
+                   probe: Any) -> dict[str, float]:
     """Over wrong traces with a labelled first wrong step e and a correct trace in their group: the share whose
     largest per-token KL(teacher || student) lies in step e, and the share a uniform token would get."""
     rows, refs = [], []
@@ -85,7 +87,8 @@ def kl_argmax_hits(rollouts: Any, segment_ids: torch.Tensor, first: Sequence[int
         scores = kl[j].masked_fill(~mask, -1.0)
         hits += int(segment_ids[i, int(scores.argmax())] == first[i])
         uniform += float(((segment_ids[i] == first[i]) & mask).sum()) / max(float(mask.sum()), 1.0)
-    return {"kl_traces": len(rows), "kl_argmax_in_first_error": hits / len(rows), "kl_argmax_uniform": uniform / len(rows)}
+    return {"kl_traces": len(rows), "kl_argmax_in_first_error": hits / len(rows),
+            "kl_argmax_uniform": uniform / len(rows)}
 
 
 def teacher_warning(check: dict[str, float]) -> str | None:

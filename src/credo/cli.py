@@ -54,7 +54,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
         raise ConfigError(f"sft --eval-n must be in 1..{MAX_HELD_OUT:,}, got {args.eval_n}")
     given = user_settings(args.config, args.set)  # a --config/--set naming a start or a gym/jsonl task: the HF SFT
     named_task = given.get("task") if isinstance(given.get("task"), str) else None  # (the tiny SFT's task is a section)
-    if not args.preset and (args.start or given.get("start") or (args.task or named_task or "arith") not in preset_names()):
+    hf_task = (args.task or named_task or "arith") not in preset_names()
+    if not args.preset and (args.start or given.get("start") or hf_task):
         return cmd_sft_hf(args)
     if args.preset:  # a named start: its own task unless --task says (and agrees)
         from credo.sft import PRESET_TASKS, check_preset
