@@ -69,7 +69,7 @@ class Trainer:
         if policy is None:
             policy = load_policy(self.start_path(), lora_r=config.lora_r, lora_alpha=config.lora_alpha,
                                  lora_targets=config.lora_targets)
-        self.policy = bind_task(policy, self.task, "train.start", config.sampling.max_new_tokens)  # not at 1st sample
+        self.policy = bind_task(policy, self.task, "train.start", config.sampling.max_new_tokens)  # now, not mid-run
         self.reference = self.policy.copy() if config.loss.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad], lr=config.lr,
                                            betas=(config.beta1, config.beta2), weight_decay=config.weight_decay)
