@@ -75,8 +75,7 @@ class Trainer:
         # config.yaml records the device the run trains on ('auto' resolved), so that a resume or a comparison
         # reusing the run continues on it, and moving it elsewhere is asked for explicitly (docs/gpu.md)
         self.config = config = replace(config, device=device_name(policy.device))
-        self.policy = bind_task(policy, self.task, check_as="train.start",  # else a traceback at the first sample
-                                max_new_tokens=config.sampling.max_new_tokens)
+        self.policy = bind_task(policy, self.task, "train.start", config.sampling.max_new_tokens)  # now, not mid-run
         self.reference = self.policy.copy() if config.loss.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad], lr=config.lr,
                                            betas=(config.beta1, config.beta2), weight_decay=config.weight_decay)
