@@ -56,7 +56,7 @@ from credo.runs import atomic_write_json, atomic_write_text, cache_root
 from credo.segment import SEGMENTERS, default_segmenter, segment_means
 from credo.audit_report import (FLOORS, METRICS, Labels, fidelity, first_error_top1, floor_credit,  # noqa: F401
                                 weight_concentration, localisable_errors, localiser_table, markdown_table,
-                                most_frequent_position,
+                                most_frequent_position, first_errors,
                                 checked_methods, pairwise_rank, parse_method, plot_audit, score_row,
                                 split_half_spearman, random_expectation)
 from credo.audit_premises import (conditions_on_solution, kl_argmax_hits, teacher_gain, teacher_table,
@@ -236,10 +236,7 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
     rollouts, segment_ids = data.rollouts, data.segment_ids
     reference = data.reference.differences()
     n = rollouts.batch_size
-    first: list[int | None] = [None] * n
-    if task.has_step_labels:
-        first = [None if bool(ok) else task.step_truth(p, text).first_error
-                 for p, text, ok in zip(rollouts.problems, rollouts.completions, rollouts.correct)]
+    first = first_errors(task, rollouts)
     labels = Labels(first, localisable_errors(data.reference, first))
     prior = most_frequent_position(first, reference)
     rows: dict[str, dict[str, float]] = {}

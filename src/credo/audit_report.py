@@ -110,6 +110,15 @@ def localisable_errors(reference: MCValues, first_errors: Sequence[int | None]) 
     return out
 
 
+def first_errors(task: Any, rollouts: Any) -> list[int | None]:
+    """Each trace's labelled first wrong step: None for a right trace, and for every trace of a task without
+    step labels."""
+    if not task.has_step_labels:
+        return [None] * rollouts.batch_size
+    return [None if bool(ok) else task.step_truth(p, text).first_error
+            for p, text, ok in zip(rollouts.problems, rollouts.completions, rollouts.correct)]
+
+
 def most_frequent_position(first_errors: Sequence[int | None], reference: Sequence[torch.Tensor]) -> int:
     """The most frequent labelled first-error position (the position prior; the earliest on ties)."""
     seen = [f for f, r in zip(first_errors, reference) if f is not None and f < len(r)]

@@ -19,6 +19,7 @@ import torch
 
 from credo.cli_config import (add_config_options, add_force_option, check_inputs, check_overrides, csv_flags,
                               flag_values, input_paths, require_out, show_config)
+from credo.cli_train import flag_settings, resume_config
 from credo.interrupts import Interrupted, signals_raise
 from credo.show import escape_controls
 
@@ -121,75 +122,14 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
     return 0
 
 
-def _flag_settings(args: argparse.Namespace) -> dict:
-    """The training fields named by shortcut flags (--method, --start, --seed, --task, --localiser)."""
-    from credo.config import ConfigError
-    if args.model is not None:
-        raise ConfigError("--model was removed: use --start (a credo checkpoint, a Hugging Face model directory "
-                          "or 'smollm2-135m')")
-    extra = {k: v for k, v in flag_values(args, {"method": "method", "start": "start", "seed": "seed",
-                                                 "task": "task", "device": "device"}).items() if v != ""}
-    if args.localiser:
-        extra["reset"] = {"localiser": args.localiser}
-    return extra
-
-
-def _requested_settings(args: argparse.Namespace) -> dict:
-    """Every training field the command line names: --config, then the flags, then --set."""
-    from credo.config import user_settings
-    return user_settings(args.config, args.set, _flag_settings(args))
-
-
-def _resume_config(args: argparse.Namespace):
-    from dataclasses import replace
-    from credo.config import ConfigError
-    from credo.config import merge, to_dict
-    from credo.train_config import config_from_run, resume_differences, train_config_from_dict
-    if args.out and os.path.abspath(args.out) != os.path.abspath(args.resume):
-        raise ConfigError(f"--resume continues {args.resume} in place; --out {args.out} names another directory")
-    config = config_from_run(args.resume)
-    if args.steps is not None:
-        config = replace(config, steps=args.steps)  # extending a run is allowed (range-checked by TrainConfig)
-    requested = _requested_settings(args)
-    device = requested.pop("device", None)  # moving a run to another device is allowed, when asked for
-    if "report_to" in requested:  # where the run reports to may change: it is not what it trains
-        config = train_config_from_dict(merge(to_dict(config), {"report_to": requested["report_to"]}))
-    differences = resume_differences(config, requested)
-    if differences:
-        raise ConfigError(f"--resume {args.resume}: the command differs from the run's config.yaml: "
-                          + "; ".join(differences) + " (drop those options, or start a new run with --out)")
-    return _resume_device(config, device, args.resume)
-
-
-def _resume_device(config, device: object, run_dir: str):
-    """The run's config on the device a resume continues on: the one config.yaml records, or `device` when the
-    command names one (a move to another device is announced: its steps from here round differently)."""
-    from credo.config import ConfigError
-    from credo.policy.device import device_name, resolve_device
-    if device is None:
-        try:
-            resolve_device(config.device, "train.device")
-        except ConfigError as err:
-            raise ConfigError(f"{err} (--resume {run_dir} trained on {config.device}; pass --device cpu to continue "
-                              "it on the CPU)") from None
-        return config
-    moved = replace(config, device=device)  # its format checked, naming train.device
-    now = device_name(resolve_device(moved.device, "train.device"))
-    if now != config.device:
-        print(f"credo train: --resume {run_dir} trained on {config.device} and continues on {now}, as asked; its "
-              f"steps from here are not bit-identical to a run that stayed on {config.device} (docs/gpu.md)",
-              file=sys.stderr)
-    return replace(config, device=now)
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from credo.config import ConfigError
     from credo.train import Trainer
     from credo.train_config import load_train_config
     if args.help_config:
-        return show_config(load_train_config(args.config, args.set, {**_flag_settings(args), **_steps(args)}), "train")
+        return show_config(load_train_config(args.config, args.set, {**flag_settings(args), **_steps(args)}), "train")
     if args.resume:
-        config, run_dir = _resume_config(args), args.resume
+        config, run_dir = resume_config(args), args.resume
         from credo.runs import last_checkpoint
         if last_checkpoint(run_dir) is None:
             from credo.resume_checks import check_restartable
@@ -198,7 +138,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         if not args.out:
             raise ConfigError("--out DIR is required (or --resume RUN_DIR)")
-        config = load_train_config(args.config, args.set, {**_flag_settings(args), **_steps(args)})
+        config = load_train_config(args.config, args.set, {**flag_settings(args), **_steps(args)})
         run_dir = args.out
     if args.accept_unrecorded_checkpoint and not args.resume:
         raise ConfigError("--accept-unrecorded-checkpoint applies to --resume RUN_DIR only")

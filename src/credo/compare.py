@@ -35,7 +35,6 @@ from dataclasses import replace
 from typing import Any, Callable
 
 import torch
-import yaml
 from tqdm import tqdm
 
 from credo import methods as method_registry
@@ -44,16 +43,16 @@ from credo.audit import AuditConfig, run_audit
 from credo.compare_report import goals, plot_curves, report, summarise  # noqa: F401  (re-exported)
 from credo.compare_presets import (ALL_METHODS, PRESETS, Preset, check_reusable, protocol,  # noqa: F401  (re-exported)
                                    resolve_preset, run_config, run_dir_name)
-from credo.compare_stats import clipping, parse_method_spec, stalled_seconds
+from credo.compare_runs import failure_path, progress_of, run_result  # noqa: F401  (re-exported)
+from credo.compare_stats import parse_method_spec
 from credo.config import ConfigError, UserError
 from credo.disk_errors import DiskError, as_disk_error, is_disk_error
 from credo.interrupts import Interrupted, worker_started, worker_task, workers_stopped_on_interrupt
 from credo.integrations.tracking import TrackingPlace, check_installed, checked_names
 from credo.policy.device import device_name, resolve_device, resolve_dtype
 from credo.provenance import loaded_commit
-from credo.runs import MetricsLog, atomic_write_json, atomic_write_text, is_locked, run_lock
+from credo.runs import atomic_write_json, atomic_write_text, is_locked, run_lock
 from credo.train import Trainer
-from credo.train_config import TrainConfig
 
 def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on_step: Any,
             report_to: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -66,42 +65,6 @@ def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on
         Trainer(run_config(method, seed, preset, start, report_to), run_dir, progress=False, on_step=on_step,
                 tracking=place).train()
     return run_result(run_dir)
-
-
-def failure_path(out_dir: str, method: str, seed: int) -> str:
-    """Where a comparison keeps the traceback of a (method, seed) run that failed."""
-    return os.path.join(out_dir, f"failure-{run_dir_name(method, seed)}.txt")
-
-
-def run_result(run_dir: str) -> dict[str, Any]:
-    """One finished training run as results.json records it, read from its run directory. Its `seconds`
-    and `seconds_per_step` leave out stalled steps (compare_stats.stalled_seconds); its curve keeps the
-    training clock as logged."""
-    summary = json.load(open(os.path.join(run_dir, "summary.json")))
-    rows = MetricsLog(os.path.join(run_dir, "metrics.jsonl")).rows()
-    curve = [{"step": r["step"], "tokens_generated": r["tokens_generated"], "seconds": r["seconds"],
-              "accuracy": r["eval_accuracy"]} for r in rows if "eval_accuracy" in r]
-    steps = [r for r in rows if r.get("step", 0) > 0]
-    curve.append({"step": summary["step"], "tokens_generated": summary["tokens_generated"],
-                  "seconds": summary["seconds"], "accuracy": summary["final_accuracy"], "final": True})
-    # a paused process's clock is not the method's cost: its stalled steps count at the run's median step
-    stalled, stalled_steps = stalled_seconds([float(r["seconds"]) for r in steps if "seconds" in r])
-    norms = [float(r["grad_norm"]) for r in steps if "grad_norm" in r]
-    return {"curve": curve, "final_accuracy": summary["final_accuracy"], "steps": summary["step"],
-            "tokens_generated": summary["tokens_generated"], "seconds": summary["seconds"] - stalled,
-            "stalled_seconds": stalled, "stalled_steps": stalled_steps,
-            "seconds_per_step": (summary["seconds"] - stalled) / max(summary["step"], 1),
-            "tokens_scored": steps[-1].get("tokens_scored", 0) if steps else 0,
-            **(clipping(norms, run_grad_clip(run_dir)) if norms else {}),
-            **({"commit": summary["credo_commit"]} if "credo_commit" in summary else {})}
-
-
-def run_grad_clip(run_dir: str) -> float:
-    """The gradient-norm clip a run trained with, from its config.yaml (TrainConfig's default where absent)."""
-    with open(os.path.join(run_dir, "config.yaml")) as f:
-        config = yaml.safe_load(f)
-    clip = config.get("grad_clip", TrainConfig.grad_clip) if isinstance(config, dict) else TrainConfig.grad_clip
-    return float(clip)
 
 
 def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm,
@@ -136,22 +99,6 @@ def _worker(method: str, seed: int, preset: Preset, start: str, run_dir: str, th
             if is_disk_error(err):  # raised to the parent, which stops the grid (DiskError pickles from its parts)
                 raise as_disk_error(err) from err
             return None, traceback.format_exc()
-
-
-def progress_of(run_dir: str, budget: int) -> tuple[int, int]:
-    """(generated tokens, step) of a run in another process, read from its metrics log."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return 0, 0
-    with open(path, "rb") as f:
-        lines = f.read().splitlines()
-    for line in reversed(lines):
-        try:
-            row = json.loads(line)
-            return min(int(row.get("tokens_generated", 0)), budget), int(row.get("step", 0))
-        except (ValueError, json.JSONDecodeError):
-            continue  # a line being written
-    return 0, 0
 
 
 def _executor(jobs: int) -> Any:
@@ -300,10 +247,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     jobs = preset.jobs if jobs is None else jobs
     if jobs < 1:
         raise ConfigError(f"jobs (--jobs) must be >= 1, got {jobs}")
-    placed = resolve_device(device, "compare.device")
-    resolve_dtype(dtype, placed, "compare.dtype")
-    preset = replace(preset, train={**preset.train, "device": device_name(placed), "dtype": dtype})
-    jobs = jobs_on(placed, jobs, share_gpu, progress)
+    preset, placed, jobs = place_runs(preset, device, dtype, jobs, share_gpu, progress)
     if preset.needs_start and not start:
         raise ConfigError(f"--preset {preset_name} needs --start: {preset.needs_start}")
     start, default = start or "", "" if start else default_start(preset.task, progress)  # runs record '' (portable)
@@ -328,19 +272,36 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     with run_lock(out_dir):  # a second comparison into the same --out is refused, not interleaved
         compare_eta.keep_estimate(out_dir, results["estimate"])  # for --status (methods no run has started)
         outcomes = _train_all(plan, preset, start, jobs, progress, report_to)
-        results["methods"] = {method: {"seeds": {}} for method in preset.methods}
-        for (method, seed, _), (result, error) in zip(plan, outcomes):
-            if error is None:
-                results["methods"][method]["seeds"][str(seed)] = result
-            else:  # reported, never hidden
-                results["failures"][f"{method}-s{seed}"] = error.strip().splitlines()[-1]
-                atomic_write_text(failure_path(out_dir, method, seed), error)
+        record_outcomes(results, preset.methods, plan, outcomes, out_dir)
         atomic_write_json(os.path.join(out_dir, "results.json"), results)
         if preset.audit_n > 0:
             results["audit"] = audit_rows(preset, start, out_dir, progress, device=device_name(placed), dtype=dtype)
         results["wall_seconds"] = time.time() - began
         write_report(results, out_dir)
     return results
+
+
+def place_runs(preset: Preset, device: str, dtype: str, jobs: int, share_gpu: bool,
+               progress: bool) -> tuple[Preset, torch.device, int]:
+    """The preset with every run placed on `device` (resolved once: every run records the same one) in `dtype`,
+    the device, and the trainings to run at once there (jobs_on)."""
+    placed = resolve_device(device, "compare.device")
+    resolve_dtype(dtype, placed, "compare.dtype")
+    preset = replace(preset, train={**preset.train, "device": device_name(placed), "dtype": dtype})
+    return preset, placed, jobs_on(placed, jobs, share_gpu, progress)
+
+
+def record_outcomes(results: dict[str, Any], methods: tuple[str, ...], plan: list[tuple[str, int, str]],
+                    outcomes: list[tuple[Any, str | None]], out_dir: str) -> None:
+    """Each run's result into results['methods'], and each failure into results['failures'] and its own
+    traceback file: reported, never hidden."""
+    results["methods"] = {method: {"seeds": {}} for method in methods}
+    for (method, seed, _), (result, error) in zip(plan, outcomes):
+        if error is None:
+            results["methods"][method]["seeds"][str(seed)] = result
+        else:
+            results["failures"][f"{method}-s{seed}"] = error.strip().splitlines()[-1]
+            atomic_write_text(failure_path(out_dir, method, seed), error)
 
 
 def jobs_on(device: torch.device, jobs: int, share_gpu: bool, progress: bool = True) -> int:

@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from credo import compare_eta
-from credo.compare import failure_path, progress_of, run_result
+from credo.compare_runs import failure_path, progress_of, run_result
 from credo.compare_presets import Preset, run_dir_name
 from credo.compare_goals import points
 from credo.compare_stats import paired, paired_deltas, stalled_seconds

@@ -46,9 +46,9 @@ from credo.state_io import (CorruptStateError, check_safetensors, load_state, op
                             verify_manifest, write_manifest)
 from credo.strategies import Collected, SamplingContext, Strategy
 from credo.streams import RandomStreams
-from credo.train_eta import estimate_run_seconds, evaluations_left, format_seconds, steps_within, time_step_pieces
+from credo.train_eta import format_seconds, seconds_left, steps_ahead
 from credo.train_config import (TrainConfig, config_from_run, load_train_config,  # noqa: F401  (re-exported)
-                                overlong_buffer_for_task, overlong_penalty, strategy_options)
+                                fitted_overlong_buffer, overlong_penalty, strategy_options)
 from credo.tasks import make_task
 
 
@@ -90,11 +90,7 @@ class Trainer:
             gather = process_group_gather()
         self.probe = Probe(self.policy, self.task, config.sampling, self.streams.probe, gather=gather)
         self.strategy: Strategy = strategies.make(config.strategy, strategy_options(config))
-        self.overlong_buffer, self.longest_solution = config.overlong_buffer, None
-        if config.overlong_fit_task and config.overlong_buffer > 0:
-            self.overlong_buffer, self.longest_solution = overlong_buffer_for_task(
-                self.task, lambda texts: self.policy.encode_completions(texts)[1], config.sampling.max_new_tokens,
-                config.overlong_buffer)
+        self.overlong_buffer, self.longest_solution = fitted_overlong_buffer(config, self.task, self.policy)
         if self.dp is not None:
             self.strategy = Sharded(self.strategy, self.dp, config.seed)
 
@@ -253,7 +249,7 @@ class Trainer:
         self.begin()  # config.yaml; resume from the last checkpoint, or evaluate the start (step 0)
         bar, by_tokens = self.progress_bar()
         if self.progress and self.is_main and self.budget_left():
-            bar.set_postfix_str(f"eta≈{format_seconds(self.estimate_seconds_left())} (estimated before the first step)")
+            bar.set_postfix_str(f"eta≈{format_seconds(seconds_left(self))} (estimated before the first step)")
         done_here = 0
         while self.budget_left() and (stop_after is None or done_here < stop_after):
             tokens_before = self.tokens_generated
@@ -279,7 +275,7 @@ class Trainer:
         before the step count can (a `max_generated_tokens` run with a large `steps`), so that tqdm's own
         ETA is the time to the budget and not to a step count the run never reaches."""
         c = self.config
-        by_tokens = self.steps_ahead() < c.steps - self.step
+        by_tokens = steps_ahead(self) < c.steps - self.step
         if by_tokens:
             bar = tqdm(total=c.max_generated_tokens, initial=min(self.tokens_generated, c.max_generated_tokens),
                        unit="tok", unit_scale=True, desc=f"train {c.method}", disable=not self.progress,
@@ -349,26 +345,6 @@ class Trainer:
                             progress=self.progress and n >= 256).accuracy
         self.eval_seconds = time.perf_counter() - began
         return accuracy
-
-    def steps_ahead(self) -> int:
-        """Steps still to run: the step count, or fewer when the token budget ends the run first (each step
-        counted at full length, credo.train_eta.steps_within)."""
-        c = self.config
-        return steps_within(c.steps - self.step, c.max_generated_tokens - self.tokens_generated,
-                            c.prompts_per_step * c.group_size * c.sampling.max_new_tokens, c.max_generated_tokens > 0)
-
-    def estimate_seconds_left(self) -> float:
-        """The rest of the run, from two timed pieces of one step and the last evaluation (credo.train_eta);
-        evaluations count only when one was timed in this process (a resumed run has none yet)."""
-        c = self.config
-        prompt = self.task.train_problems(1, torch.Generator().manual_seed(0))[0].prompt
-        rows = c.prompts_per_step * c.group_size
-        pieces = time_step_pieces(self.policy, prompt, rows, c.sampling.max_new_tokens, -(-rows // c.minibatches))
-        steps_left = self.steps_ahead()
-        return estimate_run_seconds(pieces, c.epochs * c.minibatches, steps_left,
-                                    evaluations_left(self.step, self.step + steps_left, c.eval_every),
-                                    getattr(self, "eval_seconds", 0.0), c.final_eval_n / max(c.eval_n, 1),
-                                    rescore=not self.on_policy)
 
     # --- checkpoints ----------------------------------------------------------------------------------
     def checkpoint_dir(self, step: int) -> str:

@@ -342,6 +342,15 @@ def overlong_buffer_for_task(task: Any, encode: Callable[[list[str]], torch.Tens
     return max(0, min(buffer, max_new_tokens - longest)), longest
 
 
+def fitted_overlong_buffer(config: TrainConfig, task: Any, policy: Any) -> tuple[int, int | None]:
+    """(buffer, longest worked solution) a run applies: `overlong_buffer` as set, or fitted to the task
+    (`overlong_fit_task`, overlong_buffer_for_task; the longest solution is None when not fitted)."""
+    if not (config.overlong_fit_task and config.overlong_buffer > 0):
+        return config.overlong_buffer, None
+    return overlong_buffer_for_task(task, lambda texts: policy.encode_completions(texts)[1],
+                                    config.sampling.max_new_tokens, config.overlong_buffer)
+
+
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float) -> torch.Tensor:
     """DAPO soft overlong punishment: 0 up to max_len - buffer, then linear down to -factor at max_len."""
     if buffer <= 0:

@@ -90,3 +90,24 @@ def steps_within(steps_left: int, tokens_left: int, tokens_per_step: int, budget
 def evaluations_left(step: int, steps: int, eval_every: int) -> int:
     """Curve evaluations still due after `step` (by step count; a token-based schedule is approximated)."""
     return max(0, math.floor(steps / eval_every) - math.floor(step / eval_every))
+
+def steps_ahead(trainer) -> int:  # noqa: ANN001  (a credo.train.Trainer)
+    """Steps still to run: the step count, or fewer when the token budget ends the run first (each step
+    counted at full length, steps_within)."""
+    c = trainer.config
+    return steps_within(c.steps - trainer.step, c.max_generated_tokens - trainer.tokens_generated,
+                        c.prompts_per_step * c.group_size * c.sampling.max_new_tokens, c.max_generated_tokens > 0)
+
+
+def seconds_left(trainer) -> float:  # noqa: ANN001  (a credo.train.Trainer)
+    """The rest of a run, from two timed pieces of one step and the last evaluation; evaluations count only when
+    one was timed in this process (a resumed run has none yet)."""
+    c = trainer.config
+    prompt = trainer.task.train_problems(1, torch.Generator().manual_seed(0))[0].prompt
+    rows = c.prompts_per_step * c.group_size
+    pieces = time_step_pieces(trainer.policy, prompt, rows, c.sampling.max_new_tokens, -(-rows // c.minibatches))
+    steps_left = steps_ahead(trainer)
+    return estimate_run_seconds(pieces, c.epochs * c.minibatches, steps_left,
+                                evaluations_left(trainer.step, trainer.step + steps_left, c.eval_every),
+                                getattr(trainer, "eval_seconds", 0.0), c.final_eval_n / max(c.eval_n, 1),
+                                rescore=not trainer.on_policy)
