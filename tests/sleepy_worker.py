@@ -10,7 +10,8 @@ from credo.interrupts import worker_task
 from credo.runs import run_lock
 
 
-def train_forever(method: str, seed: int, preset: object, start: str, run_dir: str, threads: int) -> None:
+def train_forever(method: str, seed: int, preset: object, start: str, run_dir: str, threads: int,
+                  report_to: tuple[str, ...] = ()) -> None:
     with worker_task(), run_lock(run_dir):
         with open(os.path.join(run_dir, f"started-{os.getpid()}"), "w"):
             pass

@@ -10,6 +10,9 @@ import argparse
 from typing import Any
 
 from credo.config import ConfigError, help_config
+from credo.policy import bind_task, check_task_fits, load_policy, read_policy_meta, resolve_checkpoint
+from credo.policy.locate import check_alphabet
+from credo.tasks import make_task
 
 
 def add_config_options(p: argparse.ArgumentParser, config_name: str, set_example: str) -> None:
@@ -78,17 +81,13 @@ def check_inputs(checkpoint: str, checkpoint_field: str, task: str, task_options
     tiny policy that it can read the task's prompts, and with `max_new_tokens` that the model's context holds
     every prompt of the task (rendered with the task's system prompt unless `system_prompt` is False) and that
     many new tokens: the policy is loaded for it. Returns the checkpoint's directory."""
-    from credo.policy import read_policy_meta, resolve_checkpoint
-    from credo.policy.locate import check_alphabet
-    from credo.tasks import make_task
     built = make_task(task, task_options, prefix=options_prefix)
     path = resolve_checkpoint(checkpoint, checkpoint_field, task=task, progress=progress)
     alphabet = (read_policy_meta(path).get("tokenizer") or {}).get("alphabet")  # a tiny policy's, without loading it
     if isinstance(alphabet, str):
         check_alphabet(alphabet, built, checkpoint_field)
     if max_new_tokens is not None:
-        from credo.policy import bind_task, check_task_fits, load_policy
-        policy = load_policy(path)
+        policy = load_policy(path)  # on the CPU: only its tokenizer and context length are read
         if system_prompt:
             bind_task(policy, built, checkpoint_field, max_new_tokens)
         else:
