@@ -1,5 +1,5 @@
-"""README's Layout section and docs/architecture.md name the code as it is: every module is in the Layout, and
-every file the architecture page points to (the files to copy) exists."""
+"""docs/architecture.md names the code as it is: every module is in its Layout section, and every file it points
+to (the files to copy) exists."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ PACKAGE = os.path.join(ROOT, "src", "credo")
 
 
 def layout_block() -> str:
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    page = open(os.path.join(ROOT, "docs", "architecture.md")).read()
+    section = page.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
     return section.split("```", 2)[1]
 
 
@@ -32,7 +32,7 @@ def test_readme_layout_names_every_module():
                 if inner.endswith(".py") and inner != "__init__.py" and stem not in words and inner not in words \
                         and not any(w.endswith("*.py") and stem.startswith(w[:-4]) for w in block.split()):
                     missing.append(f"{name}/{inner}")
-    assert not missing, f"README's Layout does not name: {missing}"
+    assert not missing, f"docs/architecture.md's Layout does not name: {missing}"
 
 
 def test_architecture_page_points_to_files_that_exist():

@@ -242,9 +242,10 @@ def test_an_edited_audit_cache_entry_is_rebuilt_not_reused(tmp_path, capsys):
     assert load_cached(stem, problems) is None
 
 
-def test_an_audit_rebuilds_an_edited_cache_entry_and_reports_what_it_measured(tmp_path, saved_policy):
+def test_an_audit_rebuilds_an_edited_cache_entry_and_reports_what_it_measured(tmp_path, saved_policy, monkeypatch):
     import glob
     import json
+    monkeypatch.setenv("CREDO_CACHE", str(tmp_path / "cache"))  # this audit's entry alone (others share the session's)
     argv = ["audit", "--checkpoint", saved_policy, "--n", "4", "--group-size", "2", "--k-ref", "2", "--quiet"]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 0
     [entry] = glob.glob(os.path.join(os.environ["CREDO_CACHE"], "audit", "*.json"))
