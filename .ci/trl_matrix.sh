@@ -5,7 +5,7 @@
 # --no-deps --target: every other package, torch/transformers/accelerate included, is the base environment's,
 # never upgraded). The fast suite tests the pinned version only; this is the CI matrix job, run by hand or CI.
 #
-#   .ci/trl_matrix.sh                 every version in credo.integrations.trl.TESTED_TRL
+#   .ci/trl_matrix.sh                 every version in credo.integrations.trl_versions.TESTED_TRL
 #   .ci/trl_matrix.sh 1.17.0          another version (e.g. before adding it to TESTED_TRL)
 #   PYTHON=/path/to/python .ci/trl_matrix.sh   the base environment (default: .venv/bin/python, `make test`'s)
 #
@@ -18,7 +18,7 @@ if [ "$#" -gt 0 ]; then
 else  # read from the adapter's source: importing it would import (and check) the base environment's trl
   read -r -a versions <<< "$("$PYTHON" - <<'PY'
 import ast
-tree = ast.parse(open("src/credo/integrations/trl.py").read())
+tree = ast.parse(open("src/credo/integrations/trl_versions.py").read())
 for node in tree.body:
     if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "TESTED_TRL":
         print(" ".join(ast.literal_eval(node.value)))
