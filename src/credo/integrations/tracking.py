@@ -251,8 +251,11 @@ class TrackioTracker(Tracker):
         self.run.log(metric_items(summary, "summary/"), step=int(summary.get("step", 0)))
 
     def close(self, failed: bool = False) -> None:
+        from trackio import context_vars
         with contextlib.redirect_stdout(sys.stderr):
             self.run.finish()
+        if context_vars.current_run.get() is self.run:  # else trackio's exit hook finishes it again, on stdout
+            context_vars.current_run.set(None)
 
 
 def _as_code(text: str) -> str:
