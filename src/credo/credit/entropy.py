@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from credo.config import check
-from credo.credit.groups import group_rows, grpo_advantages
+from credo.credit.groups import GroupNormConfig, group_rows, grpo_advantages
 from credo.credit.registry import register
 from credo.probe import Probe
 from credo.rollouts import Credit, Rollouts
@@ -57,20 +57,15 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, q: float,
 
 
 @dataclass(frozen=True)
-class EntropyMaskConfig:
+class EntropyMaskConfig(GroupNormConfig):
     """The high-entropy token mask (docs/methods.md, "## Entropy-based token credit")."""
 
     q: float = 0.2
     """Share of the batch's trainable tokens kept, by entropy (TRL's top_entropy_quantile; 0.2 as the 80/20 paper)."""
-    std: str = "sample"
-    """GRPO's group std: 'sample' (Bessel-corrected, as TRL/verl) or 'population'."""
-    eps: float = 1e-6
-    """Added to the group std."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # std, eps
         check(0 <= self.q <= 1, f"credit.q must be in [0, 1], got {self.q}")
-        check(self.std in ("sample", "population"), f"credit.std must be 'sample' or 'population', got {self.std!r}")
-        check(self.eps >= 0, f"credit.eps must be >= 0, got {self.eps}")
 
 
 @register("entropy_mask", "high-entropy token mask: GRPO on the top q (0.2) of the batch's tokens by the "
@@ -85,7 +80,7 @@ def entropy_mask(rollouts: Rollouts, probe: Probe, config: EntropyMaskConfig) ->
 
 
 @dataclass(frozen=True)
-class GTPOConfig:
+class GTPOConfig(GroupNormConfig):
     """GTPO-style entropy-weighted token rewards (docs/methods.md, "## Entropy-based token credit")."""
 
     a1: float = 1.0
@@ -94,18 +89,13 @@ class GTPOConfig:
     """Weight of the entropy share (the paper's alpha_2; 0: plain GRPO)."""
     h_min: float = 1e-6
     """Floor of H before it is inverted for the O- rows (an entropy-0 token would take the whole share)."""
-    std: str = "sample"
-    """GRPO's group std: 'sample' (Bessel-corrected, as TRL/verl) or 'population'."""
-    eps: float = 1e-6
-    """Added to the group std."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # std, eps
         check(0 <= self.a1 <= 10, f"credit.a1 must be in [0, 10], got {self.a1}")
         check(0 <= self.a2 <= 10, f"credit.a2 must be in [0, 10], got {self.a2}")
         check(self.a1 + self.a2 > 0, f"credit.a1 + credit.a2 must be > 0, got {self.a1} + {self.a2}")
         check(0 < self.h_min <= 1, f"credit.h_min must be in (0, 1], got {self.h_min}")
-        check(self.std in ("sample", "population"), f"credit.std must be 'sample' or 'population', got {self.std!r}")
-        check(self.eps >= 0, f"credit.eps must be >= 0, got {self.eps}")
 
 
 def entropy_shares(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -6,10 +6,27 @@ statistics are broadcast back to rows; a group of one has std 0 and no leave-one
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from credo.config import check
+
+
+
+@dataclass(frozen=True)
+class GroupNormConfig:
+    """GRPO's group normalisation, the options of every estimator that scales a GRPO advantage."""
+
+    std: str = "sample"
+    """The group std: 'sample' (Bessel-corrected, as TRL/verl) or 'population' (as the SRPO code)."""
+    eps: float = 1e-6
+    """Added to the group std."""
+
+    def __post_init__(self) -> None:
+        check(self.std in ("sample", "population"), f"credit.std must be 'sample' or 'population', got {self.std!r}")
+        check(self.eps >= 0, f"credit.eps must be >= 0, got {self.eps}")
 
 def group_rows(group: torch.Tensor) -> dict[int, list[int]]:
     """group[B] -> {group id: its rows, in batch order}, groups in order of first appearance."""

@@ -9,21 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from credo.config import check
-from credo.credit.groups import broadcast, grpo_advantages, rloo_advantages
+from credo.credit.groups import GroupNormConfig, broadcast, grpo_advantages, rloo_advantages
 from credo.credit.registry import NoConfig, register
 from credo.rollouts import Credit, Rollouts
 
 
 @dataclass(frozen=True)
-class GRPOConfig:
-    """std: 'sample' (Bessel-corrected, as TRL/verl) or 'population' (as the SRPO code); eps added to std."""
-
-    std: str = "sample"
-    eps: float = 1e-6
-
-    def __post_init__(self) -> None:
-        check(self.std in ("sample", "population"), f"credit.std must be 'sample' or 'population', got {self.std!r}")
-        check(self.eps >= 0, f"credit.eps must be >= 0, got {self.eps}")
+class GRPOConfig(GroupNormConfig):
+    """GRPO's group normalisation (std, eps: credo.credit.groups.GroupNormConfig)."""
 
 
 @register("grpo", "GRPO: group-normalised outcome reward (r - mean) / std on every token", GRPOConfig)

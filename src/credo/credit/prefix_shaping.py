@@ -20,7 +20,7 @@ import torch
 
 from credo.config import check
 from credo.credit import localisers
-from credo.credit.groups import grpo_advantages
+from credo.credit.groups import GroupNormConfig, grpo_advantages
 from credo.credit.registry import get, parse_spec, register
 from credo.probe import Probe
 from credo.rollouts import Credit, Rollouts
@@ -28,7 +28,7 @@ from credo.segment import check_segmenter_option, segment_bounds, segments_for
 
 
 @dataclass(frozen=True)
-class PrefixShapingConfig:
+class PrefixShapingConfig(GroupNormConfig):
     """First-error prefix shaping (docs/methods.md, "## First-error prefix shaping (VPPO-style)")."""
 
     localiser: str = "value"
@@ -43,14 +43,11 @@ class PrefixShapingConfig:
     """For localiser=value (or self falling back to it): the value drop that marks the first wrong step."""
     seed: int = 0
     """For localiser=random: combined with a digest of the batch, so steps differ and runs repeat."""
-    std: str = "sample"
-    """GRPO's group std: 'sample' (Bessel-corrected, as TRL/verl) or 'population'."""
-    eps: float = 1e-6
-    """Added to the group std."""
     segmenter: Any = ""
     """The steps: '' = the batch's segments (the task's own segmenter), or a segmenter of its own."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # std, eps
         names = localisers.LOCALISERS.names()
         check(self.localiser in names, f"credit.localiser must be one of {names}, got {self.localiser!r}")
         try:
@@ -61,8 +58,6 @@ class PrefixShapingConfig:
         check(name != "prefix_shaping", "credit.credit_method: prefix_shaping cannot localise for itself")
         check(0 <= self.prefix_credit <= 1, f"credit.prefix_credit must be in [0, 1], got {self.prefix_credit}")
         check(0 <= self.value_drop <= 1, f"credit.value_drop must be in [0, 1], got {self.value_drop}")
-        check(self.std in ("sample", "population"), f"credit.std must be 'sample' or 'population', got {self.std!r}")
-        check(self.eps >= 0, f"credit.eps must be >= 0, got {self.eps}")
         check_segmenter_option(self.segmenter)
 
 

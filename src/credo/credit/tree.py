@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from credo.config import check
-from credo.credit.groups import group_mean_std, grpo_advantages
+from credo.credit.groups import GroupNormConfig, group_mean_std, grpo_advantages
 from credo.credit.registry import register
 from credo.rollouts import Credit, Rollouts
 from credo.segment import broadcast_segments, check_segmenter_option, segment_bounds, segments_for
@@ -92,7 +92,7 @@ def segment_changes(values: torch.Tensor, segment_ids: torch.Tensor, group_mean:
 
 
 @dataclass(frozen=True)
-class TempoConfig:
+class TempoConfig(GroupNormConfig):
     """TEMPO-style prefix-tree credit (docs/methods.md, "## Prefix-tree credit")."""
 
     lam: float = 1.0
@@ -102,18 +102,13 @@ class TempoConfig:
     of the segment (the trie read at step boundaries)."""
     scale: bool = True
     """Divide by the group's reward std + eps, as GRPO does (false: Dr. GRPO's unscaled centring)."""
-    std: str = "sample"
-    """'sample' (Bessel-corrected, as TRL/verl) or 'population'."""
-    eps: float = 1e-6
-    """Added to the group std."""
     segmenter: Any = ""
     """With at=segments: '' = the batch's segments (the task's own segmenter), or a segmenter of its own."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # std, eps
         check(0 <= self.lam <= 100, f"credit.lam must be in [0, 100], got {self.lam}")
         check(self.at in ("tokens", "segments"), f"credit.at must be 'tokens' or 'segments', got {self.at!r}")
-        check(self.std in ("sample", "population"), f"credit.std must be 'sample' or 'population', got {self.std!r}")
-        check(self.eps >= 0, f"credit.eps must be >= 0, got {self.eps}")
         check_segmenter_option(self.segmenter)
 
 
@@ -149,20 +144,15 @@ def tempo(rollouts: Rollouts, probe: Any, config: TempoConfig) -> Credit:
 
 
 @dataclass(frozen=True)
-class LambdaGRPOConfig:
+class LambdaGRPOConfig(GroupNormConfig):
     """lambda-GRPO: GRPO with shared prefixes down-weighted (docs/methods.md, "## Prefix-tree credit")."""
 
     lam: float = 1.0
     """Exponent of the weight |S_{i,t}|^(-lam) of a token shared by |S| members (1: the public code; 0: GRPO)."""
-    std: str = "sample"
-    """'sample' (Bessel-corrected, as TRL/verl) or 'population'."""
-    eps: float = 1e-6
-    """Added to the group std."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # std, eps
         check(0 <= self.lam <= 10, f"credit.lam must be in [0, 10], got {self.lam}")
-        check(self.std in ("sample", "population"), f"credit.std must be 'sample' or 'population', got {self.std!r}")
-        check(self.eps >= 0, f"credit.eps must be >= 0, got {self.eps}")
 
 
 @register("lambda_grpo", "lambda-GRPO: GRPO with each token weighted by 1 / (members of its group sharing its "
