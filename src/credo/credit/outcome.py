@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from credo.config import check
 from credo.credit.groups import GroupNormConfig, broadcast, grpo_advantages, rloo_advantages
 from credo.credit.registry import NoConfig, register
 from credo.rollouts import Credit, Rollouts
