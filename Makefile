@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m credo.demo
+	$(BIN)/python -m credo.cli.demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -9,7 +9,7 @@ Measures, and checks against the goals of issue 14:
     and, as the first-error-based reliability, the reference's own first-error top-1 and the
     agreement of its two halves on the most negative segment;
   - the SFT minutes (from the start's sft_summary.json).
-The reference is built with `credo.audit.build_reference` and the audit's defaults, so a later
+The reference is built with `credo.lab.audit.run.build_reference` and the audit's defaults, so a later
 `credo audit --task arith-long --n N --k-ref K` reuses it from the cache.
 
 Usage: python bench/calibrate_arith_long.py [--task arith-long] [--checkpoint DIR] [--n 256] [--k-ref 32]
@@ -27,12 +27,12 @@ from collections import Counter
 
 import torch
 
-from credo.audit import AuditConfig, build_reference
-from credo.audit_report import first_error_top1, split_half_differences, split_half_spearman
-from credo.evaluate import complete
+from credo.lab.audit.run import AuditConfig, build_reference
+from credo.lab.audit.report import first_error_top1, split_half_differences, split_half_spearman
+from credo.train.evaluate import complete
 from credo.policy import bind_task, load_policy
 from credo.policy.base import SamplingConfig
-from credo.sft import ensure_sft
+from credo.train.sft import ensure_sft
 from credo.tasks import make_task
 
 LOCALISABLE_DROP = 0.15

@@ -31,8 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = os.path.join(ROOT, "docs", "results", "compare-long-chain", "runs")
 WORKER = """
 import json, sys, tempfile, time, torch
-from credo.sft import ensure_sft
-from credo.train import Trainer, load_train_config
+from credo.train.sft import ensure_sft
+from credo.train.trainer import Trainer, load_train_config
 config_path, steps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(threads)
 config = load_train_config(config_path, [f"start={ensure_sft(progress=False, task='arith-long')}"])

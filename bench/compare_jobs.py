@@ -14,8 +14,8 @@ import time
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from common import write  # noqa: E402
 
-from credo import compare as cmp  # noqa: E402
-from credo.sft import ensure_sft  # noqa: E402
+from credo.lab.compare import run as cmp  # noqa: E402
+from credo.train.sft import ensure_sft  # noqa: E402
 
 
 def main() -> None:

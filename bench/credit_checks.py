@@ -30,7 +30,7 @@ from credo.integrations import checks  # noqa: E402
 from credo.integrations.verl import make_verl_estimator  # noqa: E402
 from credo.integrations.verl_batch import check_batch  # noqa: E402
 from credo.integrations.verl_credit import apply_credit, dataset_row  # noqa: E402
-from credo.rollouts import Rollouts  # noqa: E402
+from credo.core.rollouts import Rollouts  # noqa: E402
 from credo.tasks import make_task  # noqa: E402
 
 PROMPTS, GROUP, P, R = 8, 8, 128, 512

@@ -15,11 +15,11 @@ import torch
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from common import write  # noqa: E402
 
-from credo.credit.values import mc_values  # noqa: E402
+from credo.core.values import mc_values  # noqa: E402
 from credo.policy import load_policy  # noqa: E402
 from credo.policy.base import SamplingConfig  # noqa: E402
-from credo.probe import Probe  # noqa: E402
-from credo.sft import ensure_sft  # noqa: E402
+from credo.core.probe import Probe  # noqa: E402
+from credo.train.sft import ensure_sft  # noqa: E402
 from credo.strategies import sample_groups  # noqa: E402
 from credo.tasks.arith import ArithConfig, ArithTask  # noqa: E402
 

@@ -20,8 +20,8 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from common import write  # noqa: E402
 
 from credo.policy import load_policy  # noqa: E402
-from credo.sft import ensure_sft  # noqa: E402
-from credo.train import Trainer, load_train_config  # noqa: E402
+from credo.train.sft import ensure_sft  # noqa: E402
+from credo.train.trainer import Trainer, load_train_config  # noqa: E402
 
 VARIANTS = {"ibpo_correct": ("ibpo", ["credit.mode=correct"])}
 

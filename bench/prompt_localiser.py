@@ -25,9 +25,9 @@ from common import write  # noqa: E402
 
 from credo.policy import bind_task, load_policy  # noqa: E402
 from credo.policy.base import SamplingConfig  # noqa: E402
-from credo.probe import Probe  # noqa: E402
+from credo.core.probe import Probe  # noqa: E402
 from credo.strategies.localisers import localisation_replies, parse_step  # noqa: E402
-from credo.segment import segment_bounds  # noqa: E402
+from credo.core.segment import segment_bounds  # noqa: E402
 from credo.strategies import sample_groups  # noqa: E402
 from credo.tasks import make_task  # noqa: E402
 

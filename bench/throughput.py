@@ -20,7 +20,7 @@ from reference_f9587d4 import ReferenceKVCache, reference_forward, reference_gen
 from credo.policy.base import SamplingConfig, generate  # noqa: E402
 from credo.policy.gpt import GPTConfig  # noqa: E402
 from credo.policy.tiny import TinyPolicy, cached_step  # noqa: E402
-from credo.sft import make_tokenizer  # noqa: E402
+from credo.train.sft import make_tokenizer  # noqa: E402
 
 
 def sampling_seconds(policy: TinyPolicy, batch: int, new_tokens: int, rounds: int) -> dict[str, float]:

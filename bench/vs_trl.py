@@ -31,7 +31,7 @@ PHASES = ("collect", "prepare", "assign_credit", "update")  # Trainer.train_step
 def credo_step_seconds(model_dir: str, steps: int) -> tuple[float, dict[str, float]]:
     """(seconds per step, {phase: seconds per step}) of credo's trainer on TRL's schedule: one optimiser
     step per generated batch (epochs=1, minibatches=1, TRL's default steps_per_generation)."""
-    from credo.train import Trainer, load_train_config
+    from credo.train.trainer import Trainer, load_train_config
     config = load_train_config(None, [f"start={model_dir}", "task=gym:chain_sum", f"prompts_per_step={PROMPTS}",
                                       f"group_size={GROUP}", f"max_new_tokens={LENGTH}", f"lr={LR}", "epochs=1",
                                       "minibatches=1", "beta2=0.999", "eval_n=1", "final_eval_n=0"])

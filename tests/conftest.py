@@ -9,7 +9,7 @@ import torch
 
 from credo.policy.gpt import GPTConfig
 from credo.policy.tiny import TinyPolicy
-from credo.sft import make_tokenizer
+from credo.train.sft import make_tokenizer
 
 torch.set_num_threads(1)
 

@@ -4,7 +4,7 @@ import sys
 
 import torch
 
-from credo.train import Trainer, load_train_config
+from credo.train.trainer import Trainer, load_train_config
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

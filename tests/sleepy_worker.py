@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import time
 
-from credo.interrupts import worker_task
-from credo.runs import run_lock
+from credo.train.interrupts import worker_task
+from credo.core.files import run_lock
 
 
 def train_forever(method: str, seed: int, preset: object, start: str, run_dir: str, threads: int,

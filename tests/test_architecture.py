@@ -1,23 +1,31 @@
-"""The package's shape, checked from its source with `ast` (docs/architecture.md):
+"""The package's shape, checked from its source with `ast` (docs/architecture.md states the same rules):
 
-- `credit/` never imports the trainer (`train`), the rollout strategies (`strategies` and its modules) or a
-  sibling estimator module; its shared helpers (registry, values, groups, localisers) are fine;
-- `policy/` (a backend) never imports `tasks` (a task's prompt protocol) or `credit`;
+- layers, lowest first: the library's base (`core`, `policy`, `tasks`), `strategies`, `credit`, `integrations`,
+  the trainer (`train`), the lab and the commands (`lab`, `cli`); a module imports only its own layer or lower ones
+  (so the library never imports the trainer or the lab, and the trainer never the lab);
+- `policy/` (a backend) never imports `tasks` or `credit`; an estimator module never imports a sibling estimator
+  (the package, its registry and the `credit` localiser are shared);
+- importing the strategies loads no estimator (checked in a fresh interpreter);
 - the import graph has no cycle (function-level imports included);
-- no file in src/ is longer than 400 lines and no function longer than 60.
+- at most 11 entries at the top of src/credo; no file in src/ is longer than 400 lines and no function longer than 60.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import subprocess
+import sys
 
 import pytest
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "src")
 PACKAGE = os.path.join(SRC, "credo")
-CREDIT_HELPERS = {"credo.credit", "credo.credit.registry", "credo.credit.values", "credo.credit.groups",
-                  "credo.credit.localisers"}
+CREDIT_SHARED = {"credo.credit", "credo.credit.registry", "credo.credit.localiser"}
+LAYERS = (("credo.core", "credo.policy", "credo.tasks"), ("credo.strategies",), ("credo.credit",),
+          ("credo.integrations",), ("credo.train",), ("credo.lab", "credo.cli"))
+"""The layers, lowest first: a module may import its own layer's modules and lower layers' only."""
+MAX_TOP_LEVEL = 11
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
@@ -63,18 +71,26 @@ def import_graph() -> dict[str, set[str]]:
     return {m: imports_of(m, p, set(files)) for m, p in files.items()}
 
 
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of `module`'s package (None: the top-level `credo` package itself)."""
+    for index, packages in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in packages):
+            return index
+    return None
+
+
 def rule_breaks(graph: dict[str, set[str]]) -> list[str]:
     """Every import that breaks a layering rule, as 'importer -> imported (rule)'."""
     out = []
     for module, deps in sorted(graph.items()):
         for dep in sorted(deps):
-            if module.startswith("credo.credit.") and module not in CREDIT_HELPERS:
-                if dep.startswith("credo.credit.") and dep not in CREDIT_HELPERS:
+            mine, theirs = layer_of(module), layer_of(dep)
+            if mine is not None and theirs is not None and theirs > mine:
+                out.append(f"{module} -> {dep} (a higher layer)")
+            if module.startswith("credo.credit.") and module not in CREDIT_SHARED:
+                if dep.startswith("credo.credit.") and dep not in CREDIT_SHARED:
                     out.append(f"{module} -> {dep} (sibling estimator)")
-            if module.startswith("credo.credit"):
-                if dep == "credo.train" or dep.startswith(("credo.strategies", "credo.integrations")):
-                    out.append(f"{module} -> {dep} (credit/ above the estimators)")
-            if module.startswith("credo.policy") and (dep.startswith("credo.tasks") or dep.startswith("credo.credit")):
+            if module.startswith("credo.policy") and dep.startswith(("credo.tasks", "credo.credit")):
                 out.append(f"{module} -> {dep} (a backend knows no task or estimator)")
     return out
 
@@ -109,22 +125,43 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_rules_see_a_break_and_a_cycle() -> None:
-    """The checks themselves: a planted break and a planted cycle are found."""
-    graph = {"credo.credit.mc": {"credo.credit.rredcot", "credo.train"}, "credo.policy.hf": {"credo.tasks.chat"},
-             "credo.credit.ibpo": {"credo.strategies.resets"},
-             "credo.credit.rredcot": {"credo.credit.values"}, "credo.a": {"credo.b"}, "credo.b": {"credo.a"}}
-    assert rule_breaks(graph) == ["credo.credit.ibpo -> credo.strategies.resets (credit/ above the estimators)",
+    """The checks themselves: planted breaks and a planted cycle are found."""
+    graph = {"credo.credit.mc": {"credo.credit.rredcot", "credo.train.trainer"}, "credo.policy.hf": {"credo.tasks.chat"},
+             "credo.strategies.resets": {"credo.credit.registry"}, "credo.core.probe": {"credo.lab.audit.run"},
+             "credo.credit.rredcot": {"credo.core.values", "credo.strategies.localisers"},
+             "credo.train.trainer": {"credo.lab.compare.run"}, "credo.lab.show.view": {"credo.cli.options"},
+             "credo.a": {"credo.b"}, "credo.b": {"credo.a"}}
+    assert rule_breaks(graph) == ["credo.core.probe -> credo.lab.audit.run (a higher layer)",
                                   "credo.credit.mc -> credo.credit.rredcot (sibling estimator)",
-                                  "credo.credit.mc -> credo.train (credit/ above the estimators)",
-                                  "credo.policy.hf -> credo.tasks.chat (a backend knows no task or estimator)"]
+                                  "credo.credit.mc -> credo.train.trainer (a higher layer)",
+                                  "credo.policy.hf -> credo.tasks.chat (a backend knows no task or estimator)",
+                                  "credo.strategies.resets -> credo.credit.registry (a higher layer)",
+                                  "credo.train.trainer -> credo.lab.compare.run (a higher layer)"]
     assert find_cycle(graph) == ["credo.a", "credo.b", "credo.a"]
     assert find_cycle({"credo.a": {"credo.b"}, "credo.b": set()}) is None
+
+
+def test_every_module_is_in_a_layer() -> None:
+    """A new top-level package must be placed in LAYERS (or the rules would not see it)."""
+    assert sorted(m for m in import_graph() if m != "credo" and layer_of(m) is None) == []
+
+
+def test_importing_the_strategies_loads_no_estimator() -> None:
+    code = "import sys, credo.strategies; print(sorted(m for m in sys.modules if m.startswith('credo.credit')))"
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_top_level_shows_the_architecture() -> None:
+    entries = sorted(e for e in os.listdir(PACKAGE) if not e.startswith((".", "__pycache__")))
+    assert len(entries) <= MAX_TOP_LEVEL, entries
 
 
 def test_imports_are_resolved_to_modules() -> None:
     graph = import_graph()
     assert "credo.credit.registry" in graph["credo.credit.rredcot"]
-    assert "credo.policy.base" in graph["credo.probe"]
+    assert "credo.policy.base" in graph["credo.core.probe"]
 
 
 def test_import_rules_hold() -> None:

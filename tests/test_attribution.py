@@ -3,7 +3,7 @@ import torch
 
 from credo import credit
 from credo.credit.attribution import AttributionConfig, oar_weights, players, score_contexts, shapley_values
-from credo.credit.groups import grpo_advantages
+from credo.core.groups import grpo_advantages
 from credo.tasks.arith import ArithTask
 from test_rredcot import batch, probe
 

@@ -12,24 +12,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from credo import credit
-from credo.audit_report import weight_concentration
-from credo.cli import main
+from credo.lab.audit.report import weight_concentration
+from credo.cli.main import main
 from credo.credit.entropy import high_entropy_mask
-from credo.credit.groups import grpo_advantages
+from credo.core.groups import grpo_advantages
 from credo.credit.otb import otb_advantages, sampled_token_statistics
 from credo.credit.prefix_shaping import positive_credit, shape_prefixes
 from credo.credit.tree import prefix_values, value_changes
-from credo.methods import privileged
+from credo.train.methods import privileged
 from credo.policy.base import SamplingConfig
-from credo.probe import Probe
-from credo.rollouts import Rollouts
-from credo.segment import segment_bounds, segment_means
+from credo.core.probe import Probe
+from credo.core.rollouts import Rollouts
+from credo.core.segment import segment_bounds, segment_means
 from credo.strategies import LOCALISERS
 from credo.strategies.localisers import localise
 from test_estimator_properties import POLICY, TASK, make_rollouts, run
 from test_train import config as train_config
 from test_train import strip_time
-from credo.train import Trainer
+from credo.train.trainer import Trainer
 
 PROPERTY = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 TEXTS = ["37+48=85\n#### 85", "37+48=86\n#### 86", "37+48=85\n#### 86", "12+13=25\n25+14=39\n#### 39",
@@ -302,7 +302,7 @@ def test_each_new_estimator_trains_two_steps_deterministically(saved_policy, tmp
 
 
 def test_credo_compare_runs_the_new_estimators(saved_policy, tmp_path):
-    from credo.compare import compare
+    from credo.lab.compare.run import compare
     results = compare("smoke", str(tmp_path / "cmp"), methods=("tempo", "entropy_mask:q=0.5"), start=saved_policy,
                       progress=False)
     assert results["failures"] == {}

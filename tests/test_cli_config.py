@@ -9,10 +9,10 @@ import os
 import pytest
 import yaml
 
-from credo.cli import main
-from credo.config import ConfigError, Section, describe, field_docs
+from credo.cli.main import main
+from credo.core.config import ConfigError, Section, describe, field_docs
 from credo.policy.base import SamplingConfig
-from credo.train_config import TrainConfig, config_from_run, load_train_config
+from credo.train.config import TrainConfig, config_from_run, load_train_config
 
 # command -> (config class, a field, its value in the YAML file, a flag naming it, the flag's value, --set value)
 COMMANDS = {
@@ -74,11 +74,11 @@ def test_train_help_config_shows_the_recipe_and_its_estimator_options(capsys):
 
 
 def test_field_docs_reads_the_string_under_each_field():
-    from credo.audit import AuditConfig
-    from credo.compare_presets import CompareConfig, Preset
-    from credo.evaluate import EvalConfig
-    from credo.sft import SFTConfig
-    from credo.show import ShowConfig
+    from credo.lab.audit.run import AuditConfig
+    from credo.lab.compare.presets import CompareConfig, Preset
+    from credo.train.evaluate import EvalConfig
+    from credo.train.sft import SFTConfig
+    from credo.lab.show.view import ShowConfig
     assert field_docs(TrainConfig)["lr"] == "AdamW learning rate."
     default = TrainConfig()
     documented = (TrainConfig, SFTConfig, EvalConfig, AuditConfig, CompareConfig, ShowConfig, Preset,

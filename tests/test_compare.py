@@ -1,8 +1,8 @@
 import json
 import os
 
-from credo.compare import compare
-from credo.compare_goals import BEST, CONTROLS, SC, SRPO
+from credo.lab.compare.run import compare
+from credo.lab.compare.goals import BEST, CONTROLS, SC, SRPO
 
 
 def test_compare_smoke_writes_results_report_and_plots(saved_policy, tmp_path):
@@ -38,7 +38,7 @@ def test_compare_smoke_writes_results_report_and_plots(saved_policy, tmp_path):
 
 
 def test_a_failing_method_is_reported_and_the_rest_still_runs(saved_policy, tmp_path, monkeypatch):
-    import credo.compare as cmp
+    import credo.lab.compare.run as cmp
     real = cmp.run_one
 
     def flaky(method, *args, **kwargs):
@@ -96,7 +96,7 @@ def _synthetic(finals: dict[str, list[float]], reach_at: dict[str, list[int | No
 
 
 def test_goal_checks_follow_their_rules():
-    from credo.compare import goals, summarise
+    from credo.lab.compare.run import goals, summarise
     results = _synthetic(
         {"grpo": [0.40, 0.42, 0.44], "sc_grpo": [0.43, 0.46, 0.47], "rrpo": [0.41, 0.43, 0.45], "srpo": [0.50, 0.52, 0.51]},
         {"grpo": [100_000, 100_000, 100_000], "sc_grpo": [None, None, None], "rrpo": [None, 150_000, None],
@@ -118,7 +118,7 @@ def test_goal_checks_follow_their_rules():
 def test_a_goal_holds_only_where_its_interval_excludes_zero():
     """sc_grpo - grpo = +5, +1, +3 points: the mean (+3) exceeds the sd (2), which the old rule took as
     enough, but the 95% t interval (+3 ± 4.97) includes 0, so the goal does not hold."""
-    from credo.compare import goals, summarise
+    from credo.lab.compare.run import goals, summarise
     results = _synthetic({"grpo": [0.40, 0.40, 0.40], "sc_grpo": [0.45, 0.41, 0.43]},
                          {"grpo": [None] * 3, "sc_grpo": [None] * 3})
     summarise(results)
@@ -133,7 +133,7 @@ def test_a_goal_holds_only_where_its_interval_excludes_zero():
 
 
 def test_paired_interval_and_seeds_needed_match_hand_computed_values():
-    from credo.compare_stats import detectable, paired, seeds_needed
+    from credo.lab.compare.stats import detectable, paired, seeds_needed
     p = paired([0.03, 0.05, 0.01, 0.04])
     # mean 0.0325; sd sqrt(8.75e-4 / 3) = 0.0170783; t(0.975, 3) = 3.182446 -> half-width 0.0271752
     assert p["n"] == 4 and abs(p["mean"] - 0.0325) < 1e-12 and abs(p["sd"] - 0.0170783) < 1e-6
@@ -158,8 +158,8 @@ def _curve_run(points: list[tuple[int, float]], final: float) -> dict:
 
 
 def test_equal_updates_table_interpolates_on_the_curve_set_and_pairs_by_seed():
-    from credo.compare import report, summarise
-    from credo.compare_stats import accuracy_at_step
+    from credo.lab.compare.run import report, summarise
+    from credo.lab.compare.stats import accuracy_at_step
     grpo = {"0": _curve_run([(0, 0.30), (10, 0.40), (20, 0.50)], 0.9),
             "1": _curve_run([(0, 0.30), (10, 0.44), (21, 0.52)], 0.9)}
     vine = {"0": _curve_run([(0, 0.30), (4, 0.50)], 0.1), "1": _curve_run([(0, 0.30), (4, 0.52)], 0.1)}
@@ -189,7 +189,7 @@ def test_equal_updates_table_interpolates_on_the_curve_set_and_pairs_by_seed():
 
 
 def test_each_control_is_paired_with_its_method_and_judged():
-    from credo.compare import goals, report, summarise
+    from credo.lab.compare.run import goals, report, summarise
     results = _synthetic({"grpo": [0.40, 0.42, 0.44], "rredcot": [0.45, 0.47, 0.50],
                           "shuffled:of=rredcot": [0.40, 0.41, 0.45], "sc_grpo": [0.41, 0.43, 0.45],
                           "shuffled:of=sc_grpo": [0.42, 0.42, 0.46], "shuffled:of=vineppo": [0.40, 0.40, 0.40]},
@@ -219,9 +219,9 @@ def test_each_control_is_paired_with_its_method_and_judged():
 
 def test_every_method_shares_one_schedule_unless_its_recipe_sets_its_own(monkeypatch, saved_policy):
     from dataclasses import replace
-    from credo import methods
-    from credo.compare import PRESETS, protocol, run_config
-    from credo.compare_report import report
+    from credo.train import methods
+    from credo.lab.compare.run import PRESETS, protocol, run_config
+    from credo.lab.compare.report import report
     monkeypatch.setitem(methods.RECIPES, "paper_x", methods.Recipe("grpo", "a paper's own schedule", {"epochs": 3}))
     preset = replace(PRESETS["smoke"], methods=("grpo", "rredcot", "paper_x"), schedule={"epochs": 1, "minibatches": 4})
     for spec in ("grpo", "rredcot"):
@@ -240,10 +240,10 @@ def test_every_method_shares_one_schedule_unless_its_recipe_sets_its_own(monkeyp
 
 def test_a_shared_gradient_clip_reaches_every_method_and_the_report(saved_policy):
     from dataclasses import replace
-    from credo.compare import PRESETS, protocol, run_config
-    from credo.compare_presets import CompareConfig
-    from credo.compare_report import report
-    from credo.config import ConfigError, load_config
+    from credo.lab.compare.run import PRESETS, protocol, run_config
+    from credo.lab.compare.presets import CompareConfig
+    from credo.lab.compare.report import report
+    from credo.core.config import ConfigError, load_config
     config = load_config(CompareConfig, None, ["grad_clip=0.5"], prefix="compare.")
     assert config.schedule == {"grad_clip": 0.5}
     preset = replace(PRESETS["smoke"], methods=("grpo", "ibpo", "dapo"), schedule=config.schedule)
@@ -263,7 +263,7 @@ def test_a_shared_gradient_clip_reaches_every_method_and_the_report(saved_policy
 
 def test_a_method_spec_becomes_credit_options_and_the_task_comes_from_the_preset(saved_policy):
     from dataclasses import replace
-    from credo.compare import PRESETS, run_config, run_dir_name
+    from credo.lab.compare.run import PRESETS, run_config, run_dir_name
     from credo.credit.rredcot import RREDCoTConfig
     config = run_config("rredcot:lam=0.25", 0, replace(PRESETS["smoke"], task="arith-long"), saved_policy)
     # the credit options are stored as the estimator's own (frozen, checked) config
@@ -272,8 +272,8 @@ def test_a_method_spec_becomes_credit_options_and_the_task_comes_from_the_preset
 
 
 def test_presets_follow_the_protocol():
-    from credo.compare import PRESETS
-    from credo.compare_stats import control_target
+    from credo.lab.compare.run import PRESETS
+    from credo.lab.compare.stats import control_target
     long = PRESETS["long"]
     assert long.task == "arith-long" and len(long.seeds) >= 5 and long.jobs == 2 and not long.note
     # the budget is the measured one (docs/results/arith-long-grpo/wide), evaluated at least 6 times
@@ -289,8 +289,8 @@ def test_presets_follow_the_protocol():
 def test_an_unavailable_task_is_one_line_before_any_training(monkeypatch, tmp_path, saved_policy):
     import pytest
     from dataclasses import replace
-    from credo.compare import PRESETS
-    from credo.config import ConfigError
+    from credo.lab.compare.run import PRESETS
+    from credo.core.config import ConfigError
     monkeypatch.setitem(PRESETS, "nowhere", replace(PRESETS["smoke"], task="no-such-task"))
     with pytest.raises(ConfigError, match="task 'no-such-task' is not available"):
         compare("nowhere", str(tmp_path / "cmp"), start=saved_policy, progress=False)
@@ -298,7 +298,7 @@ def test_an_unavailable_task_is_one_line_before_any_training(monkeypatch, tmp_pa
 
 
 def test_the_estimate_adds_steps_and_evaluations_and_divides_by_jobs():
-    from credo.compare_eta import Timing, estimate
+    from credo.lab.compare.eta import Timing, estimate
     timings = {"grpo": Timing(2.0, 1000), "vineppo": Timing(30.0, 5000)}
     # grpo: 10 steps x 2 s + (10000 // 2500 + 1) evaluations x 1 s + final (2x a curve evaluation) = 27 s
     # vineppo: 2 steps x 30 s + 5 + 2 = 67 s; half done (5000 left): 1 x 30 + (5000 // 2500 + 1) + 2 = 35 s
@@ -316,9 +316,9 @@ def test_a_resumed_comparison_costs_a_method_from_its_finished_runs_not_from_a_t
     """grpo-s0 finished (10 steps, 20 s of its own clock, 1500 tokens): grpo's remaining run is costed at 2 s and
     150 tokens a step and grpo is not timed again; rredcot, with no finished run, is."""
     import json
-    import credo.compare_eta as eta
-    from credo.compare import estimate_wall_time
-    from credo.compare_presets import resolve_preset
+    import credo.lab.compare.eta as eta
+    from credo.lab.compare.run import estimate_wall_time
+    from credo.lab.compare.presets import resolve_preset
     preset = resolve_preset("smoke", ("grpo", "rredcot"), (0, 1), None, None)
     plan = [(m, s, str(tmp_path / "runs" / f"{m}-s{s}")) for s in (0, 1) for m in ("grpo", "rredcot")]
     done = tmp_path / "runs" / "grpo-s0"
@@ -337,7 +337,7 @@ def test_a_resumed_comparison_costs_a_method_from_its_finished_runs_not_from_a_t
     evaluations = preset.token_budget // preset.eval_every_tokens + 1 + preset.final_eval_n / preset.eval_n
     assert out["per_method"]["grpo"]["run_seconds"] == round(20.0 + evaluations * 1.0, 1)
     # every remaining method costed from finished runs: no step is timed, only one evaluation
-    from credo.compare_presets import run_config
+    from credo.lab.compare.presets import run_config
     assert eta.time_evaluation(run_config("grpo", 1, preset, saved_policy), threads=1) > 0  # the real one runs
     monkeypatch.setattr(eta, "time_evaluation", lambda config, threads=None: 3.0)
     timed.clear()
@@ -347,8 +347,8 @@ def test_a_resumed_comparison_costs_a_method_from_its_finished_runs_not_from_a_t
 
 def test_over_an_hour_needs_yes_or_a_yes_at_the_terminal():
     import pytest
-    from credo.compare_eta import confirm
-    from credo.config import ConfigError
+    from credo.lab.compare.eta import confirm
+    from credo.core.config import ConfigError
     said, asked = [], []
     quiet = said.append
 
@@ -373,8 +373,8 @@ def test_the_cli_refuses_a_long_comparison_without_yes_before_training(monkeypat
     """Timings injected (no training): 1000 s per step makes the smoke grid take hours."""
     import io
     import sys
-    import credo.compare_eta as eta
-    from credo.cli import main
+    import credo.lab.compare.eta as eta
+    from credo.cli.main import main
     monkeypatch.setattr(eta, "time_methods", lambda specs, *a, **k: ({s: eta.Timing(1000.0, 100) for s, _ in specs}, 1.0))
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a terminal
     out = str(tmp_path / "cmp")
@@ -387,7 +387,7 @@ def test_the_cli_refuses_a_long_comparison_without_yes_before_training(monkeypat
 def test_report_only_rebuilds_a_committed_comparison(tmp_path):
     """compare-long (the 520k-token check) predates the recorded protocol: its report still rebuilds."""
     import shutil
-    from credo.compare import rewrite_report
+    from credo.lab.compare.run import rewrite_report
     source = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "compare-long", "results.json")
     os.makedirs(tmp_path / "full")
     shutil.copy(source, tmp_path / "full" / "results.json")
@@ -401,7 +401,7 @@ def test_report_only_rebuilds_a_committed_comparison(tmp_path):
 
 
 def test_report_can_be_rebuilt(saved_policy, tmp_path):
-    from credo.compare import rewrite_report
+    from credo.lab.compare.run import rewrite_report
     out = str(tmp_path / "cmp")
     compare("smoke", out, methods=("sc_grpo",), start=saved_policy, progress=False)
     on_disk = json.load(open(os.path.join(out, "results.json")))
@@ -427,8 +427,8 @@ def test_an_exported_comparison_holds_only_finished_runs_records_and_resumes_wit
     metrics and summary; no weights, checkpoints or locks) and its report; a part-way run is left out and
     named. The export is a comparison of its own kind that resumes by reusing each run, training nothing."""
     import shutil
-    from credo.cli import main
-    from credo.train import Trainer
+    from credo.cli.main import main
+    from credo.train.trainer import Trainer
     first = compare("smoke", str(tmp_path / "a"), methods=("grpo",), start=saved_policy, progress=False)
     part_way = tmp_path / "a" / "runs" / "rredcot-s0"
     part_way.mkdir()
@@ -473,7 +473,7 @@ def test_an_exported_comparison_holds_only_finished_runs_records_and_resumes_wit
 
 
 def test_export_refuses_a_folder_of_someone_elses_and_one_inside_the_comparison(tmp_path, capsys):
-    from credo.cli import main
+    from credo.cli.main import main
     (tmp_path / "cmp" / "runs" / "grpo-s0").mkdir(parents=True)
     for name in ("config.yaml", "metrics.jsonl"):
         (tmp_path / "cmp" / "runs" / "grpo-s0" / name).write_text("")
@@ -496,7 +496,7 @@ def test_export_refuses_a_folder_of_someone_elses_and_one_inside_the_comparison(
 
 
 def test_export_never_writes_into_a_live_run(saved_policy, tmp_path, capsys):
-    from credo.cli import main
+    from credo.cli.main import main
     compare("smoke", str(tmp_path / "a"), methods=("grpo",), start=saved_policy, progress=False)
     dest = tmp_path / "b"
     assert main(["compare", "--out", str(tmp_path / "a"), "--export", str(dest)]) == 0
@@ -514,8 +514,8 @@ def test_runs_from_the_default_start_record_no_path_to_it_and_old_absolute_paths
     import shutil
     import pytest
     import yaml
-    from credo.sft import ensure_sft
-    from credo.train import Trainer
+    from credo.train.sft import ensure_sft
+    from credo.train.trainer import Trainer
     out = tmp_path / "cmp"
     first = compare("smoke", str(out), methods=("grpo",), progress=False)
     config_path = out / "runs" / "grpo-s0" / "config.yaml"
@@ -527,7 +527,7 @@ def test_runs_from_the_default_start_record_no_path_to_it_and_old_absolute_paths
     again = compare("smoke", str(out), methods=("grpo",), progress=False)
     assert again["failures"] == {} and again["methods"]["grpo"]["seeds"]["0"]["final_accuracy"] == \
         first["methods"]["grpo"]["seeds"]["0"]["final_accuracy"]
-    from credo.sft import config_hash, sft_config_for
+    from credo.train.sft import config_hash, sft_config_for
     digest = config_hash(sft_config_for("arith"))
     for elsewhere in (f"/home/someone/credo/src/credo/assets/sft-{digest}", f"/root/.cache/credo/sft/{digest}"):
         recorded["start"] = elsewhere  # another checkout's or cache's copy of the default start: the same start
@@ -535,7 +535,7 @@ def test_runs_from_the_default_start_record_no_path_to_it_and_old_absolute_paths
         assert compare("smoke", str(out), methods=("grpo",), progress=False)["failures"] == {}
     # an explicit --start trains from the path given (never swapped for the cache's copy), and a run that named
     # the default start by a path matches it
-    import credo.compare as compare_module
+    import credo.lab.compare.run as compare_module
     given = str(tmp_path / "copy" / f"sft-{digest}")
     shutil.copytree(ensure_sft(progress=False), given)
     seen = []
@@ -553,7 +553,7 @@ def test_report_only_rebuilds_a_committed_comparison_byte_for_byte(tmp_path, cap
     """`credo compare --report-only` on a copy of docs/results/compare-full rewrites report.md and
     results.json with exactly the committed bytes (a report change must be committed with its rebuild)."""
     import shutil
-    from credo.cli import main
+    from credo.cli.main import main
     committed = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "compare-full")
     out = str(tmp_path / "compare-full")
     shutil.copytree(committed, out)
@@ -565,7 +565,7 @@ def test_report_only_rebuilds_a_committed_comparison_byte_for_byte(tmp_path, cap
 
 
 def test_the_report_sums_the_runs_own_clocks_which_survive_resumption():
-    from credo.compare_report import run_clocks
+    from credo.lab.compare.report import run_clocks
     results = {"protocol": {"jobs": 2}, "methods": {
         "grpo": {"seeds": {"0": {"seconds": 3 * 3600.0}, "1": {"seconds": 2 * 3600.0}}},
         "rredcot": {"seeds": {"0": {"seconds": 1800.0}}}}}
@@ -577,7 +577,7 @@ def test_equal_updates_add_the_first_count_where_grpo_is_measured():
     """A method of few large updates (VinePPO) stops before GRPO's first evaluation, so the first column
     compares against GRPO's straight line from its start; the table adds the fewest updates of the runs that
     went past GRPO's first evaluation, where every method with a value there is compared with a measurement."""
-    from credo.compare import report, summarise
+    from credo.lab.compare.run import report, summarise
     grpo = {"0": _curve_run([(0, 0.30), (10, 0.40), (20, 0.50)], 0.9),
             "1": _curve_run([(0, 0.30), (12, 0.44), (21, 0.52)], 0.9)}
     vine = {"0": _curve_run([(0, 0.30), (4, 0.50)], 0.1), "1": _curve_run([(0, 0.30), (4, 0.52)], 0.1)}
@@ -601,7 +601,7 @@ def test_equal_updates_add_the_first_count_where_grpo_is_measured():
 
 
 def test_clipping_counts_steps_above_the_clip_and_takes_the_median_norm():
-    from credo.compare_stats import clipping, method_clipping
+    from credo.lab.compare.stats import clipping, method_clipping
     run = clipping([0.5, 2.0, 1.0, 3.0], clip=1.0)  # 1.0 is at the clip, not above it
     assert run == {"clipped_share": 0.5, "grad_norm_median": 1.5, "grad_clip": 1.0}
     other = clipping([0.1, 0.2], clip=0.5)
@@ -611,7 +611,7 @@ def test_clipping_counts_steps_above_the_clip_and_takes_the_median_norm():
 
 
 def test_the_report_shows_clipping_per_method_and_reads_out_the_heavily_clipped_and_the_few_updates():
-    from credo.compare import report, summarise
+    from credo.lab.compare.run import report, summarise
     results = _synthetic({"grpo": [0.5, 0.6], "ibpo": [0.5, 0.6], "vineppo": [0.4, 0.4]},
                          {"grpo": [None, None], "ibpo": [None, None], "vineppo": [None, None]})
     shares = {"grpo": 0.01, "ibpo": 1.0, "vineppo": 0.2}
@@ -629,7 +629,7 @@ def test_the_report_shows_clipping_per_method_and_reads_out_the_heavily_clipped_
 
 
 def test_a_run_result_reads_gradient_norms_and_the_runs_own_clip(tmp_path):
-    from credo.compare import run_result
+    from credo.lab.compare.run import run_result
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("method: grpo\ngrad_clip: 0.5\n")

@@ -1,11 +1,11 @@
-"""How a comparison judges the seed papers' claims (credo.compare_goals): the choice of the best credit method
+"""How a comparison judges the seed papers' claims (credo.lab.compare.goals): the choice of the best credit method
 is paid for, GRPO's tokens are its whole run, a run that never reaches counts later than one that does, and a
 goal whose methods failed reads 'not judged' instead of vanishing."""
 
 from __future__ import annotations
 
-from credo.compare_goals import BEST, CONTROLS, SC, SRPO, goals
-from credo.compare_report import report, summarise
+from credo.lab.compare.goals import BEST, CONTROLS, SC, SRPO, goals
+from credo.lab.compare.report import report, summarise
 
 
 def _run(final: float, reach_at: int | None, tokens: int = 200_000, step_seconds: float = 0.1) -> dict:

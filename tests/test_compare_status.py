@@ -1,7 +1,7 @@
 import json
 import os
 
-from credo.cli import main
+from credo.cli.main import main
 
 
 def _finished(out, name, accuracy, seconds=1.0):
@@ -61,9 +61,9 @@ def test_status_of_a_directory_without_runs_is_one_line(tmp_path, capsys):
 def test_a_stalled_step_is_left_out_of_the_run_clock_and_the_step_time(tmp_path):
     """A comparison paused with SIGSTOP for 6130 s mid-step: that step's excess over the median is not the
     method's cost (it made dapo-s0 of the long comparison look 5.8x slower than grpo-s0)."""
-    from credo.compare import run_result
-    from credo.compare_report import run_clocks
-    from credo.compare_stats import stalled_seconds
+    from credo.lab.compare.run import run_result
+    from credo.lab.compare.report import run_clocks
+    from credo.lab.compare.stats import stalled_seconds
     assert stalled_seconds([5.0, 10.0, 15.0, 6150.0, 6155.0]) == (6130.0, 1)
     assert stalled_seconds([5.0, 15.0, 20.0, 30.0]) == (0.0, 0)  # a 2x step is a step, not a stall
     run = tmp_path / "dapo-s0"
@@ -81,8 +81,8 @@ def test_a_stalled_step_is_left_out_of_the_run_clock_and_the_step_time(tmp_path)
 
 
 def test_a_failed_run_being_retried_is_part_way_and_another_budget_is_refused(tmp_path, capsys):
-    from credo.compare_presets import resolve_preset
-    from credo.compare_status import status_text
+    from credo.lab.compare.presets import resolve_preset
+    from credo.lab.compare.status import status_text
     out = str(tmp_path / "cmp")
     _finished(out, "grpo-s0", 0.4)
     (tmp_path / "cmp" / "failure-rredcot-s0.txt").write_text("RuntimeError: boom\n")
@@ -95,8 +95,8 @@ def test_a_failed_run_being_retried_is_part_way_and_another_budget_is_refused(tm
     assert "1 of 2 runs finished, 1 part-way, 0 failed" in text and "(20%)" in text
     # no finished rredcot run: costed from the part-way one's 2 s and 100 tokens a step -> 1200 tokens left = 24 s
     assert "about 24 s of training left at 1 at a time" in text and "not counting" not in text
-    from credo.compare_presets import run_config
-    from credo.config import dump_yaml
+    from credo.lab.compare.presets import run_config
+    from credo.core.config import dump_yaml
     other_budget = resolve_preset("smoke", None, None, 9000, None)
     (tmp_path / "cmp" / "runs" / "grpo-s0" / "config.yaml").write_text(dump_yaml(run_config("grpo", 0, other_budget, "")))
     assert main(["compare", "--preset", "smoke", "--status", "--out", out]) == 2
@@ -106,8 +106,8 @@ def test_a_failed_run_being_retried_is_part_way_and_another_budget_is_refused(tm
 
 def test_a_method_with_no_step_logged_is_costed_from_the_step_timed_at_the_start(tmp_path, capsys):
     """The comparison's estimate.json (its timed step per method) costs the methods no run has started."""
-    from credo.compare_presets import resolve_preset
-    from credo.compare_status import status_text
+    from credo.lab.compare.presets import resolve_preset
+    from credo.lab.compare.status import status_text
     out = str(tmp_path / "cmp")
     _finished(out, "grpo-s0", 0.4)  # 1 s over 10 steps of 150 tokens: its own clock, not the timed step
     estimate = {"seconds": 1.0, "jobs": 1, "runs": 2, "eval_seconds": 0.1, "untimed": [],
@@ -130,8 +130,8 @@ def test_a_method_with_no_step_logged_is_costed_from_the_step_timed_at_the_start
 
 
 def test_a_resume_keeps_the_timed_steps_of_methods_it_did_not_time(tmp_path):
-    from credo.compare_eta import estimate, keep_estimate, timed_steps, Timing
-    from credo.runs import run_kind
+    from credo.lab.compare.eta import estimate, keep_estimate, timed_steps, Timing
+    from credo.core.files import run_kind
     out = str(tmp_path / "cmp")
     os.makedirs(out)
     first = estimate([("grpo", 100), ("rredcot", 100)], {"grpo": Timing(1.0, 10), "rredcot": Timing(3.0, 10)}, 0.0,

@@ -1,8 +1,8 @@
 import pytest
 
-from credo.config import ConfigError, load_config
-from credo.sft import SFTConfig
-from credo.train import TrainConfig, load_train_config
+from credo.core.config import ConfigError, load_config
+from credo.train.sft import SFTConfig
+from credo.train.trainer import TrainConfig, load_train_config
 
 
 def test_unknown_field_is_named(tmp_path):

@@ -283,7 +283,7 @@ def test_verl_reward_only_estimators_pass_their_checks_and_a_nan_reward_names_it
 def test_group_sums_tolerance_passes_float32_groups_and_fails_a_one_row_fault():
     """The tolerance (checks module docstring): float32 GRPO groups of 2..64 rows pass; a group whose statistics
     took in one row too many (a padding row's reward 0: the smallest fault it is there for) fails at 64 rows too."""
-    from credo.credit.groups import grpo_advantages
+    from credo.core.groups import grpo_advantages
     g = torch.Generator().manual_seed(1)
     where = Where(step=0, off="-")
     for size in (2, 7, 64):

@@ -19,16 +19,16 @@ from conftest import tiny_policy
 from fake_cuda import FakeCuda
 from test_hf import build_tokenizer, tiny_llama
 
-from credo.audit import AuditConfig, _weights_digest, reference_key
-from credo.cli import main
-from credo.compare import jobs_on
-from credo.config import ConfigError, to_dict
+from credo.lab.audit.run import AuditConfig, _weights_digest, reference_key
+from credo.cli.main import main
+from credo.lab.compare.run import jobs_on
+from credo.core.config import ConfigError, to_dict
 from credo.policy import load_policy
 from credo.policy.base import SamplingConfig
 from credo.policy.device import device_name, resolve_device, resolve_dtype
 from credo.policy.hf import HFPolicy
-from credo.train import Trainer
-from credo.train_config import config_from_run, load_train_config
+from credo.train.trainer import Trainer
+from credo.train.config import config_from_run, load_train_config
 
 COMMANDS = ("train", "sft", "eval", "audit", "compare", "show")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -103,8 +103,8 @@ class _Reached(Exception):
     """Raised by the load_policy spy: the command got as far as placing its model."""
 
 
-@pytest.mark.parametrize("command,where", [("train", "credo.train.load_policy"), ("eval", "credo.policy.load_policy"),
-                                           ("audit", "credo.audit.load_policy"), ("show", "credo.policy.load_policy"),
+@pytest.mark.parametrize("command,where", [("train", "credo.train.trainer.load_policy"), ("eval", "credo.policy.load_policy"),
+                                           ("audit", "credo.lab.audit.run.load_policy"), ("show", "credo.policy.load_policy"),
                                            ("sft", "credo.policy.load_policy")])
 @pytest.mark.parametrize("flag", [[], ["--device", "cuda:1"]])
 def test_each_command_places_its_model_on_the_device_auto_or_named(command, where, flag, tmp_path, saved_policy,
@@ -272,7 +272,7 @@ def test_a_tiny_policy_refuses_bfloat16(saved_policy):
 
 
 def test_a_comparison_continues_only_on_the_device_its_runs_recorded(tmp_path, saved_policy):
-    from credo.compare_presets import check_reusable, resolve_preset, run_config, run_dir_name
+    from credo.lab.compare.presets import check_reusable, resolve_preset, run_config, run_dir_name
     preset = resolve_preset("smoke", None, None, None, None)
     on = {d: dataclasses.replace(preset, train={**preset.train, "device": d}) for d in ("cpu", "cuda")}
     run_dir = tmp_path / "runs" / run_dir_name("grpo", 0)

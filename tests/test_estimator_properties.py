@@ -15,8 +15,8 @@ from conftest import tiny_policy
 from credo import credit
 from credo.credit.registry import NonFiniteReward
 from credo.policy.base import SamplingConfig
-from credo.probe import Probe
-from credo.rollouts import Rollouts
+from credo.core.probe import Probe
+from credo.core.rollouts import Rollouts
 from credo.tasks.arith import ArithTask
 from credo.tasks.base import Problem
 

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from credo.audit_report import plot_audit
+from credo.lab.audit.report import plot_audit
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SCRIPT = os.path.join(ROOT, "examples", "gpu", "acceptance.sh")

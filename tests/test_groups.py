@@ -1,8 +1,8 @@
-"""credo.credit.groups: the group operations every estimator and strategy shares."""
+"""credo.core.groups: the group operations every estimator and strategy shares."""
 
 import torch
 
-from credo.credit.groups import group_rows, mixed_groups, zscore
+from credo.core.groups import group_rows, mixed_groups, zscore
 
 
 def test_zscore_standardises_by_the_reference_and_guards_constant_signals():

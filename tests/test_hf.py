@@ -11,9 +11,9 @@ import transformers  # noqa: E402
 from credo import credit  # noqa: E402
 from credo.policy.base import SamplingConfig  # noqa: E402
 from credo.policy.hf import HFPolicy  # noqa: E402
-from credo.probe import Probe  # noqa: E402
+from credo.core.probe import Probe  # noqa: E402
 from credo.strategies.localisers import localise  # noqa: E402
-from credo.rollouts import Rollouts  # noqa: E402
+from credo.core.rollouts import Rollouts  # noqa: E402
 from credo.tasks import make_task  # noqa: E402
 from credo.tasks.base import rewards_for  # noqa: E402
 
@@ -114,7 +114,7 @@ def test_reset_localisers_run_through_the_hf_backend(hf_policy, gym_task, locali
 
 
 def test_lora_step_changes_only_adapter_weights(hf_policy, gym_task):
-    from credo.loss import LossConfig, policy_loss
+    from credo.core.loss import LossConfig, policy_loss
     policy = hf_policy.copy()
     policy.add_lora(4, 8, ("q_proj", "v_proj"))
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
@@ -132,7 +132,7 @@ def test_lora_step_changes_only_adapter_weights(hf_policy, gym_task):
 
 def test_lora_adapters_are_saved_without_pickle_and_restored_on_resume(hf_policy, tmp_path):
     from credo.policy.hf import ADAPTER_FILE
-    from credo.state_io import CorruptStateError
+    from credo.core.state_io import CorruptStateError
     trained = hf_policy.copy()
     trained.add_lora(4, 8, ("q_proj", "v_proj"))
     with torch.no_grad():

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from credo.loss import LossConfig, aggregate, k3_kl, policy_loss
+from credo.core.loss import LossConfig, aggregate, k3_kl, policy_loss
 
 
 def test_unclipped_loss_at_ratio_one_is_minus_mean_advantage():

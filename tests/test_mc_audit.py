@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from credo import credit
-from credo.audit import (AuditConfig, fidelity, first_error_top1, floor_credit, most_frequent_position, pairwise_rank,
+from credo.lab.audit.run import (AuditConfig, fidelity, first_error_top1, floor_credit, most_frequent_position, pairwise_rank,
                          run_audit, score_methods, METRICS)
-from credo.config import ConfigError
+from credo.core.config import ConfigError
 from credo.credit.registry import register
-from credo.rollouts import Credit
-from credo.credit.values import mc_values
+from credo.core.rollouts import Credit
+from credo.core.values import mc_values
 from credo.policy.base import SamplingConfig
-from credo.probe import Probe
-from credo.rollouts import Rollouts
+from credo.core.probe import Probe
+from credo.core.rollouts import Rollouts
 from credo.tasks.arith import ArithTask
 from credo.tasks.base import Problem, rewards_for
 
@@ -133,7 +133,7 @@ def test_position_prior_floor_blames_the_most_frequent_first_error():
 
 
 def test_unknown_method_or_option_fails_before_any_sampling(saved_policy, tmp_path, monkeypatch):
-    import credo.audit as audit
+    import credo.lab.audit.run as audit
     monkeypatch.setattr(audit, "build_reference", lambda *a, **k: pytest.fail("sampled before checking methods"))
     for spec, field in (("nonexistent", "nonexistent"), ("rredcot:lamda=1", "lamda"), ("rredcot:lam=-1", "lam")):
         with pytest.raises(ConfigError, match=field):
@@ -144,7 +144,7 @@ def test_unknown_method_or_option_fails_before_any_sampling(saved_policy, tmp_pa
 if "weights_only_for_test" not in credit.names():
     @register("weights_only_for_test", "test estimator: GRPO advantages, credit carried by token weights")
     def _weights_only(rollouts, probe, config):
-        from credo.credit.groups import broadcast, grpo_advantages
+        from credo.core.groups import broadcast, grpo_advantages
         advantages = broadcast(grpo_advantages(rollouts.rewards, rollouts.group), rollouts)
         positions = torch.arange(rollouts.completion_ids.shape[1], dtype=torch.float32)[None]
         return Credit(advantages=advantages, weights=(1 + positions / 10) * rollouts.completion_mask)
@@ -155,7 +155,7 @@ def test_audit_scores_a_weight_only_method_differently_from_grpo(policy):
     texts = ["37+48=85\n#### 85", "37+48=86\n#### 86", "37+48=85\n#### 86", "37+48=84\n#### 85"]
     r = rollouts_of(policy, task, texts)
     seg = probe_for(policy, task).segment(r, "lines")
-    from credo.audit import checked_methods
+    from credo.lab.audit.run import checked_methods
     rows = {}
     failures = score_methods(AuditConfig(), checked_methods(["grpo:std=sample", "weights_only_for_test"]), r, seg, policy, task,
                              False, lambda label, credit_, cost: rows.__setitem__(label, credit_))
@@ -168,8 +168,8 @@ def test_audit_scores_a_weight_only_method_differently_from_grpo(policy):
 
 def test_split_half_differences_use_each_half_of_the_samples():
     import torch
-    from credo.audit_report import split_half_differences, split_half_spearman
-    from credo.credit.values import MCValues
+    from credo.lab.audit.report import split_half_differences, split_half_spearman
+    from credo.core.values import MCValues
     # one row, 3 sampled prefixes (4 samples each) and its reward; halves disagree only on the middle prefix
     samples = torch.tensor([[1., 1., 1., 1.], [1., 1., 0., 0.], [0., 0., 0., 0.]])
     values = torch.tensor([1.0, 0.5, 0.0, 0.0])
@@ -195,7 +195,7 @@ def test_audit_on_a_jsonl_task_writes_its_plot_and_page(saved_policy, tmp_path):
 
 
 def test_audit_plot_with_an_undefined_metric_and_cost(tmp_path):
-    from credo.audit_report import plot_audit
+    from credo.lab.audit.report import plot_audit
     nan = float("nan")
     rows = {"grpo": {"spearman": 0.0, "first_error_top1": nan, "cost_vs_grpo_step": 0.0},
             "broken": {"spearman": 0.5, "first_error_top1": nan, "cost_vs_grpo_step": nan}}

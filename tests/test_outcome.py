@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from credo import credit
-from credo.credit.groups import grpo_advantages, rloo_advantages
-from credo.rollouts import Rollouts
+from credo.core.groups import grpo_advantages, rloo_advantages
+from credo.core.rollouts import Rollouts
 
 
 def make_rollouts(rewards, group, lengths, T=6):

@@ -7,18 +7,18 @@ import pytest
 import torch
 
 from credo import credit
-from credo.audit import AuditConfig, audit_localisers, parse_figures
-from credo.audit_premises import (conditions_on_solution, kl_argmax_hits, teacher_gain, teacher_table,
+from credo.lab.audit.run import AuditConfig, audit_localisers, parse_figures
+from credo.lab.audit.premises import (conditions_on_solution, kl_argmax_hits, teacher_gain, teacher_table,
                                   teacher_warning, unprivileged_twins)
-from credo.audit_report import Labels, parse_method
-from credo.credit.values import MCValues
+from credo.lab.audit.report import Labels, parse_method
+from credo.core.values import MCValues
 from credo.policy.gpt import GPTConfig
 from credo.policy.tiny import TinyPolicy
-from credo.probe import Probe
+from credo.core.probe import Probe
 from credo.policy.base import SamplingConfig
-from credo.sft import make_tokenizer, sft_config_for
+from credo.train.sft import make_tokenizer, sft_config_for
 from credo.strategies.localisers import LOCALISERS, localise
-from credo.strategies.registry import Entry
+from credo.core.registry import Entry
 from credo.tasks.arith import ArithTask
 from credo.tasks.base import Problem
 from test_mc_audit import rollouts_of

@@ -3,7 +3,7 @@
 import torch
 
 from credo.policy.base import render_plain
-from credo.rollouts import Prompt
+from credo.core.rollouts import Prompt
 from credo.tasks.chat import reference_prompt
 
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from credo.cli import main
+from credo.cli.main import main
 from credo.policy.hf import HFPolicy
-from credo.sft_hf import HFSFTConfig, make_batch, sft_loss, train_hf_sft
+from credo.train.sft_hf import HFSFTConfig, make_batch, sft_loss, train_hf_sft
 from credo.tasks import make_task
 from credo.tasks.gym import running_sum_solution
-from credo.train_config import CPU_HF_DEFAULTS, HF_DEFAULTS, is_hf_start, load_train_config
-from credo.train_eta import estimate_run_seconds, evaluations_left, format_seconds, steps_within, time_step_pieces
+from credo.train.config import CPU_HF_DEFAULTS, HF_DEFAULTS, is_hf_start, load_train_config
+from credo.train.eta import estimate_run_seconds, evaluations_left, format_seconds, steps_within, time_step_pieces
 from test_hf import build_tokenizer, tiny_llama
 
 CHAIN = {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1}
@@ -49,7 +49,7 @@ def test_gym_chain_sum_worked_solution_ends_at_the_verified_answer():
 
 
 def test_is_hf_start_tells_models_apart_without_loading(hf_dir, tmp_path):
-    from credo.sft import ensure_sft
+    from credo.train.sft import ensure_sft
     assert is_hf_start("smollm2-135m") and is_hf_start(hf_dir)
     assert not is_hf_start("") and not is_hf_start(ensure_sft(progress=False))  # the tiny GPT's start
     plain = tmp_path / "plain"
@@ -147,7 +147,7 @@ def test_eta_arithmetic():
 
 
 def test_a_run_with_the_eta_bar_is_the_same_run_as_one_without(tmp_path):
-    from credo.train import Trainer
+    from credo.train.trainer import Trainer
     config = load_train_config(overrides=["steps=2", "prompts_per_step=2", "group_size=2", "eval_n=4",
                                           "final_eval_n=4", "eval_every=1"])
     runs = []
@@ -182,7 +182,7 @@ def test_sft_checks_its_inputs_before_touching_out_and_retries_after_a_failure(h
 
 
 def test_a_comparison_from_a_hf_start_records_the_schedule_its_runs_train_with(hf_dir):
-    from credo.compare_presets import PRESETS, protocol
+    from credo.lab.compare.presets import PRESETS, protocol
     recorded = protocol(PRESETS["smoke"], hf_dir, jobs=1)
     assert recorded["schedule"]["lr"] == HF_DEFAULTS["lr"] and recorded["schedule"]["minibatches"] == 1
     assert all(m["source"] == "shared" for m in recorded["methods"].values())
@@ -192,7 +192,7 @@ def test_resets_rows_are_rescored_on_an_on_policy_schedule():
     """The resets strategy's reset rows carry placeholder old log-probs: prepare re-scores them even when
     the update reads its own (SPO's cutpoints read old_logprobs)."""
     import tempfile
-    from credo.train import Trainer
+    from credo.train.trainer import Trainer
     config = load_train_config(overrides=["method=rrpo", "epochs=1", "minibatches=1", "prompts_per_step=2",
                                           "eval_n=4", "final_eval_n=0"])
     trainer = Trainer(config, tempfile.mkdtemp(), progress=False)
@@ -205,7 +205,7 @@ def test_resets_rows_are_rescored_on_an_on_policy_schedule():
 
 def test_a_token_budgeted_run_counts_its_bar_in_generated_tokens(tmp_path, capsys):
     # steps=1000 never binds: a bar over steps would show ".../1000" and an ETA for 1000 steps
-    from credo.train import Trainer
+    from credo.train.trainer import Trainer
     config = load_train_config(overrides=["steps=1000", "max_generated_tokens=150", "prompts_per_step=2",
                                           "group_size=2", "eval_n=2", "final_eval_n=2", "eval_every=1000"])
     Trainer(config, str(tmp_path / "run"), progress=True).train()

@@ -5,16 +5,16 @@ import pytest
 import torch
 
 from credo import credit
-from credo.loss import LossConfig, policy_loss
+from credo.core.loss import LossConfig, policy_loss
 from credo.policy.base import SamplingConfig, Samples
-from credo.probe import Probe
+from credo.core.probe import Probe
 from credo import strategies
 from credo.strategies import SamplingContext
 from credo.strategies.localisers import localise, parse_step, parse_step_index
 from credo.strategies.resets import ResetConfig
 from credo.tasks.arith import ArithTask
 from credo.tasks.base import Problem
-from credo.train import Trainer, load_train_config
+from credo.train.trainer import Trainer, load_train_config
 from test_rredcot import batch
 
 

@@ -2,11 +2,11 @@ import pytest
 import torch
 
 from credo import credit
-from credo.credit.groups import grpo_advantages
+from credo.core.groups import grpo_advantages
 from credo.credit.rredcot import RREDCoTConfig, probe_values, redistribute
 from credo.policy.base import SamplingConfig
-from credo.probe import Probe
-from credo.rollouts import Rollouts
+from credo.core.probe import Probe
+from credo.core.rollouts import Rollouts
 from credo.tasks.arith import ArithTask
 from credo.tasks.base import Problem, rewards_for
 
@@ -73,7 +73,7 @@ def test_additive_mode_moves_credit_within_a_trace_and_keeps_its_mean(policy):
     r = batch(policy, task)
     spec = credit.get("rredcot")
     out = spec(r, probe(policy, task), spec.make_config({"lam": 0.5}))
-    from credo.segment import segment_means
+    from credo.core.segment import segment_means
     seg_ids = probe(policy, task).segment(r, "lines")
     a_grpo = grpo_advantages(r.rewards, r.group)
     for i, means in enumerate(segment_means(out.advantages, seg_ids)):

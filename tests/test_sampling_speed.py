@@ -10,7 +10,7 @@ import torch
 
 from credo.policy import load_policy
 from credo.policy.base import SamplingConfig
-from credo.sft import ensure_sft
+from credo.train.sft import ensure_sft
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 from reference_f9587d4 import reference_sample  # noqa: E402

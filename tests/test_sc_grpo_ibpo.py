@@ -2,11 +2,11 @@ import torch
 
 from credo import credit
 from credo.credit.ibpo import edited_sets
-from credo.credit.groups import grpo_advantages
+from credo.core.groups import grpo_advantages
 from credo.credit.sc_grpo import self_conditioned_kl, weight_from_divergence
 from credo.policy.base import SamplingConfig
-from credo.probe import Probe
-from credo.rollouts import Rollouts
+from credo.core.probe import Probe
+from credo.core.rollouts import Rollouts
 from credo.tasks.arith import ArithTask
 from credo.tasks.base import Problem, rewards_for
 

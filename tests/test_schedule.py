@@ -5,8 +5,8 @@ import os
 import pytest
 import yaml
 
-from credo import methods
-from credo.train import Trainer, TrainConfig, load_train_config
+from credo.train import methods
+from credo.train.trainer import Trainer, TrainConfig, load_train_config
 
 
 def test_no_recipe_sets_its_own_schedule():

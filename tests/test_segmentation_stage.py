@@ -5,9 +5,9 @@ import torch
 
 from credo import credit
 from credo.policy.base import SamplingConfig
-from credo.probe import Probe
-from credo.rollouts import Rollouts
-from credo.segment import segment_bounds, segments_for, with_segments
+from credo.core.probe import Probe
+from credo.core.rollouts import Rollouts
+from credo.core.segment import segment_bounds, segments_for, with_segments
 from credo.tasks.arith import ArithTask
 from credo.tasks.base import Problem, rewards_for
 from credo.tasks.chat import FreeFormTask
@@ -97,7 +97,7 @@ def test_arith_keeps_its_line_segments(policy):
 
 
 def test_the_audit_segments_by_the_task_unless_told():
-    from credo.audit import AuditConfig, with_task_segmenter
+    from credo.lab.audit.run import AuditConfig, with_task_segmenter
     assert with_task_segmenter(AuditConfig(), ArithTask()).segmenter == "lines"  # the cache key as before
     assert with_task_segmenter(AuditConfig(), FreeFormArith()).segmenter == "keyword_entropy"
     assert with_task_segmenter(AuditConfig(segmenter="fixed"), FreeFormArith()).segmenter == "fixed"

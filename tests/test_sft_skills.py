@@ -6,9 +6,9 @@ from collections import Counter
 import pytest
 import torch
 
-from credo.config import ConfigError, config_hash, from_dict, to_dict
+from credo.core.config import ConfigError, config_hash, from_dict, to_dict
 from credo.credit.sc_grpo import teacher_prompt
-from credo.sft import (SFTConfig, example_kind, make_tokenizer, packaged_start, sft_config_for, sft_example)
+from credo.train.sft import (SFTConfig, example_kind, make_tokenizer, packaged_start, sft_config_for, sft_example)
 from credo.strategies.localisers import parse_step
 from credo.tasks.arith import ALPHABET, PRESETS, ArithTask
 from credo.tasks.arith_skills import corrupted_lines, localisation_example
@@ -102,7 +102,7 @@ def test_init_copies_a_start_and_keeps_fresh_rows_for_new_characters(tmp_path):
     from dataclasses import replace
     from credo.policy.gpt import GPTConfig
     from credo.policy.tiny import TinyPolicy
-    from credo.sft import initialise_from, make_tokenizer
+    from credo.train.sft import initialise_from, make_tokenizer
     small = GPTConfig(n_layer=1, d_model=16, n_head=2, max_len=64)
     old_tok, new_tok = make_tokenizer(), make_tokenizer(sft_config_for("arith-long-skilled"))
     source = TinyPolicy.create(replace(small, vocab_size=old_tok.vocab_size), old_tok, seed=1)
@@ -122,7 +122,7 @@ def test_init_copies_a_start_and_keeps_fresh_rows_for_new_characters(tmp_path):
 
 
 def test_named_starts_resolve_by_name_and_refuse_another_tasks_or_an_unknown_one():
-    from credo.policy import resolve_checkpoint
+    from credo.train.starts import resolve_checkpoint
     first = resolve_checkpoint("sft:arith-long-first", "audit.checkpoint", task="arith-long", progress=False)
     assert first == packaged_start(sft_config_for("arith-long"))
     assert resolve_checkpoint("sft:arith-long", "x", task="arith-long", progress=False) == first  # the task's default

@@ -6,11 +6,11 @@ from html.parser import HTMLParser
 
 import torch
 
-from credo.audit import AuditConfig, run_audit
-from credo.cli import main
+from credo.lab.audit.run import AuditConfig, run_audit
+from credo.cli.main import main
 from credo.policy.base import SamplingConfig
-from credo.show import build_page, render_terminal, run_methods
-from credo.show_html import colour, render
+from credo.lab.show.view import build_page, render_terminal, run_methods
+from credo.lab.show.html import colour, render
 from credo.tasks.arith import ArithTask
 from test_shuffled import PROBLEM, TEXTS
 from test_mc_audit import probe_for, rollouts_of

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from credo.cli import main
+from credo.cli.main import main
 
 pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

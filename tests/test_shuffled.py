@@ -5,12 +5,13 @@ import json
 import pytest
 import torch
 
-from credo import credit, methods
-from credo.config import ConfigError
-from credo.segment import segment_means
+from credo import credit
+from credo.train import methods
+from credo.core.config import ConfigError
+from credo.core.segment import segment_means
 from credo.tasks.arith import ArithTask
 from credo.tasks.base import Problem
-from credo.train import load_train_config
+from credo.train.trainer import load_train_config
 from test_mc_audit import probe_for, rollouts_of
 
 PROBLEM = Problem("3+4+5+6+7", "3+4+5+6+7\n", "25", {"terms": [3, 4, 5, 6, 7], "ops": ["+", "+", "+", "+"]})
@@ -86,7 +87,7 @@ def test_spec_parsing_in_train_and_errors_name_the_field():
 
 
 def test_trains_as_a_method(saved_policy, tmp_path):
-    from credo.train import Trainer
+    from credo.train.trainer import Trainer
     from test_train import FAST
     config = load_train_config(None, ["method=shuffled:of=rredcot", f"start={saved_policy}", "steps=1", *FAST])
     Trainer(config, str(tmp_path / "run"), progress=False).train()
@@ -97,7 +98,7 @@ def test_trains_as_a_method(saved_policy, tmp_path):
 
 def test_the_audit_configures_a_control_like_the_method_it_shuffles():
     # the audit's vineppo row is its cheap K=4, unwhitened; its control must wrap exactly that, not K=9
-    from credo.audit_report import parse_method
+    from credo.lab.audit.report import parse_method
     _, _, method = parse_method("vineppo")
     _, name, control = parse_method("shuffled:of=vineppo")
     made = credit.get(name).make_config(control)
@@ -129,8 +130,8 @@ def test_token_level_is_independent_of_token_identity_where_the_segment_level_is
     """Credit that depends on the token alone (2 on every operator, 1 elsewhere, the same on every line):
     the token-level control spreads it evenly, the segment-level one keeps it on the operators."""
     from credo.credit.shuffled import permute_segments, permutations, shuffle_tokens
-    from credo.rollouts import Credit
-    from credo.segment import segment_bounds
+    from credo.core.rollouts import Credit
+    from credo.core.segment import segment_bounds
     rollouts, segment_ids, _ = run("grpo", policy)
     mask = rollouts.trainable_mask()
     operator = torch.tensor([[policy.tokenizer.id_to_char.get(int(i)) in ("+", "-") for i in row]
@@ -150,5 +151,5 @@ def test_token_level_is_independent_of_token_identity_where_the_segment_level_is
 def test_level_is_checked_and_the_segment_level_config_is_unchanged():
     with pytest.raises(ConfigError, match="credit.level"):
         credit.get("shuffled").make_config({"of": "grpo", "level": "tokens"})
-    from credo.config import to_dict
+    from credo.core.config import to_dict
     assert "level" not in to_dict(credit.get("shuffled").make_config({"of": "grpo"}))  # old run configs read the same

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from credo.cli import main
+from credo.cli.main import main
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ import torch
 
 from credo.policy import bind_task
 from credo.policy.base import SamplingConfig
-from credo.probe import Probe
+from credo.core.probe import Probe
 from credo import strategies
 from credo.strategies import SamplingContext
 from credo.strategies.localisers import localise
@@ -38,7 +38,7 @@ class Recorder:
 
 
 def wrong_three_step_rollouts(policy, task):
-    from credo.rollouts import Rollouts
+    from credo.core.rollouts import Rollouts
     from credo.tasks.base import rewards_for
     problems = task.train_problems(2, torch.Generator().manual_seed(0))
     texts = ["Let me add.\nSo it is 1000.\n<answer>1000</answer>"] * 2

@@ -5,7 +5,7 @@ import torch
 
 from credo.tasks import make_task
 from credo.tasks.jsonl import last_boxed
-from credo.config import ConfigError
+from credo.core.config import ConfigError
 
 
 def write(tmp_path, lines):

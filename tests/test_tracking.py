@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import yaml
 
-from credo.cli import main
-from credo.compare import compare
+from credo.cli.main import main
+from credo.lab.compare.run import compare
 from credo.integrations import tracking
-from credo.runs import read_jsonl
-from credo.train import Trainer, load_train_config
+from credo.core.files import read_jsonl
+from credo.train.trainer import Trainer, load_train_config
 
 from conftest import tiny_policy
 
@@ -254,8 +254,8 @@ def test_a_resume_may_add_a_tracker(saved_policy, tmp_path, capsys):
 
 
 def test_a_comparison_reuses_its_runs_whatever_they_report_to(saved_policy, tmp_path):
-    from credo.compare_presets import check_reusable, resolve_preset, run_config, run_dir_name
-    from credo.config import ConfigError, dump_yaml
+    from credo.lab.compare.presets import check_reusable, resolve_preset, run_config, run_dir_name
+    from credo.core.config import ConfigError, dump_yaml
     preset = resolve_preset("smoke", ("rloo",), None, None, None)
     plan = [(m, 0, str(tmp_path / "runs" / run_dir_name(m, 0))) for m in preset.methods]
     for method, seed, run_dir in plan:  # runs made by a comparison that reported to TensorBoard

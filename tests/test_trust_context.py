@@ -10,13 +10,13 @@ import os
 import pytest
 import torch
 
-from credo.cli import main
+from credo.cli.main import main
 from credo.policy import load_policy
 from credo.policy.base import SamplingConfig, row_chunks
 from credo.policy.gpt import GPTConfig
 from credo.policy.hf import HFPolicy
 from credo.policy.tiny import TinyPolicy
-from credo.sft import make_tokenizer
+from credo.train.sft import make_tokenizer
 from test_hf import build_tokenizer, tiny_llama
 from trust_helpers import one_line_error, snapshot
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from credo.cli import build_parser, main
+from credo.cli.main import build_parser, main
 from credo.policy.hf import HFPolicy
 from test_hf import build_tokenizer, tiny_llama
 from trust_helpers import one_line_error, snapshot
@@ -75,12 +75,12 @@ def test_traceback_only_with_credo_debug(tmp_path):
 
 
 def test_internal_key_error_is_a_bug_not_a_user_error(monkeypatch, saved_policy, tmp_path):
-    import credo.cli
+    import credo.cli.main
 
     def broken(args):
         raise KeyError("minibatch_rng")
 
-    monkeypatch.setattr(credo.cli, "cmd_methods", broken)
+    monkeypatch.setattr(credo.cli.main, "cmd_methods", broken)
     with pytest.raises(KeyError, match="minibatch_rng"):
         main(["methods"])
 

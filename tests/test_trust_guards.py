@@ -11,17 +11,17 @@ import yaml
 
 from safetensors import SafetensorError
 
-from credo.audit import AuditConfig
-from credo.cli import main
-from credo.compare import rewrite_report
-from credo.compare_presets import resolve_preset
-from credo.config import ConfigError, UserError, load_config, parse_overrides
-from credo.evaluate import EvalConfig
+from credo.lab.audit.run import AuditConfig
+from credo.cli.main import main
+from credo.lab.compare.run import rewrite_report
+from credo.lab.compare.presets import resolve_preset
+from credo.core.config import ConfigError, UserError, load_config, parse_overrides
+from credo.train.evaluate import EvalConfig
 from credo.policy import load_policy
-from credo.runs import claim_output, is_locked, run_kind, run_lock
+from credo.core.files import claim_output, is_locked, run_kind, run_lock
 from credo.tasks import make_task
-from credo.train import Trainer
-from credo.train_config import load_train_config
+from credo.train.trainer import Trainer
+from credo.train.config import load_train_config
 from trust_helpers import FAST, killed_run, one_line_error, snapshot, train_config
 
 FAST_SET = sum((["--set", s] for s in FAST), [])
@@ -133,7 +133,7 @@ def test_resume_refuses_a_metrics_log_cut_short(tmp_path, capsys, saved_policy):
 def test_a_data_parallel_rank_that_does_not_write_still_refuses_a_log_cut_short(tmp_path):
     """Only the main rank writes metrics.jsonl; the others must make the resume check too, or they would wait
     at their first collective for a main rank that already stopped."""
-    from credo.runs import NullLog
+    from credo.core.files import NullLog
     path = tmp_path / "metrics.jsonl"
     text = "".join(json.dumps({"step": k}) + "\n" for k in range(3))
     path.write_text(text)
@@ -337,7 +337,7 @@ def test_resume_may_change_what_does_not_change_training_but_never_shorten_it(tm
 
 
 def test_a_zero_head_count_is_named_not_divided_by():
-    from credo.sft import SFTConfig
+    from credo.train.sft import SFTConfig
     with pytest.raises(ConfigError, match="sft.model.n_head must be positive, got 0"):
         load_config(SFTConfig, None, ["model.n_head=0"], prefix="sft.")
 
@@ -363,7 +363,7 @@ def _fake_comparison(out):
 ])
 def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing_half_written(tmp_path, capsys, monkeypatch,
                                                                                error, expect):
-    import credo.compare_export as compare_export
+    import credo.lab.compare.export as compare_export
     _fake_comparison(tmp_path / "a")
 
     def fail(*_):
@@ -376,7 +376,7 @@ def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing_half_written(tm
 
 
 def test_another_os_error_is_not_dressed_as_a_user_error(tmp_path, monkeypatch):
-    import credo.compare_export as compare_export
+    import credo.lab.compare.export as compare_export
     _fake_comparison(tmp_path / "a")
 
     def fail(*_):
@@ -408,8 +408,8 @@ def test_a_full_disk_mid_training_says_how_to_resume(tmp_path, capsys, saved_pol
 
 def test_a_full_disk_stops_a_comparison_instead_of_failing_every_method(tmp_path, saved_policy, monkeypatch):
     import pickle
-    import credo.compare as cmp
-    from credo.disk_errors import DiskError
+    import credo.lab.compare.run as cmp
+    from credo.core.disk_errors import DiskError
     tried = []
 
     def full(method, *args, **kwargs):
@@ -430,8 +430,8 @@ def test_a_full_disk_stops_a_comparison_instead_of_failing_every_method(tmp_path
 
 def test_a_short_or_failed_write_names_the_file_python_does_not(tmp_path, monkeypatch):
     """Python names a file when open() fails, never when write() does: credo's write primitives add it."""
-    from credo import runs
-    from credo.disk_errors import DiskError
+    from credo.core import files as runs
+    from credo.core.disk_errors import DiskError
     log = runs.MetricsLog(str(tmp_path / "metrics.jsonl"))
     log.append({"step": 1})
     monkeypatch.setattr(runs.os, "write", lambda fd, data: len(data) // 2)  # a full disk takes half the row
@@ -448,7 +448,7 @@ def test_a_short_or_failed_write_names_the_file_python_does_not(tmp_path, monkey
 
 
 def test_a_user_error_quoting_os_error_text_is_not_a_full_disk():
-    from credo.disk_errors import DiskError, as_disk_error, is_disk_error
+    from credo.core.disk_errors import DiskError, as_disk_error, is_disk_error
     assert not is_disk_error(ConfigError("row 3: 'copy failed (os error 28)' is not a number"))
     assert not is_disk_error(OSError(5, "Input/output error"))
     assert is_disk_error(SafetensorError("I/O error: Disk quota exceeded (os error 122)"))
@@ -462,8 +462,8 @@ def test_a_full_disk_in_a_parallel_comparison_starts_no_further_run(tmp_path, sa
     run begins after the refused write; the one already going is waited for."""
     import time
     from concurrent.futures import ThreadPoolExecutor
-    import credo.compare as cmp
-    from credo.disk_errors import DiskError
+    import credo.lab.compare.run as cmp
+    from credo.core.disk_errors import DiskError
     submitted = []
 
     class Counting(ThreadPoolExecutor):
@@ -491,7 +491,7 @@ def test_a_broken_worker_pool_reports_each_run_left_as_failed(tmp_path, saved_po
     instead of the comparison ending in a traceback."""
     from concurrent.futures import ThreadPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
-    import credo.compare as cmp
+    import credo.lab.compare.run as cmp
 
     class BreaksAfterTwo(ThreadPoolExecutor):
         handed = 0
@@ -517,7 +517,7 @@ def test_a_broken_worker_pool_reports_each_run_left_as_failed(tmp_path, saved_po
     ("hf", "lora_r=100000", "sft.lora_r must be in 0..4,096"),
 ])
 def test_sft_sizes_have_upper_bounds(which, override, expect):
-    from credo.sft import SFTConfig
-    from credo.sft_hf import HFSFTConfig
+    from credo.train.sft import SFTConfig
+    from credo.train.sft_hf import HFSFTConfig
     with pytest.raises(ConfigError, match=expect):
         load_config(SFTConfig if which == "tiny" else HFSFTConfig, None, [override], prefix="sft.")

@@ -9,21 +9,21 @@ import shutil
 
 import pytest
 
-from credo.audit import _weights_digest
-from credo.config import ConfigError, UserError
-from credo.policy import check_policy_path, check_task_fits, load_policy, resolve_checkpoint
+from credo.lab.audit.run import _weights_digest
+from credo.core.config import ConfigError, UserError
+from credo.policy import check_policy_path, check_task_fits, load_policy
+from credo.train.starts import resolve_checkpoint
 from credo.tasks import make_task
 from trust_helpers import one_line_error
 
 
 def test_the_valid_forms_of_a_checkpoint_resolve_to_a_policy_directory(tmp_path, saved_policy, monkeypatch):
-    import credo.policy.smollm as smollm
-    import credo.sft as sft
+    import credo.train.starts as starts
     places = {name: str(tmp_path / name) for name in ("sft-arith", "sft-arith-long", "smollm2")}
     for place in places.values():  # each a policy directory, as the resolved path is checked too
         shutil.copytree(saved_policy, place)
-    monkeypatch.setattr(sft, "ensure_sft", lambda progress=True, task="arith": places[f"sft-{task}"])
-    monkeypatch.setattr(smollm, "ensure_smollm2", lambda: places["smollm2"])
+    monkeypatch.setattr(starts, "ensure_sft", lambda progress=True, task="arith": places[f"sft-{task}"])
+    monkeypatch.setattr(starts, "ensure_smollm2", lambda: places["smollm2"])
     assert resolve_checkpoint("", "f", task="arith-long") == places["sft-arith-long"]
     assert resolve_checkpoint("sft", "f") == places["sft-arith"]
     assert resolve_checkpoint("smollm2-135m", "f") == places["smollm2"]
@@ -132,7 +132,7 @@ def test_a_skipped_jsonl_row_is_reported_once_though_the_task_is_built_again(tmp
 
 def test_an_audit_of_baselines_only_writes_its_page(tmp_path, capsys, saved_policy):
     # grpo is a table row, not a credit to colour: the page once failed on an empty list of credits
-    from credo.cli import main
+    from credo.cli.main import main
     out = tmp_path / "audit"
     code = main(["audit", "--checkpoint", saved_policy, "--n", "8", "--group-size", "4", "--k-ref", "2",
                  "--methods", "grpo", "--out", str(out), "--quiet"])

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from credo.cli import main
+from credo.cli.main import main
 from credo.tasks import make_task
 
 

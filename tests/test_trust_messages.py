@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from credo.cli import main
+from credo.cli.main import main
 from credo.tasks import make_task
 from test_hf import build_tokenizer, tiny_llama
 from trust_helpers import Payload, one_line_error, snapshot

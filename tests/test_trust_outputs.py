@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from credo.cli import main
-from credo.disk_errors import as_disk_error, is_disk_error
+from credo.cli.main import main
+from credo.core.disk_errors import as_disk_error, is_disk_error
 from trust_helpers import FAST, one_line_error, snapshot
 
 FAST_SET = sum((["--set", s] for s in FAST), [])
@@ -120,8 +120,8 @@ def test_force_refuses_the_home_directory(tmp_path, capsys, saved_policy, monkey
 
 
 def test_force_refuses_what_holds_the_home_directory_the_current_directory_or_the_cache(tmp_path, monkeypatch):
-    from credo.config import UserError
-    from credo.runs import claim_output
+    from credo.core.config import UserError
+    from credo.core.files import claim_output
     outer = _audit_output(tmp_path / "outer")
     monkeypatch.setenv("HOME", str(outer / "home"))
     (outer / "home").mkdir()
@@ -139,8 +139,8 @@ def test_force_refuses_what_holds_the_home_directory_the_current_directory_or_th
 
 
 def test_force_refuses_the_root_and_mount_points(tmp_path, monkeypatch):
-    from credo import runs
-    from credo.config import UserError
+    from credo.core import files as runs
+    from credo.core.config import UserError
     assert runs.replace_refusal("/") is not None
     if os.path.ismount("/proc"):  # a real mount point that holds neither the working directory nor the cache
         assert "is a file-system root or mount point" in runs.replace_refusal("/proc")
@@ -153,8 +153,8 @@ def test_force_refuses_the_root_and_mount_points(tmp_path, monkeypatch):
 
 
 def test_force_refuses_a_credo_output_holding_a_file_credo_did_not_write(tmp_path):
-    from credo.config import UserError
-    from credo.runs import claim_output
+    from credo.core.config import UserError
+    from credo.core.files import claim_output
     out = _audit_output(tmp_path / "audit")
     (out / "notes.txt").write_text("mine")
     with pytest.raises(UserError, match="holds notes.txt, which credo did not write, beside a credo audit output"):
@@ -189,7 +189,7 @@ def test_an_out_inside_another_run_or_its_checkpoint_is_refused_and_the_run_stil
 def _drop_config_record(checkpoint: str) -> None:
     """What an edit can do that a manifest cannot catch: remove the config record, then re-make the manifest."""
     import json
-    from credo.state_io import write_manifest
+    from credo.core.state_io import write_manifest
     path = os.path.join(checkpoint, "trainer_state.json")
     state = json.load(open(path))
     del state["config"]
@@ -220,7 +220,7 @@ def test_a_checkpoint_without_its_config_record_is_refused_unless_accepted(tmp_p
 def test_an_edited_audit_cache_entry_is_rebuilt_not_reused(tmp_path, capsys):
     import json
     from safetensors.torch import load_file, save_file
-    from credo.audit_cache import load_cached
+    from credo.lab.audit.cache import load_cached
     from test_trust_security import _audit_entry
     stem, problems, _, _ = _audit_entry(tmp_path)
     assert load_cached(stem, problems)["trace_tokens"] == 7.5  # untouched: reused

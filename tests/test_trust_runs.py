@@ -9,9 +9,9 @@ import shutil
 import pytest
 import torch
 
-from credo.cli import main
+from credo.cli.main import main
 from credo.policy import load_policy
-from credo.train import Trainer, TrainingDiverged
+from credo.train.trainer import Trainer, TrainingDiverged
 from trust_helpers import FAST, killed_run, one_line_error, snapshot, train_config
 
 FAST_SET = sum((["--set", s] for s in FAST), [])
@@ -99,7 +99,7 @@ def test_torn_last_metrics_line_does_not_block_resume(tmp_path, saved_policy):
 
 
 def test_a_torn_line_before_the_end_is_an_error_naming_it(tmp_path):
-    from credo.runs import MetricsLog
+    from credo.core.files import MetricsLog
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2, "x\n{"step": 3}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not valid JSON"):
@@ -174,7 +174,7 @@ def test_sft_out_of_the_same_kind_is_replaced_whole(tmp_path, capsys):
 
 
 def test_is_within_resolves_links_and_does_not_match_a_sibling_prefix(tmp_path):
-    from credo.runs import is_within
+    from credo.core.files import is_within
     (tmp_path / "runs" / "a").mkdir(parents=True)
     (tmp_path / "runs-old").mkdir()
     os.symlink(tmp_path / "runs" / "a", tmp_path / "link")
@@ -186,7 +186,7 @@ def test_is_within_resolves_links_and_does_not_match_a_sibling_prefix(tmp_path):
 
 
 def test_atomic_copy_leaves_the_old_file_whole_when_the_copy_fails(tmp_path, monkeypatch):
-    from credo import runs
+    from credo.core import files as runs
     (tmp_path / "new").write_bytes(b"new contents")
     (tmp_path / "old").write_bytes(b"old contents")
     runs.atomic_copy(str(tmp_path / "new"), str(tmp_path / "copy"))
@@ -197,7 +197,7 @@ def test_atomic_copy_leaves_the_old_file_whole_when_the_copy_fails(tmp_path, mon
             f.write(b"ne")
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(runs.shutil, "copyfile", half_copy)
-    from credo.disk_errors import DiskError
+    from credo.core.disk_errors import DiskError
     with pytest.raises(DiskError, match="No space left on device"):
         runs.atomic_copy(str(tmp_path / "new"), str(tmp_path / "old"))
     assert (tmp_path / "old").read_bytes() == b"old contents"

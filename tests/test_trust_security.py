@@ -9,11 +9,11 @@ import shutil
 import pytest
 import torch
 
-from credo.audit_cache import load_cached, save_cached
-from credo.credit.values import MCValues
-from credo.state_io import CorruptStateError, write_manifest
+from credo.lab.audit.cache import load_cached, save_cached
+from credo.core.values import MCValues
+from credo.core.state_io import CorruptStateError, write_manifest
 from credo.tasks import make_task
-from credo.train import Trainer
+from credo.train.trainer import Trainer
 from conftest import tiny_policy
 from trust_helpers import killed_run, malicious_pickle, one_line_error, payload_is_live, snapshot, train_config
 
@@ -92,7 +92,7 @@ def test_damaged_checkpoint_names_the_file(killed, saved_policy, capsys, damage)
 
 def _audit_entry(tmp_path):
     task = make_task("arith")
-    from credo.rollouts import Rollouts
+    from credo.core.rollouts import Rollouts
     problems = task.heldout_problems(2)
     B, T = 4, 5
     rollouts = Rollouts(prompt_ids=torch.ones(B, 3, dtype=torch.long), prompt_mask=torch.ones(B, 3, dtype=torch.bool),

@@ -14,14 +14,14 @@ import time
 import pytest
 import torch
 
-import credo.compare as cmp
+import credo.lab.compare.run as cmp
 import sleepy_worker
-from credo.cli import main
-from credo.compare_presets import resolve_preset
-from credo.interrupts import Interrupted, signals_raise
+from credo.cli.main import main
+from credo.lab.compare.presets import resolve_preset
+from credo.train.interrupts import Interrupted, signals_raise
 from credo.policy import load_policy
-from credo.runs import is_locked
-from credo.train import Trainer
+from credo.core.files import is_locked
+from credo.train.trainer import Trainer
 from test_kill_resume import ENV, command, metrics, resume, steps_logged
 from trust_helpers import FAST
 
@@ -109,7 +109,7 @@ def test_a_worker_leaves_once_its_parent_is_gone(tmp_path):
     script = ("import multiprocessing, os, sys, time\n"
               "from concurrent.futures import ProcessPoolExecutor\n"
               "import sleepy_worker\n"
-              "from credo.interrupts import worker_started\n"
+              "from credo.train.interrupts import worker_started\n"
               "if __name__ == '__main__':\n"
               "    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'),\n"
               "                               initializer=worker_started, initargs=(os.getpid(),))\n"

@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 from rich.console import Console
 
-from credo.cli import main
+from credo.cli.main import main
 from credo.policy.hf import HFPolicy
-from credo.show import escape_controls, render_terminal
+from credo.lab.show.view import escape_controls, render_terminal
 from test_hf import build_tokenizer, tiny_llama
 from test_show import page_of
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from credo.config import UserError
+from credo.core.config import UserError
 from credo.integrations.verl import make_verl_estimator
 from credo.integrations.verl_credit import apply_credit, credit_on_shards
 from test_verl import setup, to_dataproto  # noqa: F401  (setup: the fixture)

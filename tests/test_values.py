@@ -1,4 +1,4 @@
-"""Value probes (credo.credit.values) and the SRPO value localiser built on them."""
+"""Value probes (credo.core.values) and the SRPO value localiser built on them."""
 
 import math
 import os
@@ -6,13 +6,13 @@ import os
 import pytest
 import torch
 
-from credo.credit.values import answer_values, reference_tails, suffix_values
+from credo.core.values import answer_values, reference_tails, suffix_values
 from credo.policy import load_policy
 from credo.policy.base import SamplingConfig
-from credo.probe import Probe
+from credo.core.probe import Probe
 from credo.strategies.localisers import first_value_drop, localise, localise_by_value
-from credo.rollouts import Rollouts
-from credo.segment import segment_bounds
+from credo.core.rollouts import Rollouts
+from credo.core.segment import segment_bounds
 from credo.tasks.arith import ArithTask
 from credo.tasks.base import Problem, rewards_for
 

@@ -18,7 +18,7 @@ from credo.integrations.verl_credit import apply_credit, credit_on_shards, datas
 from credo.policy import bind_task
 from credo.policy.hf import HFPolicy
 from credo.policy.base import SamplingConfig
-from credo.rollouts import Rollouts, concat_rollouts
+from credo.core.rollouts import Rollouts, concat_rollouts
 from credo.tasks import make_task
 from credo.tasks.base import rewards_for
 from test_hf import build_tokenizer, tiny_llama
@@ -125,8 +125,8 @@ def shuffled(n, seed=0):
 
 
 def credo_trainer_credit(policy, task, r, method, tmp_path):
-    from credo.train import Trainer
-    from credo.train_config import TrainConfig
+    from credo.train.trainer import Trainer
+    from credo.train.config import TrainConfig
     trainer = Trainer(TrainConfig(method=method, task="gym:chain_sum", task_options=TASK_OPTIONS, start="unused"),
                       str(tmp_path / method), policy=policy, progress=False)
     return folded_advantages(trainer.assign_credit(r))

@@ -33,14 +33,14 @@ from typing import Any, Sequence
 
 import torch
 
-from credo.config import check
-from credo.credit.groups import grpo_advantages
+from credo.core.config import check
+from credo.core.groups import grpo_advantages
 from credo.credit.registry import register
-from credo.credit.values import candidate_answers
+from credo.core.values import candidate_answers
 from credo.policy.base import left_pad, right_pad, strip_eos
-from credo.probe import Probe, prompt_tokens
-from credo.rollouts import Credit, Rollouts
-from credo.segment import broadcast_segments, check_segmenter_option, segment_bounds, segments_for
+from credo.core.probe import Probe, prompt_tokens
+from credo.core.rollouts import Credit, Rollouts
+from credo.core.segment import broadcast_segments, check_segmenter_option, segment_bounds, segments_for
 
 
 @dataclass(frozen=True)

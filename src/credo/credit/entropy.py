@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from credo.config import check
-from credo.credit.groups import GroupNormConfig, group_rows, grpo_advantages
+from credo.core.config import check
+from credo.core.groups import GroupNormConfig, group_rows, grpo_advantages
 from credo.credit.registry import register
-from credo.probe import Probe
-from credo.rollouts import Credit, Rollouts
+from credo.core.probe import Probe
+from credo.core.rollouts import Credit, Rollouts
 
 TORCH_QUANTILE_LIMIT = 16_000_000  # torch.quantile refuses larger inputs; numpy's linear rule is the same
 

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 import torch
 
-from credo.config import check
-from credo.credit.groups import group_rows, grpo_advantages
+from credo.core.config import check
+from credo.core.groups import group_rows, grpo_advantages
 from credo.credit.registry import register
-from credo.credit.values import continue_and_verify
+from credo.core.values import continue_and_verify
 from credo.policy.base import strip_eos
-from credo.probe import Probe, prompt_tokens
-from credo.rollouts import Credit, Rollouts
+from credo.core.probe import Probe, prompt_tokens
+from credo.core.rollouts import Credit, Rollouts
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Estimators on Monte Carlo state values (VinePPO / SPO-chain); the MC value probe itself is
-credo.credit.values.mc_values (shared with the audit). Specification: docs/methods.md, "## VinePPO and SPO-chain".
+credo.core.values.mc_values (shared with the audit). Specification: docs/methods.md, "## VinePPO and SPO-chain".
 
 `V_mc(s_k)` is the mean reward of K continuations sampled from "prompt + completion up to the end
 of segment k"; `s_0` is the prompt alone and `V(s_K) := r`, the observed outcome. The step
@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from credo.config import MAX_SAMPLES, MAX_STEP_COMPLETIONS, check, check_in
+from credo.core.config import MAX_SAMPLES, MAX_STEP_COMPLETIONS, check, check_in
 from credo.credit.registry import register
-from credo.credit.values import mc_values
-from credo.probe import Probe
-from credo.rollouts import Credit, Rollouts
-from credo.segment import broadcast_segments, check_segmenter_option, segments_for, segmenter_config
+from credo.core.values import mc_values
+from credo.core.probe import Probe
+from credo.core.rollouts import Credit, Rollouts
+from credo.core.segment import broadcast_segments, check_segmenter_option, segments_for, segmenter_config
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -39,7 +39,7 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -
 @dataclass(frozen=True)
 class VinePPOConfig:
     """k: continuations per segment boundary (VinePPO uses 9). segmenter: '' (default) = the batch's
-    segments (the task's own segmenter), or a name or mapping (see credo.segment). batch_size: continuations sampled per forward batch. whiten: standardise the
+    segments (the task's own segmenter), or a name or mapping (see credo.core.segment). batch_size: continuations sampled per forward batch. whiten: standardise the
     token advantages over the batch's trainable tokens, as VinePPO's trainer does before its loss
     (`whiten_advantages: true`); without it the MC step differences are ~4x smaller than GRPO's
     advantages. The audit turns it off (a positive affine map leaves its rank figures unchanged,

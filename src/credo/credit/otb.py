@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from credo.config import check
+from credo.core.config import check
 from credo.credit.registry import register
-from credo.probe import Probe
-from credo.rollouts import Credit, Rollouts
+from credo.core.probe import Probe
+from credo.core.rollouts import Credit, Rollouts
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Outcome-only baselines: GRPO, Dr. GRPO, RLOO, over the group operations of credo.credit.groups.
+"""Outcome-only baselines: GRPO, Dr. GRPO, RLOO, over the group operations of credo.core.groups.
 
 Each sequence-level advantage is broadcast to every trainable token of its completion, so
 padding (and any masked prefix) gets exactly zero credit.
@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from credo.credit.groups import GroupNormConfig, broadcast, grpo_advantages, rloo_advantages
+from credo.core.groups import GroupNormConfig, broadcast, grpo_advantages, rloo_advantages
 from credo.credit.registry import NoConfig, register
-from credo.rollouts import Credit, Rollouts
+from credo.core.rollouts import Credit, Rollouts
 
 
 @dataclass(frozen=True)
 class GRPOConfig(GroupNormConfig):
-    """GRPO's group normalisation (std, eps: credo.credit.groups.GroupNormConfig)."""
+    """GRPO's group normalisation (std, eps: credo.core.groups.GroupNormConfig)."""
 
 
 @register("grpo", "GRPO: group-normalised outcome reward (r - mean) / std on every token", GRPOConfig)

@@ -2,7 +2,7 @@
 
 Specification: docs/methods.md, "## First-error prefix shaping (VPPO-style)". With A_i GRPO's advantage and
 A+_g the mean of the positive advantages in row i's group (0 when none is positive):
-  a row that is wrong (verifier verdict) with A_i < 0: a localiser (credo.credit.localisers: random,
+  a row that is wrong (verifier verdict) with A_i < 0: a localiser (credo.strategies.localisers: random,
       value, prompt, oracle, self or credit) names its first wrong step e; tokens of steps < e get
       prefix_credit * A+_g, tokens of step e and after keep A_i;
   every other row keeps A_i on every token; padding and masked tokens get 0.
@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-from credo.config import check
-from credo.credit import localisers
-from credo.credit.groups import GroupNormConfig, grpo_advantages
+from credo.core.config import check
+from credo.strategies import localisers
+from credo.core.groups import GroupNormConfig, grpo_advantages
 from credo.credit.registry import get, parse_spec, register
-from credo.probe import Probe
-from credo.rollouts import Credit, Rollouts
-from credo.segment import check_segmenter_option, segment_bounds, segments_for
+from credo.core.probe import Probe
+from credo.core.rollouts import Credit, Rollouts
+from credo.core.segment import check_segmenter_option, segment_bounds, segments_for
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-from credo.config import ConfigError, UserError, from_dict
-from credo.segment import with_segments
+from credo.core.config import ConfigError, UserError, from_dict
+from credo.core.segment import with_segments
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class NoConfig:
 class EstimatorSpec:
     """A registered estimator. uses_model: it needs a Probe. needs_segments: it reads the batch's segments
     (`rollouts.segment_ids`): unless its config names a `segmenter` of its own, the call fills them first,
-    once, by the task's default segmenter (the segmentation stage, credo.segment.with_segments).
+    once, by the task's default segmenter (the segmentation stage, credo.core.segment.with_segments).
     privileged: it reads what a deployed trainer would not have, the task's reference solution, its step
     labels or its gold answer beyond the reward: a bool, or a function of the estimator's config (e.g.
     RREDCoT reads the reference solution only with `include_reference`); see `reads_privileged`."""
@@ -129,69 +129,3 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
         key, value = item.split("=", 1)
         options[key] = value
     return name, options
-
-
-# A named registry of interchangeable implementations, each with its config class and a one-line description:
-# the rollout strategies (credo.strategies) and the reset localisers (credo.credit.localisers) are found by name
-# through one of these, as estimators are through the registry above.
-
-@dataclass(frozen=True)
-class Entry:
-    """One registered implementation: `fn`, the frozen dataclass of its knobs (None: it has none) and what it does.
-    privileged: it reads the task's reference solution or step labels (a bool, or a function of the options
-    it runs with, e.g. the `credit` localiser is as privileged as the estimator it asks)."""
-
-    name: str
-    fn: Callable[..., Any]
-    config_cls: type | None
-    description: str
-    privileged: bool | Callable[[Any], bool] = False
-
-    def reads_privileged(self, options: Any = None) -> bool:
-        """Whether this entry, run with `options` (None: its defaults), reads privileged task data."""
-        return bool(self.privileged(options)) if callable(self.privileged) else bool(self.privileged)
-
-    def make_config(self, values: Any = None, prefix: str = "") -> Any:
-        """The entry's config: `values` as is when it already is one, else built from a dict of fields
-        (checked; errors name `prefix` + the field)."""
-        if self.config_cls is None:
-            if values:
-                raise ConfigError(f"{prefix.rstrip('.') or self.name}: {self.name!r} takes no options, got {values!r}")
-            return None
-        if isinstance(values, self.config_cls):
-            return values
-        return from_dict(self.config_cls, dict(values or {}), prefix=prefix)
-
-
-class Registry:
-    """`kind` names what is registered ('strategy', 'localiser') in errors and in `credo methods`."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._entries: dict[str, Entry] = {}
-
-    def register(self, name: str, description: str, config_cls: type | None = None, *,
-                 privileged: bool | Callable[[Any], bool] = False
-                 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator: register `fn` under `name` (a name registered twice is an error; `privileged`: see Entry)."""
-
-        def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-            if name in self._entries:
-                raise ValueError(f"{self.kind} {name!r} is registered twice")
-            self._entries[name] = Entry(name, fn, config_cls, description, privileged)
-            return fn
-
-        return wrap
-
-    def get(self, name: str) -> Entry:
-        if name not in self._entries:
-            raise ConfigError(f"unknown {self.kind} {name!r}; registered: {', '.join(self._entries)}")
-        return self._entries[name]
-
-    def names(self) -> list[str]:
-        """Registered names, in registration order."""
-        return list(self._entries)
-
-    def describe(self) -> list[tuple[str, str, str]]:
-        """(name, kind, one-line description) of every entry, as `credo methods` prints them."""
-        return [(e.name, self.kind, e.description) for e in self._entries.values()]

@@ -2,7 +2,7 @@
 
 Specification: docs/methods.md, "## RREDCoT". Segment k receives `R_k = V(s_k) - V(s_{k-1})`,
 which telescopes to `r - V(s_0)`, so the return is preserved; V(s_K) := r. V comes from
-credo.credit.values: by default (`candidates=suffixes`) the importance-sampling value over the
+credo.core.values: by default (`candidates=suffixes`) the importance-sampling value over the
 group's own tails after each state plus the task's reference-solution tail, teacher-forced after
 the state with the prefix KV cache reused (the IS lower bound, `probe=absolute`, by default);
 `candidates=answers` is the forced-answer probe (`probe=normalized` by default).
@@ -32,19 +32,19 @@ from typing import Any
 
 import torch
 
-from credo.config import check
-from credo.credit.groups import group_mean_std, grpo_advantages, rloo_advantages, zscore
+from credo.core.config import check
+from credo.core.groups import group_mean_std, grpo_advantages, rloo_advantages, zscore
 from credo.credit.registry import register
-from credo.credit.values import VALUE_MODES, answer_values, step_differences, suffix_values
-from credo.probe import Probe
-from credo.rollouts import Credit, Rollouts
-from credo.segment import broadcast_segments, check_segmenter_option, segments_for
+from credo.core.values import VALUE_MODES, answer_values, step_differences, suffix_values
+from credo.core.probe import Probe
+from credo.core.rollouts import Credit, Rollouts
+from credo.core.segment import broadcast_segments, check_segmenter_option, segments_for
 
 
 @dataclass(frozen=True)
 class RREDCoTConfig:
     """candidates: suffixes (the group's own tails, the default) | answers (forced-answer probe).
-    probe: normalized | absolute, how candidate probabilities become a value (credo.credit.values);
+    probe: normalized | absolute, how candidate probabilities become a value (credo.core.values);
     '' (default) = absolute for suffixes, normalized for answers (see `value_mode`).
     include_reference: add the task's reference-solution tail to the suffixes (when it has one).
     include_gold: add the gold answer to the answer candidates. v0: probe | group_mean (V(s_0)).
@@ -52,7 +52,7 @@ class RREDCoTConfig:
     (weight mode). center: centre z per trace in additive mode. skip_uniform_groups: groups whose
     rewards are all equal keep GRPO's advantage (0) and stay out of z. segmenter: '' (default) = the
     batch's segments, cut by the task's own segmenter ('lines' on arith, 'keyword_entropy' on free-form
-    CoT); or a segmenter name or mapping of this estimator's own (credo.segment). reuse_prefix: score all candidates of a
+    CoT); or a segmenter name or mapping of this estimator's own (credo.core.segment). reuse_prefix: score all candidates of a
     trace off one KV cache (False re-reads every prefix; same values, more cost)."""
 
     candidates: str = "suffixes"

@@ -31,11 +31,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from credo.config import check
-from credo.credit.groups import broadcast, group_rows, grpo_advantages, zscore
+from credo.core.config import check
+from credo.core.groups import broadcast, group_rows, grpo_advantages, zscore
 from credo.credit.registry import register
-from credo.probe import Probe
-from credo.rollouts import Credit, Rollouts
+from credo.core.probe import Probe
+from credo.core.rollouts import Credit, Rollouts
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from credo.config import check
+from credo.core.config import check
 from credo.credit.registry import get, register
-from credo.rollouts import Credit, Rollouts
-from credo.segment import check_segmenter_option, segment_bounds, segments_for
+from credo.core.rollouts import Credit, Rollouts
+from credo.core.segment import check_segmenter_option, segment_bounds, segments_for
 
 
 LEVELS = ("segment", "token")

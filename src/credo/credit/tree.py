@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from credo.config import check
-from credo.credit.groups import GroupNormConfig, group_mean_std, grpo_advantages
+from credo.core.config import check
+from credo.core.groups import GroupNormConfig, group_mean_std, grpo_advantages
 from credo.credit.registry import register
-from credo.rollouts import Credit, Rollouts
-from credo.segment import broadcast_segments, check_segmenter_option, segment_bounds, segments_for
+from credo.core.rollouts import Credit, Rollouts
+from credo.core.segment import broadcast_segments, check_segmenter_option, segment_bounds, segments_for
 
 
 def prefix_nodes(completion_ids: torch.Tensor, completion_mask: torch.Tensor, group: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from credo.config import UserError
+from credo.core.config import UserError
 
 ZERO_SUM_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 """Estimators whose advantage is one number per row, centred within its group."""

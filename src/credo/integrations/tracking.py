@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from credo.config import ConfigError, to_dict
-from credo.strategies.registry import Registry
+from credo.core.config import ConfigError, to_dict
+from credo.core.registry import Registry
 
 TRACKERS = Registry("tracker")
 """The trackers `report_to` names, found by name; each entry's fn opens one (TrackingPlace, config) -> Tracker."""
@@ -276,7 +276,7 @@ def open_trackers(config: Any, place: TrackingPlace, resume_step: int | None,
 
 
 class TrackedLog:
-    """A run's metrics log (credo.runs.MetricsLog) whose appended rows also go to its trackers, after the
+    """A run's metrics log (credo.core.files.MetricsLog) whose appended rows also go to its trackers, after the
     record is written; everything else is the log's own."""
 
     def __init__(self, log: Any, trackers: "Trackers") -> None:

@@ -65,8 +65,8 @@ from credo.integrations import checks  # noqa: E402
 from credo.integrations.shards import process_group_gather  # noqa: E402
 from credo.policy.base import SamplingConfig, as_prompt, left_pad, render_plain  # noqa: E402
 from credo.policy.hf import HFPolicy  # noqa: E402
-from credo.probe import Probe, sampling_refusal  # noqa: E402
-from credo.rollouts import Rollouts  # noqa: E402
+from credo.core.probe import Probe, sampling_refusal  # noqa: E402
+from credo.core.rollouts import Rollouts  # noqa: E402
 from credo.tasks.base import Problem  # noqa: E402
 
 

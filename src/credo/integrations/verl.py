@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from credo.credit.groups import grpo_advantages, rloo_advantages
+from credo.core.groups import grpo_advantages, rloo_advantages
 from credo.integrations import checks as credit_checks
 from credo.integrations.verl_batch import check_estimator_inputs
 from credo.integrations.verl_credit import apply_credit, credit_on_shards, dataset_row  # noqa: F401  (re-exported)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from credo.config import UserError
+from credo.core.config import UserError
 from credo.tasks.base import Problem
 
 PROBLEM_FIELD = "extra_info.credo_problem"

@@ -41,8 +41,8 @@ from credo.integrations import checks as credit_checks
 from credo.integrations.shards import group_ids
 from credo.integrations.verl_batch import check_batch, problem_from_row, reward_field, row_namer
 from credo.policy.base import SamplingConfig
-from credo.probe import Probe, sampling_refusal
-from credo.rollouts import Credit, Rollouts
+from credo.core.probe import Probe, sampling_refusal
+from credo.core.rollouts import Credit, Rollouts
 from credo.tasks.base import Problem, rewards_for
 
 

@@ -9,7 +9,7 @@ import torch
 
 from credo.policy.base import Policy, SamplingConfig, Samples, read_policy_meta  # noqa: F401
 from credo.policy.tiny import TinyPolicy  # noqa: F401
-from credo.policy.locate import check_policy_path, check_task_fits, resolve_checkpoint  # noqa: F401
+from credo.policy.locate import check_policy_path, check_task_fits  # noqa: F401
 
 
 def load_policy(path: str, device: str | torch.device = "cpu", lora_r: int = 0, lora_alpha: int = 16,
@@ -22,11 +22,11 @@ def load_policy(path: str, device: str | torch.device = "cpu", lora_r: int = 0, 
     backend = read_policy_meta(path).get("backend")
     if backend == "tiny":
         if lora_r:
-            from credo.config import ConfigError
+            from credo.core.config import ConfigError
             raise ConfigError(f"train.lora_r={lora_r}: LoRA needs a Hugging Face model; {path} is a tiny policy, "
                               "which trains in full (set lora_r=0)")
         if dtype != torch.float32:
-            from credo.config import ConfigError
+            from credo.core.config import ConfigError
             raise ConfigError(f"dtype={str(dtype).replace('torch.', '')}: {path} is a tiny policy, which runs float32 "
                               "(dtype is for a Hugging Face model)")
         return _checked_load(TinyPolicy.load, path, device)
@@ -43,7 +43,7 @@ def _checked_load(load, path: str, device: str) -> "Policy":
     """`load(path, device)`; a checkpoint whose files do not fit together (a missing key, a shape that differs
     from its config, a config transformers cannot read) is an error naming the directory, not a traceback."""
     from safetensors import SafetensorError
-    from credo.config import UserError
+    from credo.core.config import UserError
     try:
         return load(path, device)
     except UserError:

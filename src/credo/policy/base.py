@@ -2,7 +2,7 @@
 
 A Policy turns prompts into completions (`sample`) and scores given completions (`score`,
 `completion_logits`). Estimators never call a Policy directly: they go through a `Probe`
-(credo.probe), which counts the tokens spent.
+(credo.core.probe), which counts the tokens spent.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Callable, Protocol, Sequence
 import torch
 import torch.nn.functional as F
 
-from credo.config import UserError
-from credo.rollouts import Prompt
+from credo.core.config import UserError
+from credo.core.rollouts import Prompt
 
 
 @dataclass(frozen=True)

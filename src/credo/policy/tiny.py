@@ -14,8 +14,8 @@ from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_pr
 from credo.policy.branches import score_packed_branches
 from credo.policy.gpt import GPT, GPTConfig, KVCache
 from credo.policy.tokenizer import CharTokenizer
-from credo.rollouts import Prompt
-from credo.runs import atomic_directory
+from credo.core.rollouts import Prompt
+from credo.core.files import atomic_directory
 
 
 def cached_step(model: GPT, cache: KVCache) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -5,7 +5,7 @@ One registry, found by name like the estimators (`credo methods` lists both):
   dynamic  DAPO dynamic sampling                                    (sampling.py)
   resets   RRPO/SRPO reset rollouts, with a registered localiser    (resets.py, localisers.py)
 `make(name, options).collect(ctx, n_prompts)` runs one; data parallelism wraps any of them
-(credo.distributed.Sharded). To add a strategy, copy `collect_plain` in sampling.py: a function
+(credo.train.distributed.Sharded). To add a strategy, copy `collect_plain` in sampling.py: a function
 `(ctx: SamplingContext, n_prompts, config) -> Collected` under `@register(name, description, ConfigClass)`.
 """
 

@@ -15,9 +15,9 @@ from typing import Any, Callable, Protocol
 import torch
 
 from credo.policy.base import Policy, SamplingConfig
-from credo.probe import Probe
-from credo.rollouts import Cost, Rollouts
-from credo.strategies.registry import Registry
+from credo.core.probe import Probe
+from credo.core.rollouts import Cost, Rollouts
+from credo.core.registry import Registry
 from credo.tasks.base import Problem, Task
 
 

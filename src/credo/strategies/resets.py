@@ -23,12 +23,12 @@ from typing import Any, Sequence
 
 import torch
 
-from credo.config import MAX_GROUP, MAX_STEP_COMPLETIONS, check, check_in
-from credo.credit.values import continue_and_verify
+from credo.core.config import MAX_GROUP, MAX_STEP_COMPLETIONS, check, check_in
+from credo.core.values import continue_and_verify
 from credo.policy.base import left_pad, right_pad
-from credo.probe import prompt_tokens
-from credo.rollouts import Rollouts, concat_rollouts
-from credo.segment import segment_bounds, segmenter_config
+from credo.core.probe import prompt_tokens
+from credo.core.rollouts import Rollouts, concat_rollouts
+from credo.core.segment import segment_bounds, segmenter_config
 from credo.strategies.base import Collected, SamplingContext, register
 from credo.strategies.localisers import LOCALISERS, localise
 from credo.strategies.sampling import mixed_share, sample_groups
@@ -51,7 +51,7 @@ class ResetConfig:
     backoff: int = 0
     """Reset this many steps earlier than localised."""
     segmenter: Any = "lines"
-    """What a step is: a segmenter name or mapping (credo.segment)."""
+    """What a step is: a segmenter name or mapping (credo.core.segment)."""
     prompt_temperature: float = 0.3
     """The prompt localiser's sampling temperature (the public code: 0.3)."""
     prompt_max_new_tokens: int = 4096

@@ -14,10 +14,10 @@ from typing import Sequence
 
 import torch
 
-from credo.config import check
-from credo.credit import groups
+from credo.core.config import check
+from credo.core import groups
 from credo.policy.base import Policy, SamplingConfig
-from credo.rollouts import Rollouts, concat_rollouts
+from credo.core.rollouts import Rollouts, concat_rollouts
 from credo.strategies.base import Collected, SamplingContext, register
 from credo.tasks.base import Problem, Task, rewards_for
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from credo.config import ConfigError, from_dict, merge, to_dict
+from credo.core.config import ConfigError, from_dict, merge, to_dict
 from credo.tasks.arith import PRESETS as ARITH_PRESETS
 from credo.tasks.arith import ArithConfig, ArithTask
 from credo.tasks.base import Problem, StepTruth, Task, rewards_for  # noqa: F401

@@ -34,7 +34,7 @@ from typing import Sequence
 
 import torch
 
-from credo.config import UserError, check
+from credo.core.config import UserError, check
 from credo.tasks.base import HELDOUT_SEED, Problem, StepTruth, in_heldout_split
 
 ALPHABET = "0123456789+-*=#\n ?|"

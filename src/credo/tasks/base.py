@@ -15,7 +15,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
-from credo.rollouts import Prompt
+from credo.core.rollouts import Prompt
 
 
 HELDOUT_SEED = 20_261_130  # the seed of every generated task's fixed held-out sequence (the same on every machine)
@@ -50,7 +50,7 @@ class StepTruth:
 class Task(Protocol):
     name: str
     has_step_labels: bool
-    default_segmenter: str  # the segmenter its completions are cut by (credo.segment): lines, keyword_entropy, ...
+    default_segmenter: str  # the segmenter its completions are cut by (credo.core.segment): lines, keyword_entropy, ...
     system_prompt: str | None  # the answer format a chat policy is told in its system turn (credo.policy.bind_task)
 
     def train_problems(self, n: int, generator: torch.Generator) -> list[Problem]: ...

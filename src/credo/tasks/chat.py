@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from credo.rollouts import Prompt
+from credo.core.rollouts import Prompt
 
 
 def reference_prompt(question: str, reference_solution: str) -> Prompt:

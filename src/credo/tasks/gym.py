@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from credo.config import ConfigError, UserError
+from credo.core.config import ConfigError, UserError
 from credo.tasks.base import HELDOUT_SEED, Problem, StepTruth
 from credo.tasks.chat import FreeFormTask
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from credo.config import UserError, check
+from credo.core.config import UserError, check
 from credo.tasks.base import Problem, in_heldout_split
 from credo.tasks.chat import FreeFormTask
 

@@ -1,0 +1,211 @@
+"""How long a comparison will take, measured before it starts, and the confirmation asked above an hour.
+
+Before training, `credo compare` times one training step of each method (from the comparison's own
+config: same start, task, budget and schedule) and one curve evaluation, in a scratch directory it removes
+afterwards; those steps are discarded, never reused by the runs. A method that already has finished runs in
+the comparison (a resumed one) is not timed: its finished runs' own clocks (stalled steps left out) give its
+seconds and generated tokens per step: whole runs, with their drift in completion length and two jobs
+sharing the cores, say what its remaining runs will cost better than one first step timed alone. The
+estimate of a run is
+
+    steps = ceil(remaining budget / generated tokens of the timed step)
+    seconds = steps x seconds of the timed step + evaluations x seconds of one evaluation
+
+and the comparison's is the sum over the runs still to do, divided by the jobs run at once. It is rough:
+step cost drifts as completions lengthen or shorten, and two jobs slow each other a little.
+
+Above an hour the comparison starts only when confirmed: `--yes`, or "y" at the prompt when stdin is a
+terminal. A non-interactive run (a script, nohup, CI) above an hour without `--yes` is refused with one
+line saying so, so that nobody starts hours of work on a shared machine by accident.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tqdm import tqdm
+
+from credo.core.config import ConfigError
+
+HOUR = 3600.0
+ESTIMATE_FILE = "estimate.json"
+"""The estimate a comparison made when it (last) started, in its --out; `estimate()`'s dict."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One method's measured cost: seconds and generated tokens of one training step."""
+
+    seconds_per_step: float
+    tokens_per_step: int
+
+
+def measured_timing(runs: list[dict[str, Any]]) -> Timing | None:
+    """A method's cost per step from its finished runs (compare.run_result dicts): their own clocks, stalled
+    steps left out, over their steps; None without a finished run."""
+    steps = sum(r["steps"] for r in runs)
+    if not runs or steps <= 0:
+        return None
+    return Timing(sum(r["seconds"] for r in runs) / steps, max(int(sum(r["tokens_generated"] for r in runs) / steps), 1))
+
+
+def _read_per_method(out_dir: str) -> dict[str, dict[str, Any]]:
+    """ESTIMATE_FILE's per_method ({} where there is none, as for a comparison started before credo wrote it);
+    a malformed file is an error naming it."""
+    path = os.path.join(out_dir, ESTIMATE_FILE)
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path) as f:
+            per_method = json.load(f)["per_method"]
+        for t in per_method.values():
+            _timing(t)  # a malformed entry is refused here, not where it is used
+        return per_method
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ConfigError(f"{path} is not a credo estimate ({type(error).__name__}: {error}); remove it to go on")
+
+
+def timed_steps(out_dir: str) -> dict[str, tuple[Timing, str]]:
+    """{spec: (Timing, where it came from: 'one timed step' or 'finished runs')} kept in a comparison's
+    ESTIMATE_FILE."""
+    return {spec: (_timing(t), str(t.get("from", ""))) for spec, t in _read_per_method(out_dir).items()}
+
+
+def _timing(entry: dict[str, Any]) -> Timing:
+    """One per_method entry of estimate()'s dict as a Timing."""
+    return Timing(float(entry["seconds_per_step"]), max(int(entry["tokens_per_step"]), 1))
+
+
+def keep_estimate(out_dir: str, estimate_: dict[str, Any]) -> None:
+    """Writes `estimate_` (estimate()'s dict) as out_dir's ESTIMATE_FILE, keeping the per-method costs an
+    earlier start recorded for methods this one did not time (a resume with fewer --methods, or one whose
+    timing step failed), so --status can still cost them."""
+    from credo.core.files import atomic_write_json
+    per_method = {**_read_per_method(out_dir), **estimate_["per_method"]}
+    atomic_write_json(os.path.join(out_dir, ESTIMATE_FILE), {**estimate_, "per_method": per_method})
+
+
+def _evaluation_seconds(trainer: Any) -> float:
+    began = time.perf_counter()
+    trainer.evaluate(trainer.config.eval_n)
+    return time.perf_counter() - began
+
+
+def time_evaluation(config: Any, threads: int | None = None) -> float:
+    """Seconds of one curve evaluation of `config`'s start (every method evaluates the same model on the same
+    problems), from a trainer in a scratch directory removed afterwards; threads as in time_methods. 0.0 when
+    it fails: the runs then fail the same way and are reported, as in time_methods."""
+    import torch
+
+    from credo.train.trainer import Trainer
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    scratch = tempfile.mkdtemp(prefix="credo-timing-")
+    try:
+        return _evaluation_seconds(Trainer(config, os.path.join(scratch, "run"), progress=False))
+    except Exception:
+        return 0.0
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        torch.set_num_threads(before)
+
+
+def time_methods(specs: list[tuple[str, int]], config_for: Callable[[str, int], Any],
+                 threads: int | None = None, progress: bool = False) -> tuple[dict[str, Timing], float]:
+    """({spec: Timing} of one step of each (spec, seed), seconds of one curve evaluation); a method whose
+    step fails has no Timing (its runs fail the same way and are reported as failures). The trainers
+    live in a temporary directory, removed afterwards (nothing is written to the comparison's own).
+    threads: torch threads while timing (those a worker process of the comparison gets)."""
+    import torch
+
+    from credo.train.trainer import Trainer
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    scratch = tempfile.mkdtemp(prefix="credo-timing-")
+    timings: dict[str, Timing] = {}
+    eval_seconds = 0.0
+    try:
+        for i, (spec, seed) in enumerate(tqdm(specs, desc="timing one step of each method", disable=not progress,
+                                              dynamic_ncols=True)):
+            try:
+                config = config_for(spec, seed)
+                trainer = Trainer(config, os.path.join(scratch, f"run-{i}"), progress=False)
+                if not eval_seconds:  # evaluation costs the same for every method (same model, same problems)
+                    eval_seconds = _evaluation_seconds(trainer)
+                began = time.perf_counter()
+                row = trainer.train_step()
+                timings[spec] = Timing(time.perf_counter() - began, max(int(row["tokens_generated"]), 1))
+            except Exception:  # its runs will fail the same way and be reported; the estimate leaves it out
+                continue
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        torch.set_num_threads(before)
+    return timings, eval_seconds
+
+
+def run_seconds(timing: Timing, tokens_left: int, eval_every_tokens: int, eval_seconds: float,
+                final_eval_ratio: float) -> float:
+    """Estimated seconds to finish one run: its remaining steps, its curve evaluations (one per crossing of
+    eval_every_tokens, one at the start) and the final evaluation (final_eval_n / eval_n of a curve one)."""
+    if tokens_left <= 0:
+        return 0.0
+    steps = math.ceil(tokens_left / timing.tokens_per_step)
+    evaluations = tokens_left // max(eval_every_tokens, 1) + 1
+    return steps * timing.seconds_per_step + evaluations * eval_seconds + final_eval_ratio * eval_seconds
+
+
+def estimate(pending: list[tuple[str, int]], timings: dict[str, Timing], eval_seconds: float, *,
+             eval_every_tokens: int, final_eval_ratio: float, jobs: int,
+             measured: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """{seconds, jobs, runs, per_method: {spec: {seconds_per_step, tokens_per_step, run_seconds, from}}, untimed}
+    for the (spec, tokens left) runs still to do; seconds is the wall-clock estimate with `jobs` at once;
+    untimed: the methods whose timing step failed (left out of the estimate); measured: the specs whose
+    Timing came from finished runs (`from` says which)."""
+    total = 0.0
+    per_method: dict[str, Any] = {}
+    untimed = sorted({spec for spec, _ in pending if spec not in timings})
+    for spec, tokens_left in pending:
+        if spec in untimed:
+            continue
+        t = timings[spec]
+        seconds = run_seconds(t, tokens_left, eval_every_tokens, eval_seconds, final_eval_ratio)
+        total += seconds
+        per_method.setdefault(spec, {"seconds_per_step": round(t.seconds_per_step, 4),
+                                     "tokens_per_step": t.tokens_per_step, "run_seconds": 0.0,
+                                     "from": "finished runs" if spec in measured else "one timed step"})
+        per_method[spec]["run_seconds"] = round(per_method[spec]["run_seconds"] + seconds, 1)
+    parallel = max(1, min(jobs, len(pending)))
+    return {"seconds": total / parallel, "jobs": jobs, "runs": len(pending), "eval_seconds": round(eval_seconds, 3),
+            "per_method": per_method, "untimed": untimed}
+
+
+def describe(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 2 * HOUR else f"{seconds / HOUR:.1f} h"
+
+
+def confirm(estimate_seconds: float, *, yes: bool, interactive: bool, ask: Callable[[str], str] = input,
+            say: Callable[[str], None] | None = None) -> None:
+    """Prints the estimate; above an hour, returns only if confirmed (yes, or 'y' typed when interactive).
+    Raises ConfigError (the CLI's one-line exit 2) otherwise."""
+    say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    say(f"credo compare: estimated wall time {describe(estimate_seconds)}")
+    if estimate_seconds <= HOUR or yes:
+        return
+    if interactive:
+        answer = ask(f"This comparison will take about {describe(estimate_seconds)}. Start it? [y/N] ")
+        if answer.strip().lower() in ("y", "yes"):
+            return
+        raise ConfigError("not started (answered no); pass --yes to start without asking")
+    raise ConfigError(f"estimated wall time {describe(estimate_seconds)} is over an hour: pass --yes to start it")

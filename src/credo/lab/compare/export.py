@@ -1,0 +1,141 @@
+"""`credo compare --out OUT --export DEST`: a comparison's finished runs, and its report once there is one, in
+a folder small enough to commit or copy to another machine; `credo compare --out DEST` with the run's own
+flags (--preset/--methods/--seeds) resumes from it.
+
+A finished run is reused from its config.yaml, metrics.jsonl and summary.json alone (compare.run_one reads
+nothing else), so only those are copied: no weights, checkpoints or locks (a 3.2M-parameter run's checkpoint
+is ~40 MB, its record ~100 kB). A part-way run is left out: it resumes only from its checkpoints, and its
+config and log without them would be refused as a run whose checkpoints were removed. OUT is only read, so this
+is safe beside the running comparison (a run's summary.json is its last file, written atomically).
+
+DEST is missing, empty, or an earlier export (its `.credo-export` marker says so). Each new run lands whole
+(written beside DEST, then renamed in); a run DEST already holds is left as it is when it is the same, and
+refused, naming it, when it differs or is a live run (checkpoints, final weights). Nothing in DEST is deleted.
+The report files (with estimate.json, from which `--status` costs the methods no finished run has) are
+replaced by OUT's, unless DEST holds finished runs that OUT does not (runs exported from
+another machine's share of the grid, or DEST's own): then OUT's report does not cover DEST, and none is copied.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import fnmatch
+import os
+import shutil
+from dataclasses import dataclass, field
+
+from credo.core.config import UserError
+from credo.core.files import (KIND_MARKER, atomic_copy, atomic_directory, atomic_write_text, is_locked, is_within,
+                        run_kind)
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
+"""What a finished run is reused from."""
+REPORT_FILES = ("results.json", "report.md", "*.png", "failure-*.txt", "estimate.json")
+"""A comparison's own files beside runs/ (its audit/ folder is copied too)."""
+EXPORT_MARKER = ".credo-export"
+"""Marks a folder --export wrote, which a later export may add to."""
+
+
+@dataclass
+class Exported:
+    """What an export did: runs copied, runs DEST already held, part-way runs and incomplete ones left out."""
+
+    copied: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    part_way: list[str] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)
+    only_in_dest: list[str] = field(default_factory=list)
+    """Finished runs DEST holds that OUT does not (another machine's share): then no report is copied."""
+    report: bool = False
+
+
+def _check_dest(out_dir: str, dest: str) -> None:
+    """DEST may take an export: missing, empty or an earlier export, and apart from OUT; else one line."""
+    if not os.path.isdir(out_dir) or run_kind(out_dir) != "compare":
+        raise UserError(f"--out {out_dir} is not a credo comparison (no results.json nor runs/ of training runs)")
+    if is_within(dest, out_dir) or is_within(out_dir, dest):
+        raise UserError(f"--export {dest} is --out {out_dir} or holds it or lies inside it; choose a folder apart")
+    if os.path.exists(dest) and not os.path.isdir(dest):
+        raise UserError(f"--export {dest} is a file, not a directory; nothing was touched")
+    if os.path.isdir(dest) and os.listdir(dest):
+        if not os.path.isfile(os.path.join(dest, EXPORT_MARKER)):
+            raise UserError(f"--export {dest} is not empty and is not an earlier credo export; nothing was touched "
+                            "(choose a new or empty folder)")
+        if is_locked(dest):
+            raise UserError(f"--export {dest} is being written by a credo compare; stop it first (nothing was touched)")
+
+
+def _same_run(source: str, target: str) -> bool:
+    """Whether DEST's run `target` is a finished record identical to OUT's `source`."""
+    return all(os.path.isfile(os.path.join(target, f)) and filecmp.cmp(os.path.join(source, f),
+                                                                        os.path.join(target, f), shallow=False)
+               for f in RUN_FILES)
+
+
+def export(out_dir: str, dest: str) -> Exported:
+    """Copies out_dir's finished runs (RUN_FILES each) and its report files into dest; returns what it did."""
+    _check_dest(out_dir, dest)
+    runs = os.path.join(out_dir, "runs")
+    names = sorted(n for n in os.listdir(runs) if os.path.isdir(os.path.join(runs, n))) if os.path.isdir(runs) else []
+    done, todo = Exported(), []
+    for name in names:  # every refusal before anything is written
+        run, target = os.path.join(runs, name), os.path.join(dest, "runs", name)
+        if not os.path.isfile(os.path.join(run, "summary.json")):
+            if os.path.isfile(os.path.join(run, "config.yaml")):
+                done.part_way.append(name)
+            continue
+        if not all(os.path.isfile(os.path.join(run, f)) for f in RUN_FILES):
+            done.incomplete.append(name)
+            continue
+        if os.path.exists(target):
+            if _same_run(run, target):
+                done.kept.append(name)
+                continue
+            live = [f for f in ("checkpoints", "final") if os.path.exists(os.path.join(target, f))]
+            why = f"is a live run ({', '.join(live)})" if live else "differs from --out's"
+            raise UserError(f"--export {dest}: its runs/{name} {why}; nothing was written (export elsewhere)")
+        todo.append(name)
+    os.makedirs(dest, exist_ok=True)
+    atomic_write_text(os.path.join(dest, KIND_MARKER), "compare\n")
+    atomic_write_text(os.path.join(dest, EXPORT_MARKER), "an export of a credo comparison (credo compare --export)\n")
+    for name in todo:
+        with atomic_directory(os.path.join(dest, "runs", name)) as tmp:  # the run lands whole or not at all
+            for f in RUN_FILES:
+                shutil.copyfile(os.path.join(runs, name, f), os.path.join(tmp, f))
+            atomic_write_text(os.path.join(tmp, KIND_MARKER), "train\n")
+        done.copied.append(name)
+    finished = set(done.copied) | set(done.kept)
+    held = os.path.join(dest, "runs")
+    done.only_in_dest = sorted(n for n in os.listdir(held) if n not in finished and
+                               os.path.isfile(os.path.join(held, n, "summary.json"))) if os.path.isdir(held) else []
+    if done.only_in_dest:  # DEST has more than OUT's report covers: its own report is not OUT's to replace
+        return done
+    for entry in sorted(os.listdir(out_dir)):
+        path = os.path.join(out_dir, entry)
+        if os.path.isfile(path) and any(fnmatch.fnmatchcase(entry, p) for p in REPORT_FILES):
+            atomic_copy(path, os.path.join(dest, entry))
+            done.report = done.report or entry == "results.json"
+    audit = os.path.join(out_dir, "audit")
+    if os.path.isdir(audit):
+        for entry in sorted(os.listdir(audit)):
+            if os.path.isfile(os.path.join(audit, entry)) and not entry.startswith("."):
+                atomic_copy(os.path.join(audit, entry), os.path.join(dest, "audit", entry))
+    return done
+
+
+def describe(done: Exported, dest: str) -> str:
+    """One line for the terminal."""
+    text = f"exported {len(done.copied)} finished run(s) to {dest}"
+    if done.kept:
+        text += f" ({len(done.kept)} more already there)"
+    if done.part_way:
+        text += (f"; left out {len(done.part_way)} part-way ({', '.join(done.part_way)}): they resume only where "
+                 "their checkpoints are")
+    if done.incomplete:
+        text += f"; left out {len(done.incomplete)} with a summary.json but no config.yaml or metrics.jsonl ({', '.join(done.incomplete)})"
+    if done.only_in_dest:
+        text += (f"; the report was not copied, since {dest} holds {len(done.only_in_dest)} finished run(s) that "
+                 f"--out does not ({', '.join(done.only_in_dest[:4])}{', ...' if len(done.only_in_dest) > 4 else ''})")
+    elif done.report:
+        text += "; with the report"
+    return text

@@ -1,0 +1,168 @@
+"""The seed papers' claims, judged on a comparison's results (docs/methods.md, "How a comparison judges").
+
+Each goal is {goal, holds, evidence}; holds is True or False only when every method the goal needs has
+finished on >= 2 shared seeds (else None, "not judged", with the reason in the evidence). A difference counts only
+where its interval over seeds excludes 0 in the claimed direction. Decided before the decisive comparison
+finished, and applied to every comparison alike:
+
+1. The best credit method is the one with the largest mean paired difference to GRPO, chosen after the fact
+   among k candidates; its interval is therefore widened to the 1 - 0.05/k level (Bonferroni), and goal
+   (1) needs that interval above 0, a mean of >= +5 points, and GRPO's mean final accuracy reached on every
+   seed with, on average, <= 0.5x the tokens GRPO's own curves took to reach it (both counted the same way:
+   the first evaluation at or above it; the first evaluation puts a floor under the ratio, which the
+   evidence states).
+3. "Sooner" compares generated tokens to GRPO's mean final; a run that never reaches it counts as its own
+   tokens plus one evaluation interval (it could have reached it at the next evaluation, no sooner).
+4. "Every credit method" can only mean those with a `shuffled` control in the grid; the others are listed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from credo.lab.compare.stats import LEVEL, control_pairs, control_target, excludes_zero, paired, paired_deltas
+
+BASELINES = ("grpo", "dr_grpo", "rloo", "dapo", "gspo")
+BEST = ("the best credit method ends >= +5 points above GRPO (selection-adjusted interval above 0) and reaches "
+        "GRPO's final accuracy on every seed with <= 0.5x the tokens GRPO took to reach it")
+SC = "SC-GRPO ends above GRPO (interval above 0)"
+SRPO = "SRPO reaches GRPO's final accuracy sooner than RRPO and sooner than GRPO (intervals below 0)"
+CONTROLS = "every credit method with a shuffled control in the grid ends above it (interval above 0)"
+
+
+def points(interval: dict[str, Any] | None) -> str:
+    """'+3.3 [+1.9, +4.8]' (accuracy differences in points, with the interval when there is one)."""
+    if not interval or interval.get("mean") is None:
+        return "—"
+    text = f"{100 * interval['mean']:+.1f}"
+    return text + (f" [{100 * interval['ci'][0]:+.1f}, {100 * interval['ci'][1]:+.1f}]" if interval.get("ci") else "")
+
+
+def credit_methods(names: Any) -> list[str]:
+    """The compared methods that assign credit: neither a baseline nor a shuffled control."""
+    return [k for k in names if k not in BASELINES and control_target(k) is None]
+
+
+def _final(run: dict[str, Any]) -> Any:
+    return run.get("final_accuracy")
+
+
+def _unjudged(goal: str, pairs: list[tuple[str, str, int]]) -> dict[str, Any] | None:
+    """A 'not judged' row when two methods the goal compares share fewer than 2 finished seeds (no interval),
+    else None. pairs: (method, other, seeds both finished)."""
+    short = [(a, b, n) for a, b, n in pairs if n < 2]
+    if not short:
+        return None
+    return {"goal": goal, "holds": None,
+            "evidence": "not judged: " + "; ".join(f"{a} and {b} share {n} finished seed(s)" for a, b, n in short)}
+
+
+def _shared(results: dict[str, Any], a: str, b: str) -> tuple[str, str, int]:
+    seeds = [set(results["methods"].get(m, {}).get("seeds", {})) for m in (a, b)]
+    return a, b, len(seeds[0] & seeds[1])
+
+
+def _best_credit(results: dict[str, Any]) -> dict[str, Any]:
+    credit = credit_methods(results["methods"])
+    # a method paired with GRPO on fewer than 2 seeds has no interval: it cannot be judged the best
+    candidates = [m for m in credit if (results["methods"][m].get("delta_vs_grpo") or {}).get("n", 0) >= 2]
+    if not candidates:
+        return {"goal": BEST, "holds": None, "evidence": "not judged: no credit method shares 2 finished seeds with grpo"}
+    left_out = [m for m in credit if m not in candidates]
+    grpo = results["methods"]["grpo"]["seeds"]
+    name = max(candidates, key=lambda m: results["methods"][m]["delta_vs_grpo"]["mean"])
+    entry, k = results["methods"][name], len(candidates)
+    adjusted = paired(paired_deltas(entry["seeds"], grpo, _final), level=1 - (1 - LEVEL) / k)
+    n, reached = len(entry["seeds"]), entry["seeds_reaching_grpo_final"]
+    ratio = entry.get("tokens_to_grpo_final_ratio")
+    holds = (adjusted["mean"] >= 0.05 and bool(excludes_zero(adjusted, +1)) and reached == n
+             and ratio is not None and ratio <= 0.5)
+    floor = results.get("tokens_ratio_floor")
+    return {"goal": BEST, "holds": holds,
+            "evidence": (f"best of {k} credit methods by Δ vs GRPO: {name}, {points(entry['delta_vs_grpo'])} points "
+                         f"(95%), [{100 * adjusted['ci'][0]:+.1f}, {100 * adjusted['ci'][1]:+.1f}] at "
+                         f"{100 * (1 - (1 - LEVEL) / k):.1f}% for the choice among {k}" if k > 1 else
+                         f"the only credit method, {name}: {points(entry['delta_vs_grpo'])} points (95%)")
+                        + f"; reaches GRPO's mean final on {reached}/{n} seeds, with " + _ratio(ratio)
+                        + " the tokens GRPO's curves took to reach it, on average"
+                        + (f" (the first evaluation puts a floor of {floor:.2f}x under this ratio)" if floor else "")
+                        + (f" (left out, fewer than 2 seeds: {', '.join(left_out)})" if left_out else "")}
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:.2f}x" if value is not None else "—"
+
+
+def _sc_above(results: dict[str, Any]) -> dict[str, Any]:
+    unjudged = _unjudged(SC, [_shared(results, "sc_grpo", "grpo")])
+    if unjudged:
+        return unjudged
+    delta = results["methods"]["sc_grpo"]["delta_vs_grpo"]
+    return {"goal": SC, "holds": bool(excludes_zero(delta, +1)),
+            "evidence": f"sc_grpo {points(delta)} points vs GRPO (paired over {delta['n']} seeds)"}
+
+
+def _tokens_to_target(results: dict[str, Any]) -> Any:
+    every = (results.get("protocol") or {}).get("eval_every_tokens") or results["token_budget"] // 4
+
+    def tokens(run: dict[str, Any]) -> int:  # never reached: no sooner than the evaluation after its last
+        reached = run.get("tokens_to_grpo_final")
+        return reached if reached else run.get("tokens_generated", results["token_budget"]) + every
+    return tokens
+
+
+def _srpo_sooner(results: dict[str, Any]) -> dict[str, Any]:
+    """SRPO reaches GRPO's final sooner than RRPO and than GRPO: per-seed differences in generated tokens
+    to GRPO's mean final accuracy, each interval below 0."""
+    unjudged = _unjudged(SRPO, [_shared(results, "srpo", "rrpo"), _shared(results, "srpo", "grpo")])
+    if unjudged:
+        return unjudged
+    tokens, m = _tokens_to_target(results), results["methods"]
+    vs_rrpo = paired(paired_deltas(m["srpo"]["seeds"], m["rrpo"]["seeds"], tokens))
+    vs_grpo = paired(paired_deltas(m["srpo"]["seeds"], m["grpo"]["seeds"], tokens))
+
+    def k(iv: dict[str, Any]) -> str:
+        return f"{iv['mean'] / 1e3:+,.0f}k" + (f" [{iv['ci'][0] / 1e3:+,.0f}k, {iv['ci'][1] / 1e3:+,.0f}k]" if iv["ci"] else "")
+
+    return {"goal": SRPO, "holds": bool(excludes_zero(vs_rrpo, -1)) and bool(excludes_zero(vs_grpo, -1)),
+            "evidence": f"generated tokens to GRPO's mean final (never reached: the run's tokens + one evaluation "
+                        f"interval), paired by seed: srpo − rrpo {k(vs_rrpo)}, srpo − grpo {k(vs_grpo)}; seeds "
+                        f"reaching: srpo {m['srpo']['seeds_reaching_grpo_final']}/{len(m['srpo']['seeds'])}, rrpo "
+                        f"{m['rrpo']['seeds_reaching_grpo_final']}/{len(m['rrpo']['seeds'])}"}
+
+
+def _controls(results: dict[str, Any], pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    credit = credit_methods(results["methods"])
+    orphans = [p["control"] for p in pairs if p["method"] not in results["methods"]]  # nothing to be above
+    pairs = [p for p in pairs if p["method"] in credit]
+    uncontrolled = [m for m in credit if m not in {p["method"] for p in pairs}]
+    note = ("".join([f" (no control in the grid: {', '.join(uncontrolled)})" if uncontrolled else "",
+                     f" (controls without their method, left out: {', '.join(orphans)})" if orphans else ""]))
+    if not pairs:
+        return {"goal": CONTROLS, "holds": None, "evidence": "not judged: no credit method has its control" + note}
+    unjudged = _unjudged(CONTROLS, [_shared(results, p["method"], p["control"]) for p in pairs])
+    if unjudged:
+        return {**unjudged, "evidence": unjudged["evidence"] + note}
+    return {"goal": CONTROLS, "holds": all(bool(excludes_zero(p["delta"], +1)) for p in pairs), "evidence": "; ".join(
+        f"{p['method']} − {p['control']}: {points(p['delta'])} points" for p in pairs) + note}
+
+
+def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The goals whose methods the comparison planned (a planned method that failed on every seed leaves
+    its goal 'not judged', never absent). Needs summarise() to have run."""
+    planned = set(results["methods"])
+    if "grpo" not in planned:
+        return []
+    out = []
+    if credit_methods(planned):
+        out.append(_best_credit(results))
+    if "sc_grpo" in planned:
+        out.append(_sc_above(results))
+    if {"srpo", "rrpo"} <= planned:
+        out.append(_srpo_sooner(results))
+    pairs = results.get("controls") or control_pairs(results)
+    if pairs:
+        out.append(_controls(results, pairs))
+    return out
+
+

@@ -1,0 +1,281 @@
+"""What a comparison runs: the presets, the config of each (method, seed) run, and the protocol
+results.json records (the schedule each method trained with, the evaluation sets).
+
+A method in a preset is a name or a spec with options, 'shuffled:of=rredcot'; its options become the
+estimator's credit options. Every method shares one optimiser schedule (epochs x mini-batches per batch)
+and one learning rate; a recipe that sets its own (a paper's setting) keeps it, and the protocol marks it.
+The `long` preset's token budget is where GRPO's curve on arith-long's start flattens (docs/results/arith-long-grpo).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from credo.train import methods as method_registry
+from credo.lab.compare.stats import parse_method_spec
+from credo.integrations import tracking
+from credo.core.config import MAX_EPOCHS, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigError, check, parse_yaml_value, to_dict
+from credo.policy.device import check_device_fields
+from credo.train.config import config_from_run, flatten_config, load_train_config
+
+ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain", "rredcot", "ibpo", "sc_grpo", "rrpo", "srpo")
+MAX_GRAD_CLIP = 1e6  # a clip norm above any real gradient: clipping off
+SCHEDULE = ("epochs", "minibatches", "lr", "grad_clip")  # the optimiser schedule every method of a comparison shares
+MAX_JOBS = 256  # runs at a time: each is a process holding a policy; more is a typo, not a machine
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A comparison's protocol: what runs, on what budget, evaluated how (`credo compare --preset NAME`)."""
+
+    methods: tuple[str, ...]
+    """What to run: each a method name or 'name:key=value' (e.g. 'shuffled:of=rredcot')."""
+    seeds: tuple[int, ...]
+    """Seeds of every method."""
+    token_budget: int
+    """Generated tokens per run."""
+    eval_every_tokens: int
+    """Held-out accuracy whenever generated tokens cross a multiple of it (the shared accuracy curve)."""
+    eval_n: int
+    """Held-out problems of each curve point."""
+    final_eval_n: int
+    """Held-out problems of the final evaluation."""
+    train: dict[str, Any] = field(default_factory=dict)
+    """TrainConfig overrides for every run."""
+    audit_n: int = 64
+    """Traces of the credit audit of the start (0 skips it)."""
+    audit_k_ref: int = 16
+    """MC continuations per boundary of the audit's reference."""
+    task: str = "arith"
+    """The task every run trains and is evaluated on (its default start unless --start is given)."""
+    schedule: dict[str, Any] = field(default_factory=dict)
+    """epochs/minibatches/lr shared by every method (empty: TrainConfig's defaults)."""
+    jobs: int = 1
+    """Trainings at once unless --jobs says otherwise."""
+    note: str = ""
+    """Said in results.json and the report (e.g. that a budget is not measured yet)."""
+    needs_start: str = ""
+    """What --start must be, for a preset whose task has no default start ('' = the task's default start)."""
+
+
+PRESETS = {
+    # ~15 minutes on 2 cores: the baseline, the cheapest credit method, a reset method, and self-conditioning
+    "quick": Preset(methods=("grpo", "rredcot", "srpo", "sc_grpo"), seeds=(0,), token_budget=230_000,
+                    eval_every_tokens=57_500, eval_n=200, final_eval_n=1000, audit_n=64, audit_k_ref=16),
+    # every method and the shuffled controls of the cheap segment-credit methods, 3 seeds, ~114 GRPO steps
+    # (the 12 methods took 58 minutes on 2 cores with --jobs 2)
+    "full": Preset(methods=ALL_METHODS + ("shuffled:of=rredcot", "shuffled:of=sc_grpo"), seeds=(0, 1, 2),
+                   token_budget=260_000, eval_every_tokens=65_000, eval_n=300, final_eval_n=1000, audit_n=128,
+                   audit_k_ref=16, jobs=2),
+    # The decisive comparison on the long-chain task (issue 15). Budget measured on arith-long's start
+    # (docs/results/arith-long-grpo/wide): GRPO climbs fast to ~400k tokens (0.36 -> 0.56), a third as fast to
+    # 1M (0.63), and is flat from 1M to 1.5M (0.63, 0.63, 0.62, 0.62, 0.64): the budget is where it flattens.
+    "long": Preset(methods=("grpo", "dr_grpo", "dapo", "gspo", "rredcot", "shuffled:of=rredcot", "vineppo", "rrpo",
+                            "srpo", "ibpo", "sc_grpo", "shuffled:of=sc_grpo"), seeds=(0, 1, 2, 3, 4),
+                   token_budget=1_000_000, eval_every_tokens=125_000, eval_n=300, final_eval_n=1000, audit_n=128,
+                   audit_k_ref=16, task="arith-long", jobs=2),
+    # SmolLM2-135M on 2 CPU cores (issue 17): gym:chain_sum with 3-4 one-digit terms, from its format/answer SFT
+    # start (README, "Real models"), which the caller passes as --start. One update per batch of 2 prompts x 4
+    # completions at lr 2e-6 (2e-5 collapsed the start's greedy accuracy 0.33 -> 0 within 10 steps, see
+    # docs/results/smollm2/); 50k generated tokens is ~205 GRPO steps, ~24 minutes of one GRPO run on 2 idle cores
+    # (docs/results/smollm2/grpo-42k-timed).
+    "smollm2": Preset(methods=("grpo", "rredcot", "sc_grpo"), seeds=(0, 1), token_budget=50_000,
+                      eval_every_tokens=10_000, eval_n=100, final_eval_n=300, audit_n=0, task="gym:chain_sum",
+                      train={"task_options": {"min_terms": 3, "max_terms": 4, "min_digits": 1, "max_digits": 1}},
+                      schedule={"epochs": 1, "minibatches": 1, "lr": 2e-6}, jobs=2,
+                      needs_start="the SmolLM2 format/answer SFT start: `credo sft --config "
+                                  "examples/smollm2/sft.yaml --out DIR` (README, Real models and tasks)"),
+    # for tests: a minute on a tiny model
+    "smoke": Preset(methods=("grpo", "rredcot"), seeds=(0,), token_budget=1_500, eval_every_tokens=600, eval_n=8,
+                    final_eval_n=8, train={"prompts_per_step": 2, "group_size": 4, "sampling": {"max_new_tokens": 24}},
+                    audit_n=8, audit_k_ref=2),
+}
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """What `credo compare` runs: a preset, and the caller's replacements of its settings."""
+
+    preset: str = "quick"
+    """quick (~15 min, 1 seed, 4 methods), full (3 seeds, every method and the shuffled controls), long
+    (arith-long, 12 methods incl. controls, 5 seeds), smollm2 (SmolLM2-135M on gym:chain_sum, 2 seeds; needs
+    --start) or smoke (tests)."""
+    methods: tuple[str, ...] | None = None
+    """Methods instead of the preset's, each a name or name:key=value (e.g. shuffled:of=rredcot); grpo is
+    always added."""
+    seeds: tuple[int, ...] | None = None
+    """Seeds instead of the preset's."""
+    start: str = ""
+    """Start checkpoint of every run ('' = the SFT start of the task)."""
+    task: str = ""
+    """Task of every run instead of the preset's ('' = the preset's: arith; long: arith-long)."""
+    jobs: int | None = None
+    """Trainings at once, each in its own process with cpu_count/jobs threads (None = the preset's)."""
+    budget: int | None = None
+    """Generated tokens per training run instead of the preset's (evaluated every quarter of it)."""
+    epochs: int | None = None
+    """Optimiser passes per batch shared by every method (None = the training default); a recipe that sets
+    its own keeps it and the report lists it."""
+    minibatches: int | None = None
+    """AdamW steps per pass shared by every method (None = the training default)."""
+    lr: float | None = None
+    """Learning rate shared by every method (None = the training default); a sweep is one comparison per
+    value, each into its own --out."""
+    grad_clip: float | None = None
+    """Gradient-norm clip shared by every method (None = the training default, 1.0). Clipping acts unequally
+    on methods (the report shows each one's share of clipped steps); a very large value turns it off for all."""
+    report_to: tuple[str, ...] = ()
+    """Experiment trackers each run also logs to, as its own tracker run grouped by the comparison (--out's
+    name): any of tensorboard, wandb, mlflow, trackio; stores under --out (docs/tracking.md). None by default."""
+    device: str = "auto"
+    """Where every run and the audit run: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N
+    (docs/gpu.md); each run records the device it resolved to, and a comparison continues only on it."""
+    dtype: str = "float32"
+    """The weights' dtype: float32, or bfloat16 for a Hugging Face start on a GPU."""
+    share_gpu: bool = False
+    """On a GPU, run `jobs` trainings at once, each process with its own copy of the model on the one device
+    (default false: one after another, as one training keeps a GPU busy)."""
+
+    def __post_init__(self) -> None:
+        check_device_fields(self.device, self.dtype, "compare.")
+        check(self.preset in PRESETS, f"compare --preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
+        check(self.budget is None or self.budget > 0,
+              f"compare --budget must be a positive number of generated tokens, got {self.budget}")
+        check(self.jobs is None or self.jobs >= 1, f"compare --jobs must be >= 1, got {self.jobs}")
+        check(all(n is None or n >= 1 for n in (self.epochs, self.minibatches)),
+              f"compare.epochs and compare.minibatches (--schedule) must be >= 1, got {self.epochs}x{self.minibatches}")
+        check(self.epochs is None or self.epochs <= MAX_EPOCHS,
+              f"compare.epochs (--schedule EPOCHSxMINIBATCHES) must be in 1..{MAX_EPOCHS}, got {self.epochs}")
+        check(self.minibatches is None or self.minibatches <= MAX_STEP_COMPLETIONS,
+              f"compare.minibatches (--schedule EPOCHSxMINIBATCHES) must be in 1..{MAX_STEP_COMPLETIONS:,}, got "
+              f"{self.minibatches}")
+        check(self.jobs is None or self.jobs <= MAX_JOBS, f"compare --jobs must be in 1..{MAX_JOBS}, got {self.jobs}")
+        check(self.lr is None or self.lr > 0, f"compare --lr must be > 0, got {self.lr}")
+        check(self.grad_clip is None or 0 < self.grad_clip <= MAX_GRAD_CLIP,
+              f"compare.grad_clip must be in (0, {MAX_GRAD_CLIP:g}], got {self.grad_clip}")
+        check(self.seeds is None or len(self.seeds) > 0, "compare.seeds: give at least one seed")
+        check_method_specs(self.methods or (), where="compare --methods")
+        object.__setattr__(self, "report_to", tracking.checked_names(self.report_to, "compare.report_to"))
+
+    @property
+    def schedule(self) -> dict[str, Any]:
+        """The shared-schedule fields given (epochs, minibatches, lr, grad_clip), as `compare(schedule=...)` takes them."""
+        return {k: getattr(self, k) for k in SCHEDULE if getattr(self, k) is not None}
+
+
+def run_dir_name(spec: str, seed: int) -> str:
+    """runs/<name>-s<seed>; a spec's ':' (not allowed in every file system) becomes '_'."""
+    return f"{spec.replace(':', '_')}-s{seed}"
+
+
+def run_config(spec: str, seed: int, preset: Preset, start: str, report_to: tuple[str, ...] = ()) -> Any:
+    """The TrainConfig of one run: the preset's shared settings and schedule, the method's recipe, and the
+    spec's options as the estimator's credit options. The shared schedule goes under the recipe: a recipe
+    that sets its own schedule (a paper's setting) keeps it in any comparison. report_to: the run's trackers."""
+    name, options = parse_method_spec(spec)
+    credit = {**preset.train.get("credit", {}), **{k: parse_yaml_value(v, f"method {spec} option {k}")
+                                                   for k, v in options.items()}}
+    overrides = {**preset.train, "method": name, "seed": seed, "start": start, "task": preset.task,
+                 "steps": 1_000_000, "max_generated_tokens": preset.token_budget,
+                 "eval_every_tokens": preset.eval_every_tokens, "eval_n": preset.eval_n,
+                 "final_eval_n": preset.final_eval_n, "checkpoint_every": 50, "report_to": list(report_to)}
+    if credit:
+        overrides["credit"] = credit
+    return load_train_config(None, None, overrides, base=dict(preset.schedule))
+
+
+def protocol(preset: Preset, start: str, jobs: int) -> dict[str, Any]:
+    """What every run shared and where a method differs, as results.json records it. Each method's schedule
+    is read back from its own run config, so what is recorded is what trains; a method whose recipe sets a
+    different schedule is marked source 'recipe'."""
+    base = load_train_config(None, None, {**preset.schedule, "start": start})  # no recipe: the shared schedule
+    shared = {k: getattr(base, k) for k in SCHEDULE}
+    per_method = {}
+    for spec in preset.methods:
+        config = run_config(spec, preset.seeds[0], preset, start)
+        own = {k: getattr(config, k) for k in SCHEDULE}
+        per_method[spec] = {**own, "source": "shared" if own == shared else "recipe"}
+    return {"task": preset.task, "seeds": list(preset.seeds), "jobs": jobs, "token_budget": preset.token_budget,
+            "eval_every_tokens": preset.eval_every_tokens, "eval_n": preset.eval_n,
+            "final_eval_n": preset.final_eval_n, "curve_eval_set": f"the first {preset.eval_n} held-out problems",
+            "schedule": shared, "methods": per_method}
+
+
+def is_default_start(path: str, task: str) -> bool:
+    """Whether `path` names the task's default start by its folder: the shipped `assets/sft-<hash>` or the
+    cache's `sft/<hash>` (credo.train.sft.ensure_sft), in this checkout or any other. The hash names the SFT config,
+    and SFT on CPU is deterministic, so every such folder holds the same start."""
+    if not path:
+        return False
+    from credo.train.sft import config_hash, sft_config_for
+    digest = config_hash(sft_config_for(task))
+    folder = os.path.normpath(str(path))
+    name, parent = os.path.basename(folder), os.path.basename(os.path.dirname(folder))
+    return name == f"sft-{digest}" or (name == digest and parent == "sft")
+
+
+def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str) -> None:
+    """A run directory left by an earlier comparison is reused (or resumed) only if it was made with
+    the same training config; otherwise mixing budgets or starts would corrupt the table. Both configs are
+    compared as loaded (an older config.yaml's flat sampling keys and partial credit options included).
+    Runs record the task's default start as ''; a run from before that, or a --start, naming a path to it
+    (in whatever checkout or cache it lay) is the same start here, though it trains from the path given."""
+    for method, seed, run_dir in plan:
+        if not os.path.exists(os.path.join(run_dir, "config.yaml")):
+            continue
+        old = flatten_config(to_dict(config_from_run(run_dir)))
+        new = flatten_config(to_dict(run_config(method, seed, preset, start)))
+        for recorded in (old, new):  # the default start named by a path (another checkout's, the cache's) is ''
+            if is_default_start(recorded.get("start", ""), preset.task):
+                recorded["start"] = ""
+        # where a run reports to is not what it trains: a comparison may add or drop trackers and reuse its runs
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k != "report_to")
+        if changed:
+            moved = f"pass --device {old['device']} to continue it where it ran, " if "device" in changed else ""
+            raise ConfigError(f"{run_dir} was made with a different config ({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "
+                             f"{moved}choose a new --out or remove that run directory")
+
+
+def check_method_specs(specs: tuple[str, ...], where: str) -> None:
+    """Every spec names a known method (`name` or `name:key=value`); else a one-line ConfigError naming it."""
+    for spec in specs:
+        try:
+            method_registry.resolve(parse_method_spec(spec)[0])
+        except (KeyError, ValueError) as err:
+            raise ConfigError(f"{where}: {err.args[0] if err.args else err}") from None
+
+
+def resolve_preset(preset_name: str, methods: tuple[str, ...] | None, seeds: tuple[int, ...] | None,
+                   token_budget: int | None, schedule: dict[str, Any] | None, task: str | None = None) -> Preset:
+    """The preset with the caller's replacements, every method name and the task checked before any training."""
+    if preset_name not in PRESETS:
+        raise ConfigError(f"unknown preset {preset_name!r}; available: {', '.join(PRESETS)}")
+    preset = PRESETS[preset_name]
+    preset = replace(preset, methods=tuple(methods or preset.methods), seeds=tuple(seeds if seeds is not None else preset.seeds),
+                     schedule={**preset.schedule, **(schedule or {})}, task=task or preset.task)
+    if token_budget is not None:
+        if token_budget <= 0:
+            raise ConfigError(f"token_budget (--budget) must be a positive number of generated tokens, got {token_budget}")
+        preset = replace(preset, token_budget=token_budget, eval_every_tokens=max(1, token_budget // 4))
+    if not preset.seeds:
+        raise ConfigError("seeds: give at least one seed")
+    bad = [s for s in preset.seeds if not 0 <= s < SEED_LIMIT]
+    if bad:
+        raise ConfigError(f"seeds: each must be in 0..{SEED_LIMIT - 1}, got {bad[0]}")
+    if len(set(preset.seeds)) < len(preset.seeds):
+        raise ConfigError(f"seeds: {','.join(map(str, preset.seeds))} names a seed twice (two runs would share one directory)")
+    check_method_specs(preset.methods, where="methods")  # unknown names fail before any training
+    folders = [run_dir_name(m, 0) for m in preset.methods]
+    twice = sorted({m for m, f in zip(preset.methods, folders) if folders.count(f) > 1})
+    if twice:
+        raise ConfigError(f"methods: {', '.join(twice)} would share one run directory (a method named twice)")
+    if "grpo" not in preset.methods:
+        preset = replace(preset, methods=("grpo",) + preset.methods)  # the yardstick is always run
+    from credo.tasks import make_task
+    try:
+        make_task(preset.task)
+    except (ValueError, KeyError) as err:
+        raise ConfigError(f"preset {preset_name!r}: task {preset.task!r} is not available here ({err})") from None
+    return preset

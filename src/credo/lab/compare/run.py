@@ -1,0 +1,382 @@
+"""`credo compare`: every method trained from the same start, side by side, in one run directory.
+
+The protocol is a property of the command, not of the caller's care:
+  - every (method, seed) run starts from the same start of the preset's task, sees the same prompts per
+    step and group size, and stops at the same budget of *generated* tokens (resets and MC continuations
+    count);
+  - every method trains with one optimiser schedule (epochs x mini-batches per batch) and one learning
+    rate; a recipe that sets its own (a paper's setting) keeps it, and the report lists it;
+  - held-out accuracy is measured on one fixed set (the first eval_n held-out problems) whenever the
+    generated-token count crosses a multiple of the eval interval, so every curve shares one x axis; the
+    final evaluation uses the first final_eval_n (>= 1000 in the real presets);
+  - differences to GRPO and to each `shuffled:of=<m>` control are paired by seed, with a 95% t interval
+    and the seeds needed to resolve them; goals count only where the interval excludes 0;
+  - the estimated wall time is printed before anything trains (credo.lab.compare.eta).
+The run directory holds
+  runs/<method>-s<seed>/   each training run (config, metrics.jsonl, checkpoints, final/)
+  audit/                   the credit audit of the start checkpoint for the estimators compared
+  results.json             protocol, curves, finals, intervals, equal-update table, controls, estimate
+  estimate.json            the estimate made at the (latest) start, written once confirmed: --status costs
+                           a method no run has logged a step of from it
+  report.md, curves.png (accuracy vs generated tokens), curves_by_update.png, audit.png
+A method that fails is reported in the table and the comparison goes on; a full disk (or a read-only one)
+stops it, since no later run could write (credo.core.disk_errors): free space and rerun, finished runs are reused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import replace
+from typing import Any, Callable
+
+import torch
+from tqdm import tqdm
+
+from credo.train import methods as method_registry
+from credo.lab.compare import eta as compare_eta
+from credo.lab.audit.run import AuditConfig, run_audit
+from credo.lab.compare.report import goals, plot_curves, report, summarise  # noqa: F401  (re-exported)
+from credo.lab.compare.presets import (ALL_METHODS, PRESETS, Preset, check_reusable, protocol,  # noqa: F401  (re-exported)
+                                   resolve_preset, run_config, run_dir_name)
+from credo.lab.compare.runs import failure_path, progress_of, run_result  # noqa: F401  (re-exported)
+from credo.lab.compare.stats import parse_method_spec
+from credo.core.config import ConfigError, UserError
+from credo.core.disk_errors import DiskError, as_disk_error, is_disk_error
+from credo.train.interrupts import Interrupted, worker_started, worker_task, workers_stopped_on_interrupt
+from credo.integrations.tracking import TrackingPlace, check_installed, checked_names
+from credo.policy.device import device_name, resolve_device, resolve_dtype
+from credo.train.provenance import loaded_commit
+from credo.core.files import atomic_write_json, atomic_write_text, is_locked, run_lock
+from credo.train.trainer import Trainer
+
+def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on_step: Any,
+            report_to: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Trains (or resumes) one run of the comparison, unless it finished earlier; its result as results.json
+    records it. report_to: the trackers it logs to, as a tracker run of its own named after its directory and
+    grouped by the comparison (the stores under the comparison's --out: credo.integrations.tracking)."""
+    if not os.path.exists(os.path.join(run_dir, "summary.json")):  # else finished earlier: reuse (resumable)
+        out_dir = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))  # <out>/runs/<run>
+        place = TrackingPlace(root=out_dir, run_name=os.path.basename(run_dir), group=os.path.basename(out_dir))
+        Trainer(run_config(method, seed, preset, start, report_to), run_dir, progress=False, on_step=on_step,
+                tracking=place).train()
+    return run_result(run_dir)
+
+
+def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm,
+                report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
+    outcomes = []
+    for method, seed, run_dir in plan:
+        state = {"tokens": 0}
+
+        def on_step(trainer: Trainer, row: dict, method: str = method, seed: int = seed, state: dict = state) -> None:
+            bar.update(min(row["tokens_generated"], preset.token_budget) - state["tokens"])
+            state["tokens"] = min(row["tokens_generated"], preset.token_budget)
+            bar.set_description(f"{method} seed {seed} step {row['step']}")
+
+        try:
+            outcomes.append((run_one(method, seed, preset, start, run_dir, on_step, report_to), None))
+        except Exception as err:
+            if is_disk_error(err):  # the machine's, not the method's: every later run would fail the same way
+                raise as_disk_error(err) from err
+            outcomes.append((None, traceback.format_exc()))
+        bar.update(preset.token_budget - state["tokens"])
+    return outcomes
+
+
+def _worker(method: str, seed: int, preset: Preset, start: str, run_dir: str, threads: int,
+            report_to: tuple[str, ...] = ()) -> tuple[Any, str | None]:
+    import torch
+    torch.set_num_threads(threads)
+    with worker_task():  # stopped by the parent (credo.train.interrupts): the run unwinds, then the worker leaves
+        try:
+            return run_one(method, seed, preset, start, run_dir, None, report_to), None
+        except Exception as err:
+            if is_disk_error(err):  # raised to the parent, which stops the grid (DiskError pickles from its parts)
+                raise as_disk_error(err) from err
+            return None, traceback.format_exc()
+
+
+def _executor(jobs: int) -> Any:
+    """The worker pool of _run_parallel: `jobs` spawned processes (no forked torch thread pools), each of which
+    leaves when its parent stops it or is gone (credo.train.interrupts.worker_started)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=worker_started, initargs=(os.getpid(),))
+
+
+def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm, jobs: int,
+                  report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
+    """Runs `plan` `jobs` at a time. A run is submitted only when a worker is free: a process pool starts
+    what it is handed ahead of time, so a full disk (DiskError) then stops the grid with no run begun after
+    it; the runs already going are waited for (on that disk they fail at their next write), then it raises."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    outcomes: dict[int, tuple[Any, str | None]] = {}
+    shown, queued, stop = 0, list(enumerate(plan))[::-1], None  # popped from the end: plan order
+    futures: dict[Any, int] = {}
+    with _executor(jobs) as pool, workers_stopped_on_interrupt():  # no worker trains on, holding its lock
+        def submit_next() -> set[Any]:
+            while queued:
+                i, (method, seed, run_dir) = queued.pop()
+                try:
+                    future = pool.submit(_worker, method, seed, preset, start, run_dir, threads, report_to)
+                except Exception:  # a pool broken by a worker that died: each run left fails, and is reported
+                    outcomes[i] = (None, traceback.format_exc())
+                    continue
+                futures[future] = i
+                return {future}
+            return set()
+        pending: set[Any] = set()
+        for _ in range(jobs):
+            pending |= submit_next()
+        while pending:
+            done, pending = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
+            for future in done:
+                try:
+                    outcomes[futures[future]] = future.result()
+                except DiskError as err:
+                    stop = stop or err
+                    if pending:
+                        print(f"credo compare: stopping on a refused write; waiting for {len(pending)} running "
+                              "run(s)", file=sys.stderr, flush=True)
+                except Exception:  # the worker itself died (killed, out of memory)
+                    outcomes[futures[future]] = (None, traceback.format_exc())
+                if stop is None:
+                    pending |= submit_next()
+            started = sorted((futures[f], *progress_of(plan[futures[f]][2], preset.token_budget)) for f in pending)
+            started = [row for row in started if row[1] > 0]  # queued runs have no log yet
+            now = preset.token_budget * len(outcomes) + sum(tokens for _, tokens, _ in started)
+            bar.update(now - shown)
+            shown = now
+            running = ", ".join(f"{plan[i][0]} seed {plan[i][1]} step {step}" for i, _, step in started[:jobs])
+            bar.set_description(f"{len(outcomes)}/{len(plan)} runs done" + (f"; running {running}" if running else ""))
+    if stop is not None:
+        raise stop
+    return [outcomes[i] for i in range(len(plan))]
+
+
+def _train_all(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
+               progress: bool, report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
+    """(result, None) or (None, traceback) of each run of `plan`, under one progress bar (closed even when a
+    full disk stops the grid, so the error is not printed onto the bar's line)."""
+    bar = tqdm(total=len(plan) * preset.token_budget, unit="tok", unit_scale=True, disable=not progress,
+               dynamic_ncols=True)
+    try:
+        if jobs <= 1:
+            return _run_serial(plan, preset, start, bar, report_to)
+        return _run_parallel(plan, preset, start, bar, jobs, report_to)
+    finally:
+        bar.close()
+
+
+def stopped_at(stop: Interrupted, preset: Preset, out_dir: str, command: str) -> Interrupted:
+    """`stop` with its one line: how many of the comparison's runs finished, and the command that finishes it
+    (finished runs are reused, the others resume from their last checkpoints)."""
+    runs = [os.path.join(out_dir, "runs", run_dir_name(m, s)) for s in preset.seeds for m in preset.methods]
+    done = sum(os.path.exists(os.path.join(run, "summary.json")) for run in runs)
+    return stop.explained(f"stopped by {stop.name}: {done} of {len(runs)} runs finished, the others keep their last "
+                          f"checkpoints and no process is left running; rerun `{command}` to finish the comparison")
+
+
+def default_start(task: str, progress: bool) -> str:
+    """Where the task's default start is: the cached (or shipped) SFT start of `arith`, built here once if
+    missing rather than by every worker at once; for another task '' (each run and the audit take that task's
+    own default start). Runs record '' either way (compare(): a portable config.yaml)."""
+    if task != "arith":
+        return ""
+    from credo.train.sft import ensure_sft
+    return ensure_sft(progress=progress)
+
+
+def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
+                       progress: bool = False) -> dict[str, Any]:
+    """Estimates the wall time of the runs still to do (compare_eta): a method with finished runs in `plan`
+    is costed from their own clocks, every other one by timing one step of it."""
+    finished: dict[str, list[dict[str, Any]]] = {}
+    for spec, _, run_dir in plan:
+        if os.path.exists(os.path.join(run_dir, "summary.json")):
+            finished.setdefault(spec, []).append(run_result(run_dir))
+    pending = [(spec, seed, preset.token_budget - progress_of(run_dir, preset.token_budget)[0])
+               for spec, seed, run_dir in plan if not os.path.exists(os.path.join(run_dir, "summary.json"))]
+    measured = {spec: compare_eta.measured_timing(runs) for spec, runs in finished.items()}
+    measured = {spec: timing for spec, timing in measured.items() if timing is not None}
+    first_seed: dict[str, int] = {}
+    for spec, seed, _ in pending:
+        if spec not in measured:
+            first_seed.setdefault(spec, seed)
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+    timings, eval_seconds = (compare_eta.time_methods(list(first_seed.items()), lambda m, s: run_config(m, s, preset, start),
+                                                      threads, progress) if first_seed else ({}, 0.0))
+    if pending and not first_seed:  # every remaining method is costed from its runs: only the evaluation is timed
+        eval_seconds = compare_eta.time_evaluation(run_config(pending[0][0], pending[0][1], preset, start), threads)
+    return compare_eta.estimate([(spec, left) for spec, _, left in pending], {**timings, **measured}, eval_seconds,
+                                eval_every_tokens=preset.eval_every_tokens,
+                                final_eval_ratio=preset.final_eval_n / preset.eval_n, jobs=jobs,
+                                measured=frozenset(measured))
+
+
+def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
+            start: str | None = None, progress: bool = True, jobs: int | None = None,
+            token_budget: int | None = None, command: str | None = None, schedule: dict[str, Any] | None = None,
+            confirm: Callable[[float], None] | None = None, task: str | None = None,
+            report_to: tuple[str, ...] = (), device: str = "auto", dtype: str = "float32",
+            share_gpu: bool = False) -> dict[str, Any]:
+    """Runs the preset and writes the run directory; returns results.json's content.
+
+    jobs (default: the preset's) > 1 runs that many (method, seed) trainings at once in worker processes,
+    each with cpu_count // jobs threads (on 2 cores two one-thread jobs finished a small grid 1.15x sooner
+    than one two-thread job, `bench/compare_jobs.py`: small matmuls scale poorly to two threads). Every run of
+    one comparison should use the same `jobs`, since step times are compared across methods. token_budget
+    replaces the preset's budget of generated tokens per run (evaluated at each quarter of it); schedule
+    replaces the shared epochs/minibatches/lr; task the preset's task (the default start follows it).
+    confirm(estimated seconds) is called after the timing and before any training; it raises to stop (the
+    CLI's --yes gate, compare_eta.confirm). report_to: the trackers every run logs to, each run its own
+    tracker run grouped by the comparison (credo.integrations.tracking). `device` (resolved here once: every run
+    records the same one) and `dtype` place every run and the audit; on a GPU the runs go one after another
+    unless `share_gpu`."""
+    preset = resolve_preset(preset_name, methods, seeds, token_budget, schedule, task)
+    report_to = checked_names(report_to, "compare.report_to")
+    check_installed(report_to, "compare.report_to")  # before any timing or training
+    jobs = preset.jobs if jobs is None else jobs
+    if jobs < 1:
+        raise ConfigError(f"jobs (--jobs) must be >= 1, got {jobs}")
+    preset, placed, jobs = place_runs(preset, device, dtype, jobs, share_gpu, progress)
+    if preset.needs_start and not start:
+        raise ConfigError(f"--preset {preset_name} needs --start: {preset.needs_start}")
+    start, default = start or "", "" if start else default_start(preset.task, progress)  # runs record '' (portable)
+    # seed-major: an interrupted comparison has every method at its first seeds
+    plan = [(m, s, os.path.join(out_dir, "runs", run_dir_name(m, s))) for s in preset.seeds for m in preset.methods]
+    if is_locked(out_dir):  # before the timing: run_lock below would refuse it only after
+        raise UserError(f"--out {out_dir} is being written by another credo compare; wait for it or stop it first")
+    check_reusable(plan, preset, start)
+    compare_eta.timed_steps(out_dir)  # a malformed estimate.json is refused now, not after minutes of timing
+    results: dict[str, Any] = {"preset": preset_name, "command": command, "start": start or default or f"the default start of {preset.task}",
+                               "task": preset.task, "commit": loaded_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
+                               "machine": machine(placed), "token_budget": preset.token_budget,
+                               "final_eval_n": preset.final_eval_n, "note": preset.note,
+                               "protocol": protocol(preset, start, jobs), "methods": {}, "failures": {}}
+    began = time.time()
+    results["estimate"] = estimate_wall_time(plan, preset, start, jobs, progress)  # training only, not the audit
+    if confirm is not None:
+        confirm(results["estimate"]["seconds"])
+    elif progress:
+        compare_eta.confirm(results["estimate"]["seconds"], yes=True, interactive=False)  # prints it
+    os.makedirs(out_dir, exist_ok=True)  # only once confirmed: a refused comparison leaves nothing behind
+    with run_lock(out_dir):  # a second comparison into the same --out is refused, not interleaved
+        compare_eta.keep_estimate(out_dir, results["estimate"])  # for --status (methods no run has started)
+        outcomes = _train_all(plan, preset, start, jobs, progress, report_to)
+        record_outcomes(results, preset.methods, plan, outcomes, out_dir)
+        atomic_write_json(os.path.join(out_dir, "results.json"), results)
+        if preset.audit_n > 0:
+            results["audit"] = audit_rows(preset, start, out_dir, progress, device=device_name(placed), dtype=dtype)
+        results["wall_seconds"] = time.time() - began
+        write_report(results, out_dir)
+    return results
+
+
+def place_runs(preset: Preset, device: str, dtype: str, jobs: int, share_gpu: bool,
+               progress: bool) -> tuple[Preset, torch.device, int]:
+    """The preset with every run placed on `device` (resolved once: every run records the same one) in `dtype`,
+    the device, and the trainings to run at once there (jobs_on)."""
+    placed = resolve_device(device, "compare.device")
+    resolve_dtype(dtype, placed, "compare.dtype")
+    preset = replace(preset, train={**preset.train, "device": device_name(placed), "dtype": dtype})
+    return preset, placed, jobs_on(placed, jobs, share_gpu, progress)
+
+
+def record_outcomes(results: dict[str, Any], methods: tuple[str, ...], plan: list[tuple[str, int, str]],
+                    outcomes: list[tuple[Any, str | None]], out_dir: str) -> None:
+    """Each run's result into results['methods'], and each failure into results['failures'] and its own
+    traceback file: reported, never hidden."""
+    results["methods"] = {method: {"seeds": {}} for method in methods}
+    for (method, seed, _), (result, error) in zip(plan, outcomes):
+        if error is None:
+            results["methods"][method]["seeds"][str(seed)] = result
+        else:
+            results["failures"][f"{method}-s{seed}"] = error.strip().splitlines()[-1]
+            atomic_write_text(failure_path(out_dir, method, seed), error)
+
+
+def jobs_on(device: torch.device, jobs: int, share_gpu: bool, progress: bool = True) -> int:
+    """The trainings a comparison runs at once on `device`: `jobs` on the CPU (or with share_gpu), else 1. One
+    training keeps a GPU busy; `jobs` processes would each hold a copy of the model on it and time each other's
+    steps (the step times a comparison reports)."""
+    if device.type == "cpu" or jobs == 1 or share_gpu:
+        return jobs
+    if progress:
+        print(f"credo compare: --jobs {jobs} on {device_name(device)} runs one training at a time (--set "
+              "share_gpu=true runs them at once)", file=sys.stderr, flush=True)
+    return 1
+
+
+def machine(device: torch.device) -> str:
+    """results.json's `machine`: the CPU count, and the GPU when the runs use one."""
+    cpus = f"{os.cpu_count()} cpus"
+    return cpus if device.type == "cpu" else f"{cpus}, {torch.cuda.get_device_name(device)}"
+
+
+def write_report(results: dict[str, Any], out_dir: str) -> None:
+    """(Re)derives the summary and goal checks, then writes results.json, report.md and curves.png."""
+    summarise(results)
+    results["goals"] = goals(results)
+    atomic_write_json(os.path.join(out_dir, "results.json"), results)
+    atomic_write_text(os.path.join(out_dir, "report.md"), report(results))
+    plot_curves(results, os.path.join(out_dir, "curves.png"))
+    plot_curves(results, os.path.join(out_dir, "curves_by_update.png"), x="step")
+
+
+def rewrite_report(out_dir: str) -> dict[str, Any]:
+    """Rebuilds a finished comparison's report from its results.json and, where they are still on disk,
+    its run directories (after a change to the report)."""
+    path = os.path.join(out_dir, "results.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no results.json; run `credo compare --out {out_dir}` first")
+    try:
+        with open(path) as f:
+            results = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{path} is not valid JSON ({err})") from None
+    methods = results.get("methods") if isinstance(results, dict) else None
+    if not isinstance(methods, dict) or not all(isinstance(e, dict) and isinstance(e.get("seeds"), dict)
+                                                for e in methods.values()):
+        raise UserError(f"{path} is not a credo comparison's results (no 'methods' mapping of per-seed results)")
+    try:
+        for method, entry in methods.items():  # runs still on disk are re-read (newer fields)
+            for seed in entry["seeds"]:
+                run_dir = os.path.join(out_dir, "runs", run_dir_name(method, int(seed)))
+                if os.path.exists(os.path.join(run_dir, "summary.json")):
+                    entry["seeds"][seed] = run_result(run_dir)
+        write_report(results, out_dir)
+    except KeyError as err:  # a hand-edited or truncated results.json (CREDO_DEBUG=1 shows where)
+        raise UserError(f"{path} lacks the field {err} that the report needs") from None
+    except (ValueError, TypeError, AttributeError) as err:
+        raise UserError(f"{path} holds a value the report cannot read ({type(err).__name__}: {err})") from None
+    return results
+
+
+def audit_rows(preset: Preset, start: str, out_dir: str, progress: bool, device: str = "auto",
+               dtype: str = "float32") -> dict[str, Any]:
+    """Credit audit of the start checkpoint for the compared methods that are estimators."""
+    from credo import credit
+    estimators = []
+    for spec in preset.methods:
+        name, options = parse_method_spec(spec)
+        estimator = method_registry.resolve(name).estimator
+        row = spec if options else estimator  # 'shuffled:of=rredcot' is audited with its options
+        if estimator in credit.names() and row not in estimators and estimator != "grpo":
+            estimators.append(row)
+    config = AuditConfig(checkpoint=start, task=preset.task, n=preset.audit_n, group_size=8 if preset.audit_n >= 16 else 4,
+                         k_ref=preset.audit_k_ref, methods=tuple(estimators), device=device, dtype=dtype)
+    try:
+        report_ = run_audit(config, os.path.join(out_dir, "audit"), progress=progress)
+        shutil.copy(os.path.join(out_dir, "audit", "audit.png"), os.path.join(out_dir, "audit.png"))
+        return report_
+    except Exception as err:
+        return {"failure": f"{type(err).__name__}: {err}"}

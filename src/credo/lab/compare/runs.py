@@ -1,0 +1,68 @@
+"""A comparison's run directories read back: each finished run as results.json records it, how far a run in
+another process has got, and where a failed run's traceback is kept. Reads only; the runs are written by
+credo.train.trainer.Trainer (credo.lab.compare.run trains them)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import yaml
+
+from credo.lab.compare.presets import run_dir_name
+from credo.lab.compare.stats import clipping, stalled_seconds
+from credo.core.files import MetricsLog
+from credo.train.config import TrainConfig
+
+
+def failure_path(out_dir: str, method: str, seed: int) -> str:
+    """Where a comparison keeps the traceback of a (method, seed) run that failed."""
+    return os.path.join(out_dir, f"failure-{run_dir_name(method, seed)}.txt")
+
+
+def run_result(run_dir: str) -> dict[str, Any]:
+    """One finished training run as results.json records it, read from its run directory. Its `seconds`
+    and `seconds_per_step` leave out stalled steps (compare_stats.stalled_seconds); its curve keeps the
+    training clock as logged."""
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    rows = MetricsLog(os.path.join(run_dir, "metrics.jsonl")).rows()
+    curve = [{"step": r["step"], "tokens_generated": r["tokens_generated"], "seconds": r["seconds"],
+              "accuracy": r["eval_accuracy"]} for r in rows if "eval_accuracy" in r]
+    steps = [r for r in rows if r.get("step", 0) > 0]
+    curve.append({"step": summary["step"], "tokens_generated": summary["tokens_generated"],
+                  "seconds": summary["seconds"], "accuracy": summary["final_accuracy"], "final": True})
+    # a paused process's clock is not the method's cost: its stalled steps count at the run's median step
+    stalled, stalled_steps = stalled_seconds([float(r["seconds"]) for r in steps if "seconds" in r])
+    norms = [float(r["grad_norm"]) for r in steps if "grad_norm" in r]
+    return {"curve": curve, "final_accuracy": summary["final_accuracy"], "steps": summary["step"],
+            "tokens_generated": summary["tokens_generated"], "seconds": summary["seconds"] - stalled,
+            "stalled_seconds": stalled, "stalled_steps": stalled_steps,
+            "seconds_per_step": (summary["seconds"] - stalled) / max(summary["step"], 1),
+            "tokens_scored": steps[-1].get("tokens_scored", 0) if steps else 0,
+            **(clipping(norms, run_grad_clip(run_dir)) if norms else {}),
+            **({"commit": summary["credo_commit"]} if "credo_commit" in summary else {})}
+
+
+def run_grad_clip(run_dir: str) -> float:
+    """The gradient-norm clip a run trained with, from its config.yaml (TrainConfig's default where absent)."""
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        config = yaml.safe_load(f)
+    clip = config.get("grad_clip", TrainConfig.grad_clip) if isinstance(config, dict) else TrainConfig.grad_clip
+    return float(clip)
+
+
+def progress_of(run_dir: str, budget: int) -> tuple[int, int]:
+    """(generated tokens, step) of a run in another process, read from its metrics log."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return 0, 0
+    with open(path, "rb") as f:
+        lines = f.read().splitlines()
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+            return min(int(row.get("tokens_generated", 0)), budget), int(row.get("step", 0))
+        except (ValueError, json.JSONDecodeError):
+            continue  # a line being written
+    return 0, 0

@@ -1,0 +1,359 @@
+"""`credo show`: look at the credit. Samples traces, runs each method, and lays the per-token credit
+out as a page (`show_html.render`) or a terminal view (`render_terminal`).
+
+A page is plain data (`Page`): for each shown trace its prompt, its segments (one step line each on
+`arith`) with their tokens, the step label of each line, the labelled first error, every method's
+per-token credit (advantage x weight, docs/methods.md "## How fidelity is judged") and, with
+`k_ref > 0`, the MC reference value after each segment. One trace per prompt is shown (a wrong one
+with a labelled first error when the group has one); the methods see the whole group, as in training.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+import torch
+
+from credo.core.config import check
+from credo.policy.device import check_device_fields, resolve_device, resolve_dtype
+
+
+@dataclass(frozen=True)
+class ShowConfig:
+    """What `credo show` samples and colours."""
+
+    checkpoint: str = ""
+    """A credo checkpoint, a Hugging Face model directory, smollm2-135m or a training run (its final/);
+    '' or 'sft' = the task's SFT start (credo.train.starts.resolve_checkpoint)."""
+    task: str = "arith"
+    """Task: 'arith', 'arith-long', 'gym:<dataset>' or 'jsonl:<path>'."""
+    task_options: dict = field(default_factory=dict)
+    """The task's own options."""
+    methods: tuple[str, ...] = ("grpo", "rredcot")
+    """Estimator specs ('name' or 'name:key=value:...', as in `credo audit`)."""
+    n: int = 8
+    """Traces shown, one per held-out prompt."""
+    group_size: int = 8
+    """Samples per prompt (the group the methods see)."""
+    k_ref: int = 0
+    """> 0: MC reference values with k_ref continuations per boundary beside each segment."""
+    segmenter: str = ""
+    """The segments shown and read by every method ('' = the task's own: lines on arith, one step per line;
+    keyword_entropy on free-form tasks)."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    max_new_tokens: int = 96
+    """Generation limit per completion."""
+    device: str = "auto"
+    """Where the model runs: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N (docs/gpu.md)."""
+    dtype: str = "float32"
+    """The weights' dtype: float32, or bfloat16 for a Hugging Face model on a GPU."""
+    seed: int = 0
+    """Seed of the sampled traces."""
+
+    def __post_init__(self) -> None:
+        check_device_fields(self.device, self.dtype, "show.")
+        check(bool(self.methods), "show.methods must name at least one method")
+        from credo.lab.audit.report import checked_methods
+        checked_methods(self.methods, where="show --methods")  # unknown estimators fail before --out is claimed
+        check(1 <= self.n <= 256, f"show.n must be in 1..256, got {self.n}")
+        check(2 <= self.group_size <= 64, f"show.group_size must be in 2..64, got {self.group_size}")
+        check(0 <= self.k_ref <= 256, f"show.k_ref must be in 0..256, got {self.k_ref}")
+        check(self.temperature > 0, f"show.temperature must be > 0, got {self.temperature}")
+        check(1 <= self.max_new_tokens <= 4096, f"show.max_new_tokens must be in 1..4096, got {self.max_new_tokens}")
+
+
+@dataclass
+class MethodRun:
+    """One method's credit on the sampled batch: credit[B, T] = advantages x weights, and its cost."""
+
+    label: str
+    credit: torch.Tensor
+    cost_vs_step: float
+    tokens_per_trace: float
+
+
+@dataclass
+class Segment:
+    tokens: list[str]
+    ok: bool | None                      # the step label (None: no label)
+    credit: dict[str, list[float]]       # method label -> per-token credit
+    ref_value: float | None = None       # V(s_k) after this segment
+    ref_diff: float | None = None        # V(s_k) - V(s_{k-1})
+
+
+@dataclass
+class Trace:
+    index: int
+    prompt: str
+    correct: bool
+    first_error: int | None              # labelled first wrong step (0-based segment), None if none
+    segments: list[Segment]
+
+
+@dataclass
+class Page:
+    title: str
+    subtitle: str
+    summary: list[dict[str, Any]]         # per method: label, first_error_top1, cost_vs_step, tokens_per_trace
+    methods: list[str]
+    traces: list[Trace]
+    scale: float                          # |credit| mapped to full colour (shared by every method)
+    has_reference: bool
+
+
+def pick_rows(rollouts: Any, task: Any, segment_ids: torch.Tensor, n: int) -> list[int]:
+    """One row per group, in group order: its first wrong trace with a labelled first error, else its first."""
+    from credo.core.segment import segment_bounds
+    bounds = segment_bounds(segment_ids)
+    chosen: dict[int, tuple[bool, int]] = {}  # group -> (labelled, row)
+    for row, group in enumerate(rollouts.group.tolist()):
+        first = first_error_of(task, rollouts, row)
+        labelled = first is not None and first < len(bounds[row])
+        if group not in chosen or (labelled and not chosen[group][0]):
+            chosen[group] = (labelled, row)
+    return [row for _, row in chosen.values()][:n]
+
+
+def first_error_of(task: Any, rollouts: Any, row: int) -> int | None:
+    if bool(rollouts.correct[row]) or not getattr(task, "has_step_labels", False):
+        return None
+    return task.step_truth(rollouts.problems[row], rollouts.completions[row]).first_error
+
+
+def build_page(title: str, subtitle: str, task: Any, policy: Any, rollouts: Any, segment_ids: torch.Tensor,
+               rows: Sequence[int], runs: Sequence[MethodRun], reference: Sequence[torch.Tensor] | None = None,
+               reference_cost: float | None = None) -> Page:
+    """A Page of `rows` of `rollouts`; reference[j] = MC values V(s_0..s_K) of rows[j] (or None)."""
+    from credo.lab.audit.report import first_error_top1
+    from credo.core.values import step_differences
+    from credo.core.segment import segment_bounds, segment_means
+    bounds = segment_bounds(segment_ids)
+    traces, firsts = [], []
+    for j, row in enumerate(rows):
+        ids = rollouts.completion_ids[row][rollouts.completion_mask[row]].tolist()
+        strings = policy.token_strings(ids)
+        first = first_error_of(task, rollouts, row)
+        labels = (task.step_truth(rollouts.problems[row], rollouts.completions[row]).correct
+                  if getattr(task, "has_step_labels", False) else ())
+        segments = []
+        for k, (a, b) in enumerate(bounds[row]):
+            values = reference[j] if reference is not None else None
+            segments.append(Segment(
+                tokens=strings[a:b], ok=labels[k] if k < len(labels) else None,
+                credit={r.label: r.credit[row, a:b].tolist() for r in runs},
+                ref_value=float(values[k + 1]) if values is not None else None,
+                ref_diff=float(values[k + 1] - values[k]) if values is not None else None))
+        firsts.append(first if first is not None and first < len(segments) else None)
+        traces.append(Trace(j + 1, rollouts.problems[row].prompt, bool(rollouts.correct[row]), firsts[-1], segments))
+    row_ids = torch.tensor(list(rows), dtype=torch.long)
+    summary = []
+    for r in runs:
+        means = segment_means(r.credit[row_ids], segment_ids[row_ids])
+        summary.append({"label": r.label, "first_error_top1": first_error_top1(means, firsts),
+                        "cost_vs_step": r.cost_vs_step, "tokens_per_trace": r.tokens_per_trace})
+    if reference is not None:
+        diffs = step_differences(reference)
+        summary.append({"label": "mc_reference", "first_error_top1": first_error_top1(diffs, firsts),
+                        "cost_vs_step": reference_cost, "tokens_per_trace": None})
+    # no runs: an audit of baselines only (grpo is a row of its table, not a credit to colour)
+    every = torch.cat([r.credit[row_ids][segment_ids[row_ids] >= 0].abs() for r in runs] or [torch.zeros(0)])
+    every = every[every > 0]
+    scale = float(torch.quantile(every, 0.98)) if every.numel() else 1.0
+    return Page(title, subtitle, summary, [r.label for r in runs], traces, scale or 1.0, reference is not None)
+
+
+def run_methods(specs: Sequence[str], rollouts: Any, policy: Any, task: Any, sampling: Any, seed: int,
+                progress: bool) -> list[MethodRun]:
+    """Each estimator spec on the whole batch, through a fresh counted Probe."""
+    from credo import credit as credit_registry
+    from credo.lab.audit.report import parse_method
+    from credo.core.probe import Probe
+    n = rollouts.batch_size
+    trace_tokens = float((rollouts.prompt_mask.sum() + rollouts.completion_mask.sum()) / n)
+    runs = []
+    for spec in specs:
+        label, name, options = parse_method(spec)
+        estimator = credit_registry.get(name)
+        probe = Probe(policy, task, sampling, torch.Generator().manual_seed(seed + 2))
+        if progress:
+            print(f"show: {label} ...", flush=True)
+        result = estimator(rollouts, probe, estimator.make_config(options))
+        credit = result.advantages if result.weights is None else result.advantages * result.weights
+        spent = (result.cost.tokens_scored + result.cost.tokens_generated) / n
+        runs.append(MethodRun(label, credit.detach().float().cpu(), spent / trace_tokens, spent))
+    return runs
+
+
+def collect(config: ShowConfig, progress: bool = True) -> Page:
+    """Sample, score every method, and (k_ref > 0) the MC reference of the shown traces."""
+    from credo.core.values import mc_values
+    from credo.policy import bind_task, load_policy
+    from credo.train.starts import resolve_checkpoint
+    from credo.policy.base import SamplingConfig
+    from credo.core.probe import Probe
+    from credo.core.segment import default_segmenter
+    from credo.strategies import sample_groups
+    from credo.tasks import make_task
+    checkpoint = resolve_checkpoint(config.checkpoint, "show.checkpoint", task=config.task, progress=progress)
+    task = make_task(config.task, config.task_options, prefix="show.task_options.")
+    device = resolve_device(config.device, "show.device")
+    policy = bind_task(load_policy(checkpoint, device=device, dtype=resolve_dtype(config.dtype, device, "show.dtype")),
+                       task, check_as="show.checkpoint", max_new_tokens=config.max_new_tokens)
+    policy.model.eval()
+    sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
+    rollouts = sample_groups(policy, task, task.heldout_problems(config.n), config.group_size, sampling,
+                             torch.Generator().manual_seed(config.seed))
+    with torch.no_grad():
+        old, _ = policy.score(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, rollouts.completion_mask)
+    probe = Probe(policy, task, sampling, torch.Generator().manual_seed(config.seed + 1))
+    segment_ids = probe.segment(rollouts.with_fields(old_logprobs=old), config.segmenter or default_segmenter(task))
+    rollouts = rollouts.with_fields(old_logprobs=old, segment_ids=segment_ids)
+    runs = run_methods(config.methods, rollouts, policy, task, sampling, config.seed, progress)
+    rows = pick_rows(rollouts, task, segment_ids, config.n)
+    reference, reference_cost = None, None
+    if config.k_ref:
+        shown = rollouts.select(rows)
+        with probe.metered() as spent:
+            reference = mc_values(probe, shown, segment_ids[rows], config.k_ref, progress=progress).values
+        trace_tokens = float((shown.prompt_mask.sum() + shown.completion_mask.sum()) / len(rows))
+        reference_cost = (spent.tokens_scored + spent.tokens_generated) / len(rows) / trace_tokens
+    subtitle = (f"checkpoint {checkpoint} · task {config.task} · {len(rows)} traces (one per prompt, methods see "
+                f"groups of {config.group_size}) · seed {config.seed}" + (f" · K_ref={config.k_ref}" if config.k_ref else ""))
+    on_cpu = None if reference is None else [v.cpu() for v in reference]  # the page reads them beside runs' credit
+    return build_page("credo show", subtitle, task, policy, rollouts.to("cpu"), segment_ids.cpu(), rows, runs, on_cpu,
+                      reference_cost)
+
+
+def write_page(page: Page, out_dir: str, name: str = "index.html") -> str:
+    """Write the self-contained HTML page atomically; returns its path."""
+    from credo.core.files import atomic_write_text
+    from credo.lab.show.html import render
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, name)
+    atomic_write_text(path, render(page))
+    return path
+
+
+CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""What data may not write to a terminal as is: C0 controls but tab and newline (ESC starts the sequences that
+set a title or clear the screen), DEL, C1 controls, and the bidirectional marks that reorder what a line shows."""
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every CONTROLS character written out as its Python escape (ESC as '\\x1b'), newlines kept."""
+    return CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def render_terminal(page: Page, console: Any = None) -> None:
+    """Coloured tokens with rich: per trace, one block per method, one line per segment. Every text from data
+    or the command line (prompts, tokens, labels, paths) goes through escape_controls, and none is read as
+    rich markup."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.text import Text
+    from credo.lab.show.html import colour, token_text
+    console = console or Console()
+    console.print(Text(escape_controls(f"{page.title}: {page.subtitle}"), style="bold"))
+    for row in page.summary:
+        cost = "" if row["cost_vs_step"] is None else f"  cost x{row['cost_vs_step']:.2f}"
+        console.print(escape(escape_controls(f"  {row['label']:<28} first-error top-1 "
+                                             f"{row['first_error_top1']:.2f}{cost}")))
+    console.print(f"  colour scale: |credit| {page.scale:.3g} = full red (negative) / blue (positive)")
+    for trace in page.traces:
+        verdict = "correct" if trace.correct else "wrong" + (f", first error step {trace.first_error + 1}"
+                                                           if trace.first_error is not None else "")
+        console.print(Text(escape_controls(f"\ntrace {trace.index} ({verdict}): {trace.prompt.strip()}"),
+                           style="bold"))
+        for label in page.methods:
+            console.print(Text(escape_controls(f" {label}"), style="italic"))
+            for k, seg in enumerate(trace.segments):
+                mark = " " if seg.ok is None else ("✓" if seg.ok else "✗")
+                line = Text(f"  {mark}{'>' if k == trace.first_error else ' '} ")
+                for tok, value in zip(seg.tokens, seg.credit[label]):
+                    r, g, b = colour(value, page.scale)
+                    line.append(escape_controls(token_text(tok)), style=f"black on rgb({r},{g},{b})")
+                if seg.ref_value is not None:
+                    line.append(f"   V={seg.ref_value:.2f} Δ{seg.ref_diff:+.2f}", style="dim")
+                console.print(line)
+
+
+def write_audit_page(out_dir: str, markdown: str, task: Any, policy: Any, rollouts: Any, segment_ids: torch.Tensor,
+                     reference: Any, results: dict[str, Any], trace_tokens: float, n: int = 8) -> str:
+    """audit.html: the audit's tables and plot, and a show grid of `n` of its traces (one per prompt),
+    with each method's credit (`results`: label -> Credit) and the reference values beside it."""
+    from credo.core.files import atomic_write_text
+    from credo.lab.show.html import render_audit
+    runs = []
+    for label, result in results.items():
+        credit = result.advantages if result.weights is None else result.advantages * result.weights
+        spent = (result.cost.tokens_scored + result.cost.tokens_generated) / rollouts.batch_size
+        runs.append(MethodRun(label, credit.detach().float().cpu(), spent / trace_tokens, spent))
+    rows = pick_rows(rollouts, task, segment_ids, n)
+    page = build_page("credo audit", f"{len(rows)} traces, one per prompt; colours: credit = advantage x weight",
+                      task, policy, rollouts, segment_ids, rows, runs, [reference.values[r] for r in rows])
+    path = os.path.join(out_dir, "audit.html")
+    atomic_write_text(path, render_audit(markdown, os.path.join(out_dir, "audit.png"), page))
+    return path
+
+
+def run_show(config: ShowConfig, out_dir: str, terminal: bool = False, progress: bool = True) -> str:
+    """`credo show`: collect, write DIR/index.html (and page.json), optionally print to the terminal."""
+    from dataclasses import asdict
+    from credo.core.files import atomic_write_json
+    from credo.core.config import ConfigError
+    if os.path.exists(os.path.join(out_dir, "index.html")) and not os.path.exists(os.path.join(out_dir, "page.json")):
+        raise ConfigError(f"{os.path.join(out_dir, 'index.html')} exists and was not written by credo show; choose another --out")
+    started = time.time()
+    page = collect(config, progress)
+    path = write_page(page, out_dir)
+    atomic_write_json(os.path.join(out_dir, "page.json"), {**asdict(page), "seconds": time.time() - started})
+    if terminal:
+        render_terminal(page)
+    return path
+
+
+def cmd_show(args: Any) -> int:
+    """`credo show ...` (errors are reported by the CLI as one line, exit 2)."""
+    from credo.cli.options import check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
+    from credo.core.config import load_config
+    from credo.core.files import claim_output
+    flags = {**flag_values(args, {"checkpoint": "checkpoint", "task": "task", "n": "n", "k_ref": "k_ref",
+                                  "seed": "seed", "device": "device"}), **csv_flags(args, "methods")}
+    config = load_config(ShowConfig, args.config, args.set, prefix="show.", flags=flags)
+    if args.help_config:
+        return show_config(config, "show")
+    resolve_dtype(config.dtype, resolve_device(config.device, "show.device"), "show.dtype")  # before --out is claimed
+    out = require_out(args)
+    policy_dir = check_inputs(config.checkpoint, "show.checkpoint", config.task, config.task_options,
+                              "show.task_options.", progress=not args.quiet, max_new_tokens=config.max_new_tokens)
+    claim_output(out, "show", force=args.force,  # both the path given and the policy it names (a run's final/)
+                 inputs=input_paths(args.config, config.checkpoint, config.task) + (policy_dir,))
+    path = run_show(replace(config, checkpoint=policy_dir), out, terminal=args.terminal, progress=not args.quiet)
+    print(f"wrote {path}")
+    return 0
+
+
+def add_show_parser(sub: Any) -> None:
+    """The `credo show` subcommand (argparse), kept beside the code it runs."""
+    p = sub.add_parser("show", help="see the credit: per-token credit of each method on sampled traces, as HTML")
+    from credo.cli.options import add_config_options, add_force_option
+    p.add_argument("--checkpoint", help="a credo checkpoint, a Hugging Face model directory, smollm2-135m or a "
+                   "training run (its final/) (default: the task's SFT start)")
+    p.add_argument("--task", help="task (default arith; arith-long, gym:<dataset>, jsonl:<path>)")
+    p.add_argument("--methods", help="comma-separated estimators, each 'name' or "
+                   "'name:key=value:...' as in `credo audit` (default grpo,rredcot)")
+    p.add_argument("--n", type=int, help="traces shown, one per held-out prompt (default 8)")
+    p.add_argument("--k-ref", type=int, help="MC continuations per boundary for reference values "
+                   "beside each step (default 0: none)")
+    p.add_argument("--seed", type=int, help="seed of the sampled traces (default 0)")
+    add_config_options(p, "ShowConfig", "--set group_size=8")
+    p.add_argument("--out", help="directory for index.html (self-contained) and page.json (required)")
+    add_force_option(p, "another credo output")
+    p.add_argument("--terminal", action="store_true", help="also print the coloured tokens to the terminal (rich)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(fn=cmd_show)

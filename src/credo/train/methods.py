@@ -1,0 +1,90 @@
+"""Trainable methods: an estimator plus the loss/strategy settings its paper prescribes.
+
+A plain estimator name (`grpo`, `rloo`, ...) is a method with no extra settings. Recipes bundle
+an estimator with defaults that the user's config may still override:
+  dr_grpo  Dr. GRPO advantages + loss normalised by a constant length
+  dapo     GRPO advantages + clip-higher (0.2/0.28) + token-mean + dynamic sampling + overlong penalty
+  gspo     GRPO advantages + sequence-level ratio (pi/pi_old)^(1/|o|), clipped per sequence
+  rrpo     reset rollouts at random steps of failed traces; -A log pi on suffixes (no ratio, no clip)
+  srpo     reset rollouts at the self-localised first error; same loss (`loss.kind=clip`: srpo_clip)
+No recipe sets the optimiser schedule (epochs x minibatches): every method gets TrainConfig's one
+schedule, as the public SRPO code gives its GRPO baseline and SRPO the same. A method whose paper
+prescribes another schedule says so here, in its recipe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from credo import credit
+from credo.core.config import merge
+
+
+@dataclass(frozen=True)
+class Recipe:
+    estimator: str
+    description: str
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+RECIPES: dict[str, Recipe] = {
+    "dr_grpo": Recipe("dr_grpo", "Dr. GRPO: r - group mean, loss summed per token / (G * max length)",
+                      {"loss": {"aggregation": "seq-mean-token-sum-norm"}}),
+    "dapo": Recipe("grpo", "DAPO: clip-higher 0.2/0.28, token-mean loss, dynamic sampling, overlong penalty",
+                   {"loss": {"eps_low": 0.2, "eps_high": 0.28, "aggregation": "token-mean"},
+                    "strategy": "dynamic", "overlong_buffer": 16, "overlong_fit_task": True}),
+    "rrpo": Recipe("grpo", "RRPO: reset a failed trace at a random step, resample suffixes; groups z-scored apart",
+                   {"strategy": "resets", "reset": {"localiser": "random"}, "credit": {"std": "population"},
+                    "loss": {"kind": "pg"}}),
+    "srpo": Recipe("grpo", "SRPO: reset where the model itself localises the first error (asked, as the paper; "
+                   "its own value where the policy cannot read a localisation request, e.g. the earlier tiny arith starts)",
+                   {"strategy": "resets", "reset": {"localiser": "self"}, "credit": {"std": "population"},
+                    "loss": {"kind": "pg"}}),
+    "gspo": Recipe("grpo", "GSPO: sequence-level importance ratio (pi/pi_old)^(1/|o|), clipped per sequence",
+                   {"loss": {"ratio": "sequence", "eps_low": 3e-4, "eps_high": 4e-4}}),
+}
+
+
+def resolve(method: str) -> Recipe:
+    """The recipe for `method` (a plain estimator is a recipe with no defaults)."""
+    if method in RECIPES:
+        return RECIPES[method]
+    if ":" in method:  # 'name:key=value:...': an estimator with options, e.g. 'shuffled:of=rredcot'
+        name, options = credit.parse_spec(method)
+        base = resolve(name)
+        return Recipe(base.estimator, base.description, merge(base.defaults, {"credit": options}))
+    try:
+        spec = credit.get(method)
+    except KeyError:
+        raise KeyError(f"unknown method {method!r}; available: {', '.join(available())}") from None
+    return Recipe(method, spec.description)
+
+
+def available() -> list[str]:
+    names = list(credit.names())
+    return names + [r for r in RECIPES if r not in names]
+
+
+def privileged(method: str) -> bool:
+    """Whether `method` (an estimator, a spec with options or a recipe) reads privileged task data (the
+    reference solution, step labels or the gold answer beyond the reward): its estimator with the recipe's
+    credit options, or its reset localiser (credo.credit.registry.EstimatorSpec.privileged)."""
+    from credo.strategies import LOCALISERS
+    recipe = resolve(method)
+    spec = credit.get(recipe.estimator)
+    if spec.reads_privileged(spec.make_config(recipe.defaults.get("credit", {}))):
+        return True
+    resets = recipe.defaults.get("strategy") == "resets"
+    localiser = recipe.defaults.get("reset", {}).get("localiser") if resets else None
+    return localiser is not None and LOCALISERS.get(localiser).reads_privileged()
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(name, kind, one-line description) for every trainable method."""
+    rows = []
+    for name in available():
+        recipe = resolve(name)
+        kind = "recipe" if name in RECIPES else "estimator"
+        rows.append((name, kind, recipe.description))
+    return rows

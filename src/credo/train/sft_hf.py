@@ -1,0 +1,192 @@
+"""A short format-and-answer SFT of a Hugging Face model on a task's own worked solutions.
+
+A chat model that never writes the task's answer format (SmolLM2-135M scores 0 on `gym:chain_sum`: it never
+writes `<answer>` tags) gives GRPO nothing to learn from: every reward in every group is 0. This stage
+teaches the format on the task's worked solutions (`task.worked_solution`; for reasoning-gym's chain sums the
+left-to-right running sum) followed by the task's own answer marker (`task.answer_probe`), and stops at the
+first validation check at or above `target_accuracy`, so the start leaves room for RL.
+
+Prompts are rendered exactly as training renders them (the chat template with the task's system prompt);
+the loss is the mean cross-entropy over completion tokens (the solution, the answer, the end-of-turn token).
+Optimiser: AdamW, linear warm-up then constant. Validation problems come from the training split with a
+fixed seed (the held-out set is never used to choose the checkpoint); the best checkpoint seen is kept
+(the later one on a tie).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from credo.core.config import MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_STEP_COMPLETIONS, ConfigError, check, check_in, dump_yaml
+from credo.policy.device import check_device_fields, resolve_device, resolve_dtype
+from credo.train.evaluate import evaluate
+from credo.core.files import MetricsLog, atomic_directory, atomic_write_json, atomic_write_text
+from credo.train.sft import VALIDATION_SEED
+
+
+@dataclass(frozen=True)
+class HFSFTConfig:
+    """Supervised format/answer warm start of a Hugging Face model (`credo sft --start ...`)."""
+
+    start: str = "smollm2-135m"
+    """The model: a Hugging Face model directory or 'smollm2-135m'."""
+    task: str = "gym:chain_sum"
+    """A task whose problems carry worked solutions: 'gym:<dataset>' or 'jsonl:<path>' with a `solution` field."""
+    task_options: dict = field(default_factory=dict)
+    """The task's own options (e.g. min_terms, max_digits for gym:chain_sum)."""
+    steps: int = 30
+    """Optimiser steps at most."""
+    batch_size: int = 8
+    """Examples per step."""
+    lr: float = 5e-5
+    """AdamW learning rate after warm-up."""
+    warmup_steps: int = 5
+    """Steps of linear warm-up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip."""
+    lora_r: int = 0
+    """> 0 trains LoRA adapters of this rank (merged into the saved model) instead of every weight."""
+    lora_alpha: int = 16
+    """LoRA scale numerator."""
+    eval_every: int = 3
+    """Steps between validation checks (format is learnt within a few steps: check often to stop early)."""
+    eval_n: int = 50
+    """Validation problems per check (training split, fixed seed)."""
+    max_new_tokens: int = 64
+    """Generation limit of the validation checks."""
+    target_accuracy: float = 0.3
+    """Stop at the first check at or above it (1.0 = train all `steps`); leaves room for RL."""
+    device: str = "auto"
+    """Where the model runs: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N (docs/gpu.md)."""
+    dtype: str = "float32"
+    """The weights' dtype: float32, or bfloat16 for a Hugging Face model on a GPU."""
+    seed: int = 0
+    """Seed of the examples."""
+
+    def __post_init__(self) -> None:
+        check_device_fields(self.device, self.dtype, "sft.")
+        for name in ("steps", "batch_size", "eval_every", "eval_n", "max_new_tokens"):
+            check(getattr(self, name) > 0, f"sft.{name} must be > 0, got {getattr(self, name)}")
+        check_in(self.eval_n, 1, MAX_HELD_OUT, "sft.eval_n")
+        check_in(self.batch_size, 1, MAX_STEP_COMPLETIONS, "sft.batch_size")
+        check_in(self.max_new_tokens, 1, MAX_NEW_TOKENS, "sft.max_new_tokens")
+        check(self.lr > 0, f"sft.lr must be > 0, got {self.lr}")
+        check(self.warmup_steps >= 0, f"sft.warmup_steps must be >= 0, got {self.warmup_steps}")
+        check(self.weight_decay >= 0, f"sft.weight_decay must be >= 0, got {self.weight_decay}")
+        check(self.grad_clip > 0, f"sft.grad_clip must be > 0, got {self.grad_clip}")
+        check(self.lora_r >= 0 and self.lora_alpha > 0, f"sft.lora_r must be >= 0 and sft.lora_alpha > 0, got "
+              f"{self.lora_r}/{self.lora_alpha}")
+        check_in(self.lora_r, 0, MAX_LORA_RANK, "sft.lora_r")
+        check(0 < self.target_accuracy <= 1, f"sft.target_accuracy must be in (0, 1], got {self.target_accuracy}")
+
+
+def sft_example(task, problem) -> str:  # noqa: ANN001
+    """The target completion: the worked solution, then the task's answer marker and answer."""
+    solution = task.worked_solution(problem)
+    if solution is None:
+        raise ConfigError(f"task {task.name}: problem {problem.prompt[:60]!r} has no worked solution; SFT needs "
+                          "the task's own solutions (reasoning-gym datasets with a solution/cot or a +/- "
+                          "expression, or jsonl rows with a `solution` field)")
+    marker, answer = task.answer_probe(problem.answer)
+    return solution.rstrip() + marker + answer
+
+
+def make_batch(policy, task, problems) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # noqa: ANN001
+    """(prompt ids, prompt mask) left-padded (B, P) and (target ids, target mask) right-padded (B, C): the
+    worked solution, the answer and the end-of-turn token, the only tokens the loss reads."""
+    prompt_ids, prompt_mask = policy.encode_prompts([p.prompt for p in problems])
+    target_ids, target_mask = policy.encode_completions([sft_example(task, p) for p in problems], eos=True)
+    return prompt_ids, prompt_mask, target_ids, target_mask
+
+
+def sft_loss(policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, target_ids: torch.Tensor,  # noqa: ANN001
+             target_mask: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the target tokens (the LM head runs over those positions only)."""
+    logits = policy.completion_logits(prompt_ids, prompt_mask, target_ids, target_mask)  # (B, C, V)
+    losses = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target_ids.reshape(-1),
+                                               reduction="none").view_as(target_ids)
+    weights = target_mask.float()
+    return (losses * weights).sum() / weights.sum().clamp(min=1)
+
+
+def check_sft_inputs(config: HFSFTConfig):  # noqa: ANN201
+    """The task, after checking that it builds, that its problems carry worked solutions and that the start
+    exists (a user error is one line, raised before any output directory is touched)."""
+    from credo.policy.smollm import ALIASES
+    from credo.tasks import make_task
+    task = make_task(config.task, config.task_options, prefix="sft.task_options.")
+    resolve_dtype(config.dtype, resolve_device(config.device, "sft.device"), "sft.dtype")
+    sft_example(task, task.train_problems(1, torch.Generator().manual_seed(config.seed))[0])
+    if config.start not in ALIASES and not os.path.isfile(os.path.join(config.start, "config.json")):
+        raise ConfigError(f"sft.start={config.start!r} is neither 'smollm2-135m' nor a Hugging Face model directory "
+                          "(no config.json)")
+    return task
+
+
+def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=None) -> dict:  # noqa: ANN001
+    """Fine-tune `config.start` on `config.task`'s worked solutions into `out_dir` (atomically); -> summary.
+    `task`: the task `check_sft_inputs(config)` returned, if the caller checked already."""
+    from credo.policy import bind_task, load_policy
+    from credo.policy.hf import HFPolicy
+    task = task or check_sft_inputs(config)
+    device = resolve_device(config.device, "sft.device")
+    policy = bind_task(load_policy(config.start, device=device, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
+                                   dtype=resolve_dtype(config.dtype, device, "sft.dtype")), task)
+    if not isinstance(policy, HFPolicy):
+        raise ConfigError(f"sft.start={config.start!r} is a tiny credo policy; `credo sft --task arith...` builds those")
+    torch.manual_seed(config.seed)
+    trainable = [p for p in policy.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
+    generator = torch.Generator().manual_seed(config.seed)
+    validation = task.train_problems(config.eval_n, torch.Generator().manual_seed(VALIDATION_SEED))
+
+    def check_now() -> float:
+        policy.model.eval()  # no dropout while generating (and no draw from the global RNG)
+        return evaluate(policy, task, validation, max_new_tokens=config.max_new_tokens, batch_size=64).accuracy
+
+    history = [{"step": 0, "val_accuracy": check_now(), "seconds": 0.0}]
+    best = (history[0]["val_accuracy"], 0, _state(policy))
+    start = time.time()
+    bar = tqdm(range(config.steps), desc="sft", disable=not progress, dynamic_ncols=True)
+    for step in bar:
+        if best[0] >= config.target_accuracy:
+            break
+        policy.model.train()
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr * min(1.0, (step + 1) / (config.warmup_steps + 1))
+        loss = sft_loss(policy, *make_batch(policy, task, task.train_problems(config.batch_size, generator)))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, config.grad_clip)
+        optimizer.step()
+        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
+            accuracy = check_now()
+            history.append({"step": step + 1, "loss": round(float(loss.detach()), 6), "val_accuracy": accuracy,
+                            "seconds": round(time.time() - start, 1)})
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", val_acc=f"{accuracy:.3f}")
+            if accuracy >= best[0]:  # a tie goes to the more trained weights (a tiny model scores 0 throughout)
+                best = (accuracy, step + 1, _state(policy))
+    bar.close()
+    policy.model.load_state_dict(best[2])
+    summary = {"val_accuracy": best[0], "step": best[1], "seconds": round(time.time() - start, 1),
+               "val_n": len(validation), "start": config.start, "task": config.task}
+    with atomic_directory(out_dir) as tmp:
+        policy.save_into(tmp)
+        atomic_write_text(os.path.join(tmp, "sft_config.yaml"), dump_yaml(config))
+        atomic_write_json(os.path.join(tmp, "sft_summary.json"), summary)
+        log = MetricsLog(os.path.join(tmp, "metrics.jsonl"))
+        for row in history:
+            log.append(row)
+    return summary
+
+
+def _state(policy) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    return {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
+
