@@ -18,7 +18,7 @@ from credo.policy import load_policy
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 SETTINGS = ["eval_n=2", "final_eval_n=4", "eval_every=2", "checkpoint_every=1", "keep_checkpoints=2",
-            "prompts_per_step=2", "group_size=3", "max_new_tokens=12", "lr=1e-3"]
+            "prompts_per_step=2", "group_size=3", "sampling.max_new_tokens=12", "lr=1e-3"]
 FAMILY = {  # one method per family, with its cheapest settings
     "outcome": ("rloo", []),
     "rredcot": ("rredcot", []),

@@ -161,11 +161,11 @@ def test_a_run_with_the_eta_bar_is_the_same_run_as_one_without(tmp_path):
     assert runs[0][1].keys() == runs[1][1].keys() and all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
 
 
-def test_a_flat_max_new_tokens_replaces_the_machine_sized_one(hf_dir):
-    config = load_train_config(overrides=["max_new_tokens=32"], extra={"start": hf_dir})
+def test_a_given_max_new_tokens_replaces_the_machine_sized_one(hf_dir):
+    config = load_train_config(overrides=["sampling.max_new_tokens=32"], extra={"start": hf_dir})
     assert config.sampling.max_new_tokens == 32
-    with pytest.raises(Exception, match=r"train.max_new_tokens must be > 0.*now train.sampling.max_new_tokens"):
-        load_train_config(overrides=["max_new_tokens=0"], extra={"start": hf_dir})
+    with pytest.raises(Exception, match=r"^train.sampling.max_new_tokens must be > 0"):
+        load_train_config(overrides=["sampling.max_new_tokens=0"], extra={"start": hf_dir})
 
 
 def test_sft_checks_its_inputs_before_touching_out_and_retries_after_a_failure(hf_dir, tmp_path, capsys):

@@ -183,7 +183,7 @@ def test_rrpo_and_srpo_train_end_to_end(saved_policy, tmp_path):
     for method in ("rrpo", "srpo"):
         cfg = load_train_config(None, [f"method={method}", f"start={saved_policy}", "steps=1", "prompts_per_step=2",
                                        "reset.n_fresh=2", "reset.n_reset=2", "reset.max_fresh_attempts=2",
-                                       "max_new_tokens=16", "eval_n=4", "final_eval_n=4"])
+                                       "sampling.max_new_tokens=16", "eval_n=4", "final_eval_n=4"])
         assert cfg.loss.kind == "pg" and cfg.strategy == "resets"
         row = Trainer(cfg, str(tmp_path / method), progress=False).train_step()
         assert row["tokens_generated"] > 0

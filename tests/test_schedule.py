@@ -21,7 +21,7 @@ def test_no_recipe_sets_its_own_schedule():
 def test_runs_record_and_take_the_same_optimiser_steps(method, saved_policy, tmp_path):
     cfg = load_train_config(None, [f"method={method}", f"start={saved_policy}", "steps=1", "prompts_per_step=2",
                                    "group_size=4", "reset.n_fresh=2", "reset.n_reset=2", "reset.max_fresh_attempts=4",
-                                   "max_new_tokens=16", "eval_n=2", "final_eval_n=0"])
+                                   "sampling.max_new_tokens=16", "eval_n=2", "final_eval_n=0"])
     run = str(tmp_path / method)
     trainer = Trainer(cfg, run, progress=False)
     trainer.train()

@@ -16,7 +16,7 @@ def test_smollm2_trains_on_reasoning_gym(tmp_path, method):
     out = str(tmp_path / method)
     args = ["train", "--start", "smollm2-135m", "--task", "gym:chain_sum", "--method", method, "--steps", "5",
             "--out", out, "--quiet", "--set", "prompts_per_step=2", "--set", "group_size=4",
-            "--set", "max_new_tokens=48", "--set", "eval_n=4", "--set", "final_eval_n=4", "--set", "epochs=1",
+            "--set", "sampling.max_new_tokens=48", "--set", "eval_n=4", "--set", "final_eval_n=4", "--set", "epochs=1",
             "--set", "task_options.min_digits=1", "--set", "task_options.max_digits=1"]
     assert main(args) == 0
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]

@@ -59,7 +59,7 @@ def test_a_registered_strategy_is_the_one_the_trainer_calls(saved_policy, tmp_pa
         return strategies.Collected(rollouts, int(rollouts.completion_mask.sum()), {"distinct_prompts": 1.0})
 
     config = load_train_config(None, [f"start={saved_policy}", "strategy=first_prompt_only", "steps=2", "prompts_per_step=2",
-                                      "group_size=3", "max_new_tokens=8", "eval_n=2", "final_eval_n=0"])
+                                      "group_size=3", "sampling.max_new_tokens=8", "eval_n=2", "final_eval_n=0"])
     trainer = Trainer(config, str(tmp_path / "run"), progress=False)
     trainer.train()
     assert seen == [(0, 2, 3), (1, 2, 3)]

@@ -22,7 +22,7 @@ from credo.train.trainer import Trainer, load_train_config
 from conftest import tiny_policy
 
 FAST = ["eval_n=4", "final_eval_n=4", "eval_every=2", "checkpoint_every=2", "prompts_per_step=2", "group_size=4",
-        "max_new_tokens=12"]
+        "sampling.max_new_tokens=12"]
 
 
 def event_scalars(logdir: str) -> dict[str, dict[int, float]]:

@@ -9,7 +9,7 @@ from credo.policy import load_policy
 from credo.train.trainer import Trainer, load_train_config
 
 FAST = ["eval_n=8", "final_eval_n=8", "eval_every=2", "checkpoint_every=2", "prompts_per_step=3", "group_size=4",
-        "max_new_tokens=20", "overlong_buffer=12", "overlong_fit_task=false", "lr=1e-3"]
+        "sampling.max_new_tokens=20", "overlong_buffer=12", "overlong_fit_task=false", "lr=1e-3"]
 
 
 def config(start, *extra):
@@ -100,7 +100,7 @@ def test_dapo_fits_its_overlong_buffer_beyond_every_worked_solution_of_the_task(
     stays; squeezed by a max_new_tokens near the longest solution, the buffer shrinks so that none is penalised."""
     import torch
     from credo.tasks import make_task
-    from credo.train.config import overlong_buffer_for_task, overlong_penalty
+    from credo.train.shaping import overlong_buffer_for_task, overlong_penalty
     task = make_task("arith", {})
     def encode(texts):  # one token a character, plus EOS, as the tiny policy encodes
         return torch.nn.utils.rnn.pad_sequence([torch.ones(len(t) + 1) for t in texts], batch_first=True)
@@ -116,7 +116,7 @@ def test_dapo_fits_its_overlong_buffer_beyond_every_worked_solution_of_the_task(
 
 
 def test_a_dapo_run_records_the_buffer_it_fitted_and_the_longest_worked_solution(saved_policy, tmp_path):
-    fitted = Trainer(config(saved_policy, "steps=1", "overlong_fit_task=true", "max_new_tokens=64"),
+    fitted = Trainer(config(saved_policy, "steps=1", "overlong_fit_task=true", "sampling.max_new_tokens=64"),
                      str(tmp_path / "fit"), progress=False)
     summary = fitted.train()
     longest = summary["longest_worked_solution"]

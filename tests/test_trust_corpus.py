@@ -92,7 +92,7 @@ def test_set_help_example_is_accepted(saved_policy, tmp_path, capsys):
     out = str(tmp_path / "run")
     args = ["train", "--start", saved_policy, "--steps", "1", "--out", out, "--quiet", *example.split(),
             "--set", "eval_n=2", "--set", "final_eval_n=2", "--set", "prompts_per_step=2", "--set", "group_size=2",
-            "--set", "max_new_tokens=8"]
+            "--set", "sampling.max_new_tokens=8"]
     assert main(args) == 0
     config = yaml.safe_load(open(os.path.join(out, "config.yaml")))
     assert config["lr"] == 1e-5 and config["loss"]["eps_high"] == 0.28

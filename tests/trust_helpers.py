@@ -10,7 +10,7 @@ from credo.cli.main import main
 from credo.train.trainer import Trainer, load_train_config
 
 FAST = ["eval_n=4", "final_eval_n=4", "eval_every=2", "checkpoint_every=2", "prompts_per_step=2", "group_size=3",
-        "max_new_tokens=12", "lr=1e-3"]
+        "sampling.max_new_tokens=12", "lr=1e-3"]
 
 
 class Payload:

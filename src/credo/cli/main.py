@@ -126,8 +126,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from credo.core.config import ConfigError
     from credo.train.trainer import Trainer
     from credo.train.config import load_train_config
-    if args.help_config:
-        return show_config(load_train_config(args.config, args.set, {**flag_settings(args), **_steps(args)}), "train")
+    if args.help_config:  # the estimator's options listed field by field, with their docs: its config in `credit`
+        from dataclasses import replace
+        from credo.train.plan import make_plan
+        config = load_train_config(args.config, args.set, {**flag_settings(args), **_steps(args)})
+        return show_config(replace(config, credit=make_plan(config).credit), "train")
     if args.resume:
         config, run_dir = resume_config(args), args.resume
         from credo.core.files import last_checkpoint

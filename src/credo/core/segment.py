@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from credo.core.config import check, from_dict
+from credo.core.rollouts import Cost
 
 KEYWORDS = ("Wait", "But", "So", "Therefore", "Alternatively", "Let me", "Now", "Finally", "Hmm", "However",
             "Thus", "Next", "First", "Then", "Check", "Actually")
@@ -97,6 +98,17 @@ def segments_for(rollouts: Any, probe: Any, segmenter: Any = "") -> torch.Tensor
     if probe is None:
         raise ValueError("segmenting a batch needs a Probe (or rollouts.segment_ids already filled)")
     return probe.segment(rollouts, segmenter if segmenter != "" else default_segmenter(probe.task))
+
+
+def segmentation_stage(rollouts: Any, probe: Any, needed: bool) -> tuple[Any, Any]:
+    """(rollouts with segment_ids, what cutting them spent through `probe` as a credo.core.rollouts.Cost): the
+    stage the trainer, TRL and verl run before an estimator that reads the batch's segments (`needed`:
+    EstimatorSpec.reads_batch_segments); (rollouts, no cost) when not needed."""
+    if not needed:
+        return rollouts, Cost()
+    with probe.metered() as spent:
+        rollouts = with_segments(rollouts, probe)
+    return rollouts, spent
 
 
 def with_segments(rollouts: Any, probe: Any) -> Any:

@@ -12,8 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from credo.core.config import ConfigError, UserError, from_dict
-from credo.core.segment import with_segments
+from credo.core.config import UserError, from_dict
 
 
 @dataclass(frozen=True)
@@ -23,9 +22,10 @@ class NoConfig:
 
 @dataclass(frozen=True)
 class EstimatorSpec:
-    """A registered estimator. uses_model: it needs a Probe. needs_segments: it reads the batch's segments
-    (`rollouts.segment_ids`): unless its config names a `segmenter` of its own, the call fills them first,
-    once, by the task's default segmenter (the segmentation stage, credo.core.segment.with_segments).
+    """A registered estimator. uses_model: it needs a Probe. needs_segments: it reads segments; unless its config
+    names a `segmenter` of its own (reads_batch_segments), those of the batch (`rollouts.segment_ids`), which the
+    trainer's segmentation stage fills once per step (credo.core.segment.with_segments; a batch given without
+    them is cut by the task's default segmenter when the estimator asks, credo.core.segment.segments_for).
     privileged: it reads what a deployed trainer would not have, the task's reference solution, its step
     labels or its gold answer beyond the reward: a bool, or a function of the estimator's config (e.g.
     RREDCoT reads the reference solution only with `include_reference`); see `reads_privileged`."""
@@ -43,6 +43,11 @@ class EstimatorSpec:
         if callable(self.privileged):
             return bool(self.privileged(config if config is not None else self.make_config()))
         return bool(self.privileged)
+
+    def reads_batch_segments(self, config: Any) -> bool:
+        """Whether this estimator, configured by `config`, reads the batch's own segments (it needs segments
+        and names no `segmenter` of its own): the trainer then cuts them before credit."""
+        return self.needs_segments and getattr(config, "segmenter", "") == ""
 
     def make_config(self, values: Any = None, prefix: str = "credit.") -> Any:
         """The estimator's frozen config from a mapping of options (an instance of it is returned as is)."""
@@ -66,9 +71,7 @@ class EstimatorSpec:
         config = config if config is not None else self.make_config()
         if probe is None:
             return self.fn(rollouts, probe, config)
-        with probe.metered() as spent:  # everything the call spends: segmenting, a wrapped estimator's work
-            if self.needs_segments and getattr(config, "segmenter", "") == "":
-                rollouts = with_segments(rollouts, probe)  # its cost (an entropy pass) is the estimator's
+        with probe.metered() as spent:  # everything the call spends, a wrapped estimator's work included
             result = self.fn(rollouts, probe, config)
         result.cost = spent
         return result

@@ -67,6 +67,7 @@ from credo.policy.base import SamplingConfig, as_prompt, left_pad, render_plain 
 from credo.policy.hf import HFPolicy  # noqa: E402
 from credo.core.probe import Probe, sampling_refusal  # noqa: E402
 from credo.core.rollouts import Rollouts  # noqa: E402
+from credo.core.segment import segmentation_stage  # noqa: E402
 from credo.tasks.base import Problem  # noqa: E402
 
 
@@ -140,7 +141,9 @@ class CreditGRPOTrainer(GRPOTrainer):
             checks.check_rewards(rollouts.rewards, where, "reward (TRL's weighted sum; NaN: no function scored it)")
             checks.check_groups(rollouts.group, [x.get("prompt") for x in self._credo_inputs], where)
         probe.no_sampling = sampling_refusal(rollouts)
+        rollouts, cut = segmentation_stage(rollouts, probe, self.credit_spec.reads_batch_segments(self.credit_options))
         result = self.credit_spec(rollouts, probe, self.credit_options)
+        result.cost = cut + result.cost  # credit's Probe work: segmenting, then the estimator
         advantages = result.advantages
         if result.weights is not None:
             advantages = advantages * result.weights

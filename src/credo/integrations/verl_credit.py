@@ -43,6 +43,7 @@ from credo.integrations.verl_batch import check_batch, problem_from_row, reward_
 from credo.policy.base import SamplingConfig
 from credo.core.probe import Probe, sampling_refusal
 from credo.core.rollouts import Credit, Rollouts
+from credo.core.segment import segmentation_stage
 from credo.tasks.base import Problem, rewards_for
 
 
@@ -177,7 +178,9 @@ def apply_credit(batch: Any, estimator: str, *, module: torch.nn.Module, tokeniz
     sampling = sampling or SamplingConfig(max_new_tokens=int(rollouts.completion_ids.shape[1]))
     probe = Probe(policy, task, sampling, torch.Generator().manual_seed(seed), gather=gather,
                   no_sampling=sampling_refusal(rollouts))
+    rollouts, cut = segmentation_stage(rollouts, probe, spec.reads_batch_segments(options))
     result = spec(rollouts, probe, options)
+    result.cost = cut + result.cost  # credit's Probe work: segmenting, then the estimator
     target = batch.batch["responses"].device
     folded = folded_advantages(result).float()
     if where is not None:

@@ -11,24 +11,17 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
 
-import torch
-
-from credo import credit as credit_registry
-from credo.train import methods
 from credo.integrations import tracking
 from credo.core.config import MAX_EPOCHS, MAX_GROUP, MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_ROUNDS, MAX_STEP_COMPLETIONS, ConfigError, check, check_in, from_dict, merge, read_yaml, to_dict, user_settings
 from credo.policy.device import check_device_fields
 from credo.core.loss import LossConfig
 from credo.policy.base import SamplingConfig
-from credo.strategies import STRATEGIES
 from credo.strategies.resets import ResetConfig
-
-# Sampling settings were top-level fields before `sampling` was a section; they are still read there
-# (old config.yaml files, `--set max_new_tokens=24`) and moved into it.
-FLAT_SAMPLING_KEYS = tuple(f.name for f in fields(SamplingConfig))
+from credo.train import methods
+from credo.train.plan import with_plan
 
 
 @dataclass(frozen=True)
@@ -38,8 +31,9 @@ class TrainConfig:
 
     method: str = "grpo"
     """Estimator or recipe name (`credo methods`), optionally with estimator options: 'shuffled:of=rredcot'."""
-    credit: Any = field(default_factory=dict)
-    """The estimator's own options (its frozen config; given as a mapping, e.g. `--set credit.lam=0.5`)."""
+    credit: dict = field(default_factory=dict)
+    """The estimator's own options, as a mapping (e.g. `--set credit.lam=0.5`); checked against the estimator's
+    config when the run is planned (credo.train.plan), and recorded in config.yaml with every default filled in."""
     task: str = "arith"
     """Task: 'arith', 'arith-long', 'gym:<reasoning-gym dataset>' or 'jsonl:<path>'."""
     task_options: dict = field(default_factory=dict)
@@ -150,7 +144,6 @@ class TrainConfig:
         # more mini-batches than a step's completions leaves some empty (skipped), which is allowed: a reset
         # method's batch of suffixes is smaller than prompts_per_step x group_size
         check_in(self.minibatches, 1, MAX_STEP_COMPLETIONS, "train.minibatches")
-        check(self.strategy in STRATEGIES.names(), f"train.strategy must be one of {tuple(STRATEGIES.names())}, got {self.strategy!r}")
         check(0 <= self.overlong_buffer < self.sampling.max_new_tokens,
               f"train.overlong_buffer must be in [0, max_new_tokens), got {self.overlong_buffer}")
         for name in ("steps", "eval_every", "eval_n", "checkpoint_every", "keep_checkpoints"):
@@ -162,12 +155,6 @@ class TrainConfig:
         object.__setattr__(self, "report_to", tracking.checked_names(self.report_to, "train.report_to"))
         check(not self.data_parallel or self.strategy == "plain",
               f"train.data_parallel supports strategy 'plain' only, got {self.strategy!r}")
-        estimator = credit_registry.get(resolve_method(self.method).estimator)
-        if not isinstance(self.credit, estimator.config_cls):  # a mapping (or another estimator's config)
-            options = to_dict(self.credit) if is_dataclass(self.credit) else self.credit
-            check(isinstance(options, dict), f"train.credit must be a mapping of {estimator.name}'s options, got {options!r}")
-            object.__setattr__(self, "credit", estimator.make_config(options, prefix="train.credit."))
-        object.__setattr__(self, "_estimator", estimator.name)  # frozen: set once, here
 
     def _check_sampling(self) -> None:
         s = self.sampling
@@ -177,28 +164,6 @@ class TrainConfig:
         check(s.max_new_tokens > 0, f"train.sampling.max_new_tokens must be > 0, got {s.max_new_tokens}")
         check_in(s.max_new_tokens, 1, MAX_NEW_TOKENS, "train.sampling.max_new_tokens")
 
-    @property
-    def estimator(self) -> str:
-        """The registered credit estimator `method` resolves to (`credo.credit.get(config.estimator)`)."""
-        return self._estimator
-
-
-def strategy_options(config: TrainConfig) -> Any:
-    """The run's strategy config, from the TrainConfig fields that hold it."""
-    if config.strategy == "resets":
-        return config.reset
-    if config.strategy == "dynamic":
-        return {"max_rounds": config.dynamic_max_rounds}
-    return None
-
-
-def resolve_method(method: str) -> methods.Recipe:
-    """`method`'s recipe; an unknown name is a ConfigError naming `train.method`."""
-    try:
-        return methods.resolve(method)
-    except KeyError as err:
-        raise ConfigError(f"train.method: {err.args[0]}") from None
-
 
 def load_train_config(path: str | None = None, overrides: list[str] | None = None,
                       extra: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> TrainConfig:
@@ -206,10 +171,9 @@ def load_train_config(path: str | None = None, overrides: list[str] | None = Non
     recipe <- YAML <- `extra` (the CLI's shortcut flags) <- overrides. The recipe is that of the method the user names (in the file, `extra` or the overrides); `base` holds
     settings a recipe may override (a comparison's shared schedule)."""
     user = user_settings(path, overrides, extra)
-    recipe = resolve_method(str(user.get("method", TrainConfig.method)))
+    recipe = methods.recipe_of(str(user.get("method", TrainConfig.method)))
     sized = machine_defaults(str(user.get("start", TrainConfig.start)))
-    user, moved = nest_sampling(user)  # a flat `max_new_tokens` replaces the machine's sampling.max_new_tokens
-    return train_config_from_dict(merge(merge(merge(sized, base or {}), recipe.defaults), user), moved)
+    return with_plan(train_config_from_dict(merge(merge(merge(sized, base or {}), recipe.defaults), user)))[0]
 
 
 # A Hugging Face model on a CPU. The field defaults (8 prompts x 8 completions, 200- and 500-problem
@@ -255,35 +219,9 @@ def is_hf_start(start: str) -> bool:
     return bool(start) and os.path.isfile(os.path.join(start, "config.json"))
 
 
-def train_config_from_dict(data: dict[str, Any], moved: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-    """TrainConfig from a nested mapping (top-level sampling keys moved into `sampling`); an error about a
-    sampling field the mapping gave at the top level (or that `moved` says was given there) names it as
-    given, and where it lives now."""
-    data, now_moved = nest_sampling(data)
-    moved = [*moved, *now_moved]
-    try:
-        return from_dict(TrainConfig, data, prefix="train.")
-    except ConfigError as err:
-        message = str(err)
-        for key in moved:
-            if message.startswith(f"train.sampling.{key} "):
-                message = f"train.{key}{message[len(f'train.sampling.{key}'):]} (train.{key} is now train.sampling.{key})"
-        raise ConfigError(message) from None
-
-
-def nest_sampling(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """(data with top-level temperature/top_p/max_new_tokens moved under `sampling`, the keys moved)."""
-    moved = [k for k in FLAT_SAMPLING_KEYS if k in data]
-    if not moved:
-        return data, []
-    nested = data.get("sampling") or {}
-    if not isinstance(nested, dict):
-        return data, []  # from_dict names the bad `sampling` value
-    for key in moved:
-        if key in nested:
-            raise ConfigError(f"train.{key} and train.sampling.{key} are both given; keep train.sampling.{key}")
-    rest = {k: v for k, v in data.items() if k not in moved}
-    return {**rest, "sampling": {**nested, **{k: data[k] for k in moved}}}, moved
+def train_config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """TrainConfig from a nested mapping (errors name `train.<field>`)."""
+    return from_dict(TrainConfig, data, prefix="train.")
 
 
 def flatten_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -310,7 +248,18 @@ def config_from_run(run_dir: str) -> TrainConfig:
     if missing:
         raise ConfigError(f"{path} lacks {', '.join('train.' + m for m in missing)} (truncated?); the run cannot be resumed")
     # a run recorded before `device` existed trained on the CPU (credo ran nowhere else): it continues there
-    return train_config_from_dict({**data, "device": data.get("device", RECORDED_BEFORE_DEVICES)})
+    return train_config_from_dict(nest_sampling({**data, "device": data.get("device", RECORDED_BEFORE_DEVICES)}))
+
+
+def nest_sampling(data: dict[str, Any]) -> dict[str, Any]:
+    """A recorded run's config with the sampling settings it kept at the top level (temperature, top_p,
+    max_new_tokens: runs recorded before `sampling` was a section, such as those under docs/results/) moved
+    into `sampling`."""
+    flat = [f.name for f in fields(SamplingConfig) if f.name in data]
+    if not flat or not isinstance(data.get("sampling", {}), dict):
+        return data
+    rest = {k: v for k, v in data.items() if k not in flat}
+    return {**rest, "sampling": {**data.get("sampling", {}), **{k: data[k] for k in flat}}}
 
 
 RECORDED_BEFORE_DEVICES = "cpu"
@@ -322,38 +271,7 @@ def resume_differences(run: TrainConfig, requested: dict[str, Any]) -> list[str]
     base = to_dict(run)
     if requested.get("method", run.method) != run.method:
         del base["credit"]  # another method's estimator has other options: the method is the difference
-    merged = train_config_from_dict(merge(base, nest_sampling(requested)[0]))
+    merged = train_config_from_dict(merge(base, requested))
     old, new = flatten_config(to_dict(run)), flatten_config(to_dict(merged))
     return [f"train.{k}: run has {old.get(k)!r}, command asks {new.get(k)!r}"
             for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-
-
-OVERLONG_FIT_PROBLEMS = 256  # training problems whose worked solutions bound the penalised region
-
-
-def overlong_buffer_for_task(task: Any, encode: Callable[[list[str]], torch.Tensor], max_new_tokens: int,
-                             buffer: int) -> tuple[int, int]:
-    """(buffer used, longest worked solution): the largest buffer <= `buffer` whose penalised region, the last
-    `buffer` of `max_new_tokens` tokens, no worked solution of OVERLONG_FIT_PROBLEMS training problems reaches.
-    The problems come from a generator of their own (seed 0), so the run's own problem stream is untouched.
-    `encode` maps texts to a [N, L] completion mask (the policy's tokens, EOS included)."""
-    problems = task.train_problems(OVERLONG_FIT_PROBLEMS, torch.Generator().manual_seed(0))
-    longest = int(encode([task.solution(p) for p in problems]).sum(dim=1).max())
-    return max(0, min(buffer, max_new_tokens - longest)), longest
-
-
-def fitted_overlong_buffer(config: TrainConfig, task: Any, policy: Any) -> tuple[int, int | None]:
-    """(buffer, longest worked solution) a run applies: `overlong_buffer` as set, or fitted to the task
-    (`overlong_fit_task`, overlong_buffer_for_task; the longest solution is None when not fitted)."""
-    if not (config.overlong_fit_task and config.overlong_buffer > 0):
-        return config.overlong_buffer, None
-    return overlong_buffer_for_task(task, lambda texts: policy.encode_completions(texts)[1],
-                                    config.sampling.max_new_tokens, config.overlong_buffer)
-
-
-def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float) -> torch.Tensor:
-    """DAPO soft overlong punishment: 0 up to max_len - buffer, then linear down to -factor at max_len."""
-    if buffer <= 0:
-        return torch.zeros_like(lengths, dtype=torch.float32)
-    excess = (lengths.float() - (max_len - buffer)).clamp(min=0)
-    return -factor * (excess / buffer).clamp(max=1.0)

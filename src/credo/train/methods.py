@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from credo import credit
-from credo.core.config import merge
+from credo.core.config import ConfigError, merge
+from credo.credit.registry import EstimatorSpec
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,20 @@ def resolve(method: str) -> Recipe:
     except KeyError:
         raise KeyError(f"unknown method {method!r}; available: {', '.join(available())}") from None
     return Recipe(method, spec.description)
+
+
+def recipe_of(method: str, field: str = "train.method") -> Recipe:
+    """`method`'s recipe (resolve); an unknown name is a ConfigError naming `field`."""
+    try:
+        return resolve(method)
+    except KeyError as err:
+        raise ConfigError(f"{field}: {err.args[0]}") from None
+
+
+def estimator_of(method: str, field: str = "train.method") -> EstimatorSpec:
+    """The registered estimator `method` (an estimator, 'name:key=value:...' or a recipe) resolves to; an unknown
+    name is a ConfigError naming `field`."""
+    return credit.get(recipe_of(method, field).estimator)
 
 
 def available() -> list[str]:

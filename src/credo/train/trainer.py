@@ -1,16 +1,11 @@
-"""The RL trainer: sample groups, reward, credit, clipped-surrogate updates; resumable run directories.
+"""The RL trainer's run: the loop around credo.train.step.TrainerStep, with evaluation, progress and its ETA,
+checkpoints and the run directory.
 
-One step (`Trainer.train_step`), in order:
-  1. the strategy draws prompts and samples G completions each, rewarded by the task's verifier
-     (plain, DAPO dynamic sampling or RRPO/SRPO resets: credo.strategies);
-  2. DAPO's overlong penalty shapes the rewards;
-  3. old (and reference) log-probs from one no-grad scoring pass;
-  4. credit from the named estimator, through a counted Probe;
-  5. `epochs` passes of `minibatches` AdamW steps on the clipped surrogate.
-`Trainer.train` is the loop around it: evaluate when due, log, checkpoint.
-A run directory holds config.yaml, metrics.jsonl, checkpoints/step-N (atomic) and final/.
-`--resume RUN_DIR` restarts from the last checkpoint with every random stream restored, so a resumed
-run on CPU ends with the same metrics as one that was never interrupted.
+`Trainer(config, run_dir).train()` writes config.yaml, evaluates the start (step 0), then steps until the step
+or token budget is spent, evaluating when due, logging each step's metrics row and checkpointing; it ends with the
+final evaluation, final/ and summary.json. A run directory holds config.yaml, metrics.jsonl, checkpoints/step-N
+(atomic, pickle-free, verified) and final/. `--resume RUN_DIR` restarts from the last checkpoint with every random
+stream restored, so a resumed run on CPU ends with the same metrics as one that was never interrupted.
 """
 
 from __future__ import annotations
@@ -20,223 +15,39 @@ import json
 import os
 import shutil
 import time
-from dataclasses import replace
 from typing import Any, Callable
 
-import torch
 from tqdm import tqdm
 
-from credo import credit as credit_registry
-from credo import strategies
-from credo.core.config import ConfigError, UserError, dump_yaml, to_dict
-from credo.train.distributed import DataParallel, Sharded
-from credo.train.evaluate import evaluate
+from credo.core.config import dump_yaml, to_dict
+from credo.core.files import KIND_MARKER, MetricsLog, NullLog, atomic_directory, atomic_write_text, run_lock
+from credo.core.state_io import (CorruptStateError, check_safetensors, load_state, optimizer_state,
+                                 optimizer_state_dict, save_state, verify_manifest, write_manifest)
 from credo.integrations.tracking import TrackingPlace, check_installed, closing_trackers, open_trackers
-from credo.core.loss import policy_loss
-from credo.policy import bind_task, check_policy_path, load_policy
-from credo.train.starts import NAMED_START, named_start
 from credo.policy.base import Policy
-from credo.policy.device import device_name, resolve_device, resolve_dtype
-from credo.train.provenance import loaded_commit
-from credo.core.probe import Probe
-from credo.core.rollouts import Credit, Rollouts
-from credo.train.resume_checks import check_restartable, check_resumable, update_config_yaml
-from credo.core.files import KIND_MARKER, MetricsLog, NullLog, atomic_directory, atomic_write_text, last_checkpoint, run_lock
-from credo.core.state_io import (CorruptStateError, check_safetensors, load_state, optimizer_state, optimizer_state_dict, save_state,
-                            verify_manifest, write_manifest)
-from credo.strategies import Collected, SamplingContext, Strategy
-from credo.train.streams import RandomStreams
+from credo.train.config import TrainConfig, config_from_run, load_train_config  # noqa: F401  (re-exported)
 from credo.train.eta import format_seconds, seconds_left, steps_ahead
-from credo.train.config import (TrainConfig, config_from_run, load_train_config,  # noqa: F401  (re-exported)
-                                fitted_overlong_buffer, overlong_penalty, strategy_options)
-from credo.tasks import make_task
+from credo.train.evaluate import evaluate
+from credo.train.provenance import loaded_commit
+from credo.train.resume_checks import check_restartable, check_resumable, update_config_yaml
+from credo.train.step import TrainerStep, TrainingDiverged  # noqa: F401  (re-exported)
 
 
-class Trainer:
-    """GRPO-family trainer over any Policy backend. Subclass and override a phase to try an idea. tracking: where
-    the trackers of `config.report_to` write (default: in run_dir; credo.integrations.tracking)."""
+class Trainer(TrainerStep):
+    """GRPO-family trainer over any Policy backend: the step's phases (TrainerStep) in a resumable run. on_step:
+    called after each step with its metrics row; tracking: where the trackers of `config.report_to` write
+    (default: in run_dir; credo.integrations.tracking)."""
 
     def __init__(self, config: TrainConfig, run_dir: str, policy: Policy | None = None, progress: bool = True,
                  on_step: Callable[["Trainer", dict], None] | None = None,
                  accept_unrecorded_checkpoint: bool = False, tracking: TrackingPlace | None = None) -> None:
-        self.config, self.run_dir, self.progress, self.on_step = config, run_dir, progress, on_step
+        self.on_step = on_step
         self.accept_unrecorded_checkpoint = accept_unrecorded_checkpoint  # resume_checks.check_resumable
         check_installed(config.report_to, "train.report_to")  # before a model loads or --out is touched
         self.tracking, self.trackers = tracking or TrackingPlace.for_run(run_dir), None  # opened by begin()
         loaded_commit()  # summary.json's credo_commit, read while what is on disk is the code this process loaded
-        self.task = make_task(config.task, config.task_options, prefix="train.task_options.")
-        self.estimator = credit_registry.get(config.estimator)  # resolved and its options checked at load
-        self.credit_config = config.credit
-        if policy is None:
-            device = resolve_device(config.device, "train.device")  # before the start is read: one line, exit 2
-            dtype = resolve_dtype(config.dtype, device, "train.dtype")
-            policy = load_policy(self.start_path(), device=device, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
-                                 lora_targets=config.lora_targets, dtype=dtype)
-        # config.yaml records the device the run trains on ('auto' resolved), so that a resume or a comparison
-        # reusing the run continues on it, and moving it elsewhere is asked for explicitly (docs/gpu.md)
-        self.config = config = replace(config, device=device_name(policy.device))
-        self.policy = bind_task(policy, self.task, "train.start", config.sampling.max_new_tokens)  # now, not mid-run
-        self.reference = self.policy.copy() if config.loss.kl_coef > 0 else None
-        self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad], lr=config.lr,
-                                           betas=(config.beta1, config.beta2), weight_decay=config.weight_decay)
-        self.streams = RandomStreams.seeded(config.seed)
-        self.step, self.tokens_generated, self.tokens_scored, self.seconds = 0, 0, 0, 0.0
+        super().__init__(config, run_dir, policy, progress)
         self.log = MetricsLog(os.path.join(run_dir, "metrics.jsonl"))
-        self.dp = self.data_parallel()
-        # batch-wide statistics (RREDCoT's z, SC-GRPO's quantile) over every rank's rows, as one process sees them
-        gather = None
-        if self.dp is not None and self.dp.world > 1:
-            from credo.integrations.shards import process_group_gather
-            gather = process_group_gather()
-        self.probe = Probe(self.policy, self.task, config.sampling, self.streams.probe, gather=gather)
-        self.strategy: Strategy = strategies.make(config.strategy, strategy_options(config))
-        self.overlong_buffer, self.longest_solution = fitted_overlong_buffer(config, self.task, self.policy)
-        if self.dp is not None:
-            self.strategy = Sharded(self.strategy, self.dp, config.seed)
-
-    def start_path(self) -> str:
-        if self.config.start.startswith(NAMED_START):
-            return named_start(self.config.start, "train.start", self.config.task, self.progress)
-        if self.config.start:  # checked first: load_policy's error would not name the field
-            return check_policy_path(self.config.start, "train.start")
-        from credo.train.sft import ensure_sft
-        return ensure_sft(progress=self.progress, task=self.config.task)
-
-    def data_parallel(self) -> DataParallel | None:
-        """The process group of a data-parallel launch (None when the run is not data-parallel)."""
-        if not self.config.data_parallel:
-            return None
-        dp, prompts = DataParallel(), self.config.prompts_per_step
-        if prompts % dp.world:
-            raise ConfigError(f"train.prompts_per_step={prompts} must be divisible by the {dp.world} data-parallel processes")
-        return dp
-
-    @property
-    def on_policy(self) -> bool:
-        """One epoch of one mini-batch: a single update, by the policy that sampled the batch."""
-        return self.config.epochs == 1 and self.config.minibatches == 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.dp is None or self.dp.is_main
-
-    # --- one step, phase by phase (the module docstring's order) ---------------------------------------
-    def train_step(self) -> dict[str, Any]:
-        """One optimisation step; returns its metrics row."""
-        started = time.time()
-        collected = self.collect()                   # 1. prompts, G completions each, the verifier's rewards
-        rollouts = self.prepare(collected)           # 2-3. shaped rewards, old and reference log-probs
-        credit = self.assign_credit(rollouts)        # 4. the estimator's credit (its Probe cost metered)
-        update_stats = self.update(rollouts, credit)  # 5. epochs x minibatches AdamW steps
-        self.step += 1
-        return self.record(collected, rollouts, credit, update_stats, time.time() - started)
-
-    def sampling_context(self) -> SamplingContext:
-        c = self.config
-        return SamplingContext(self.policy, self.task, self.draw_problems, c.sampling, self.streams.sample, self.probe,
-                               self.streams.reset, c.group_size, self.step)
-
-    def draw_problems(self, n: int) -> list:
-        return self.task.train_problems(n, self.streams.problem)
-
-    def collect(self) -> Collected:
-        return self.strategy.collect(self.sampling_context(), self.config.prompts_per_step)
-
-    @torch.no_grad()
-    def prepare(self, collected: Collected) -> Rollouts:
-        """Shaped rewards, exact old log-probs (same forward as training) and reference log-probs."""
-        c, rollouts = self.config, collected.rollouts
-        rewards = rollouts.rewards + overlong_penalty(rollouts.lengths, c.sampling.max_new_tokens, self.overlong_buffer, c.overlong_penalty)
-        args = (rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, rollouts.completion_mask)
-        # one epoch of one mini-batch updates the very policy that sampled: the update reads its own log-probs,
-        # detached, as the old ones (ratio exactly 1, as TRL does with num_iterations=1), so this forward is
-        # skipped when the rows already carry the sampler's log-probs (estimators such as SPO's cutpoints read them)
-        skip = self.on_policy and collected.sampled_logprobs
-        old = rollouts.old_logprobs if skip else self.policy.score(*args)[0]
-        ref = self.reference.score(*args)[0] if self.reference is not None else None
-        return rollouts.with_fields(rewards=rewards, old_logprobs=old, ref_logprobs=ref)
-
-    def assign_credit(self, rollouts: Rollouts) -> Credit:
-        return self.estimator(rollouts, self.probe, self.credit_config)
-
-    def update(self, rollouts: Rollouts, credit: Credit) -> dict[str, float]:
-        c = self.config
-        mask = rollouts.trainable_mask()
-        if credit.loss_mask is not None:
-            mask = mask & credit.loss_mask
-        B = rollouts.batch_size
-        # data parallel: token-mean divides by the *global* token count, so the ranks' average is the global loss
-        scale = 1.0
-        if self.dp is not None and c.loss.aggregation == "token-mean":
-            local = float(mask.sum())
-            scale = local * self.dp.world / max(self.dp.sum(local), 1.0)
-        stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "grad_norm": 0.0}
-        n_updates = 0
-        self.policy.model.train()
-        for _ in range(c.epochs):
-            order = list(range(B))
-            self.streams.minibatch.shuffle(order)
-            for chunk in range(c.minibatches):
-                idx = torch.tensor(order[chunk::c.minibatches], dtype=torch.long)
-                if idx.numel() == 0:
-                    continue
-                mb = rollouts.select(idx)
-                logprobs, _ = self.policy.score(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask)
-                old = logprobs.detach() if self.on_policy else mb.old_logprobs
-                loss, s = policy_loss(logprobs, old, credit.advantages[idx], mask[idx], c.loss,
-                                      norm_length=c.sampling.max_new_tokens,
-                                      weights=credit.weights[idx] if credit.weights is not None else None,
-                                      ref_logprobs=mb.ref_logprobs)
-                self.optimizer.zero_grad(set_to_none=True)
-                (loss * scale).backward()
-                trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
-                if self.dp is not None:
-                    self.dp.average_gradients(trainable)
-                grad_norm = torch.nn.utils.clip_grad_norm_(trainable, c.grad_clip)
-                self.check_finite(loss, grad_norm)
-                self.optimizer.step()
-                stats["loss"] += float(loss.detach())
-                stats["clip_frac"] += s["clip_frac"]
-                stats["kl"] += s["kl"]
-                stats["grad_norm"] += float(grad_norm)
-                n_updates += 1
-        return {k: v / max(n_updates, 1) for k, v in stats.items()}
-
-    def check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        """Stop before a non-finite update reaches the weights; the last checkpoint stays the last good one."""
-        for what, value in (("loss", loss), ("gradient norm", grad_norm)):
-            if not bool(torch.isfinite(value.detach())):
-                last = self.last_checkpoint()
-                raise TrainingDiverged(
-                    f"step {self.step + 1}: non-finite {what} ({float(value.detach()):g}); stopped before updating the weights. "
-                    f"Last good checkpoint: {last or 'none (the run never checkpointed)'}. Lower train.lr or "
-                    "check the rewards, then --resume or start again with --force")
-
-    def record(self, collected: Collected, rollouts: Rollouts, credit: Credit, update_stats: dict[str, float],
-               seconds: float) -> dict[str, Any]:
-        """Count the step's tokens into the run's totals and return its metrics row (global when data-parallel)."""
-        spent = credit.cost + collected.cost  # the estimator's and the strategy's (localisers') Probe work
-        credit_generated, credit_scored = spent.tokens_generated, spent.tokens_scored
-        if self.dp is not None:  # collected.tokens_generated is already global
-            credit_generated, credit_scored = int(self.dp.sum(credit_generated)), int(self.dp.sum(credit_scored))
-        self.tokens_generated += collected.tokens_generated + credit_generated
-        self.tokens_scored += credit_scored
-        self.seconds += seconds
-        mask = rollouts.completion_mask
-        row = {
-            "step": self.step, "tokens_generated": self.tokens_generated, "tokens_scored": self.tokens_scored,
-            "seconds": round(self.seconds, 3), "reward_mean": float(rollouts.rewards.mean()),
-            "train_accuracy": float(rollouts.correct.float().mean()),
-            "completion_length": float(mask.sum(1).float().mean()),
-            "advantage_abs_mean": float((credit.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)),
-            **{k: round(v, 6) for k, v in collected.info.items()},
-            **update_stats,
-            **{f"credit_{k}": v for k, v in credit.info.items()},
-        }
-        if self.dp is not None:  # equal shards: the mean of the ranks' means is the global mean
-            for key in ("reward_mean", "train_accuracy", "completion_length", "advantage_abs_mean", "loss", "clip_frac", "kl"):
-                row[key] = self.dp.mean(row[key])
-        return row
 
     # --- the loop -------------------------------------------------------------------------------------
     def train(self, stop_after: int | None = None) -> dict[str, Any]:
@@ -364,9 +175,6 @@ class Trainer:
         for old in existing[:-self.config.keep_checkpoints]:
             shutil.rmtree(os.path.join(self.run_dir, "checkpoints", old), ignore_errors=True)
 
-    def last_checkpoint(self) -> str | None:
-        return last_checkpoint(self.run_dir)
-
     def restore(self) -> bool:
         """Load the newest checkpoint of run_dir, if any, after verifying its manifest; returns whether one was found."""
         path = self.last_checkpoint()
@@ -386,7 +194,3 @@ class Trainer:
         check_resumable(state, self.config, self.step, path, self.accept_unrecorded_checkpoint)
         self.log.truncate_after(self.step, must_reach=True)
         return True
-
-
-class TrainingDiverged(UserError):
-    """Training produced a non-finite loss or gradient; the message names the step and the last good checkpoint."""

@@ -1,0 +1,234 @@
+"""One optimisation step of the RL trainer, phase by phase; credo.train.trainer.Trainer runs the steps.
+
+`TrainerStep.train_step`, in order:
+  1. collect: the strategy draws prompts and samples G completions each, rewarded by the task's verifier
+     (plain, DAPO dynamic sampling or RRPO/SRPO resets: credo.strategies);
+  2. prepare: DAPO's overlong penalty shapes the rewards (credo.train.shaping);
+  3. prepare: old (and reference) log-probs from one no-grad scoring pass;
+  4. segment: the batch cut into steps, when the estimator reads them (credo.core.segment);
+  5. assign_credit: the estimator's credit, through a counted Probe;
+  6. update: `epochs` passes of `minibatches` AdamW steps on the clipped surrogate (credo.core.loss).
+What the run's settings name (estimator, credit config, strategy) is resolved once, into `self.plan`
+(credo.train.plan). Subclass and override a phase to try an idea.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from credo.core.config import ConfigError, UserError
+from credo.core.files import last_checkpoint
+from credo.core.loss import policy_loss
+from credo.core.probe import Probe
+from credo.core.rollouts import Cost, Credit, Rollouts
+from credo.core.segment import segmentation_stage
+from credo.policy import bind_task, check_policy_path, load_policy
+from credo.policy.base import Policy
+from credo.policy.device import device_name, resolve_device, resolve_dtype
+from credo.strategies import Collected, SamplingContext, Strategy
+from credo.tasks import make_task
+from credo.train.config import TrainConfig
+from credo.train.distributed import DataParallel, Sharded
+from credo.train.plan import with_plan
+from credo.train.shaping import fitted_overlong_buffer, overlong_penalty
+from credo.train.starts import NAMED_START, named_start
+from credo.train.streams import RandomStreams
+
+
+class TrainerStep:
+    """The model, its optimiser, the run's random streams, the probe and the plan, and one step over them.
+    `policy`: a loaded policy to train instead of `config.start` (tests)."""
+
+    def __init__(self, config: TrainConfig, run_dir: str, policy: Policy | None = None, progress: bool = True) -> None:
+        self.run_dir, self.progress = run_dir, progress
+        self.task = make_task(config.task, config.task_options, prefix="train.task_options.")
+        config, self.plan = with_plan(config)  # the estimator, its checked options and the strategy, resolved once
+        self.config = config
+        if policy is None:
+            device = resolve_device(config.device, "train.device")  # before the start is read: one line, exit 2
+            dtype = resolve_dtype(config.dtype, device, "train.dtype")
+            policy = load_policy(self.start_path(), device=device, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
+                                 lora_targets=config.lora_targets, dtype=dtype)
+        # config.yaml records the device the run trains on ('auto' resolved), so that a resume or a comparison
+        # reusing the run continues on it, and moving it elsewhere is asked for explicitly (docs/gpu.md)
+        self.config = config = replace(config, device=device_name(policy.device))
+        self.policy = bind_task(policy, self.task, "train.start", config.sampling.max_new_tokens)  # now, not mid-run
+        self.reference = self.policy.copy() if config.loss.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad], lr=config.lr,
+                                           betas=(config.beta1, config.beta2), weight_decay=config.weight_decay)
+        self.streams = RandomStreams.seeded(config.seed)
+        self.step, self.tokens_generated, self.tokens_scored, self.seconds = 0, 0, 0, 0.0
+        self.dp = self.data_parallel()
+        # batch-wide statistics (RREDCoT's z, SC-GRPO's quantile) over every rank's rows, as one process sees them
+        gather = None
+        if self.dp is not None and self.dp.world > 1:
+            from credo.integrations.shards import process_group_gather
+            gather = process_group_gather()
+        self.probe = Probe(self.policy, self.task, config.sampling, self.streams.probe, gather=gather)
+        self.strategy: Strategy = self.plan.strategy
+        self.overlong_buffer, self.longest_solution = fitted_overlong_buffer(config, self.task, self.policy)
+        if self.dp is not None:
+            self.strategy = Sharded(self.strategy, self.dp, config.seed)
+
+    def start_path(self) -> str:
+        if self.config.start.startswith(NAMED_START):
+            return named_start(self.config.start, "train.start", self.config.task, self.progress)
+        if self.config.start:  # checked first: load_policy's error would not name the field
+            return check_policy_path(self.config.start, "train.start")
+        from credo.train.sft import ensure_sft
+        return ensure_sft(progress=self.progress, task=self.config.task)
+
+    def data_parallel(self) -> DataParallel | None:
+        """The process group of a data-parallel launch (None when the run is not data-parallel)."""
+        if not self.config.data_parallel:
+            return None
+        dp, prompts = DataParallel(), self.config.prompts_per_step
+        if prompts % dp.world:
+            raise ConfigError(f"train.prompts_per_step={prompts} must be divisible by the {dp.world} data-parallel processes")
+        return dp
+
+    @property
+    def on_policy(self) -> bool:
+        """One epoch of one mini-batch: a single update, by the policy that sampled the batch."""
+        return self.config.epochs == 1 and self.config.minibatches == 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.dp is None or self.dp.is_main
+
+    def last_checkpoint(self) -> str | None:
+        return last_checkpoint(self.run_dir)
+
+    # --- one step, phase by phase (the module docstring's order) ---------------------------------------
+    def train_step(self) -> dict[str, Any]:
+        """One optimisation step; returns its metrics row."""
+        started = time.time()
+        collected = self.collect()                   # 1. prompts, G completions each, the verifier's rewards
+        rollouts = self.prepare(collected)           # 2-3. shaped rewards, old and reference log-probs
+        rollouts, cut = self.segment(rollouts)       # 4. segment_ids, when the estimator reads the batch's
+        credit = self.assign_credit(rollouts)        # 5. the estimator's credit (its Probe cost metered)
+        update_stats = self.update(rollouts, credit)  # 6. epochs x minibatches AdamW steps
+        self.step += 1
+        return self.record(collected, cut + credit.cost, rollouts, credit, update_stats, time.time() - started)
+
+    def sampling_context(self) -> SamplingContext:
+        c = self.config
+        return SamplingContext(self.policy, self.task, self.draw_problems, c.sampling, self.streams.sample, self.probe,
+                               self.streams.reset, c.group_size, self.step)
+
+    def draw_problems(self, n: int) -> list:
+        return self.task.train_problems(n, self.streams.problem)
+
+    def collect(self) -> Collected:
+        return self.strategy.collect(self.sampling_context(), self.config.prompts_per_step)
+
+    @torch.no_grad()
+    def prepare(self, collected: Collected) -> Rollouts:
+        """Shaped rewards, exact old log-probs (same forward as training) and reference log-probs."""
+        c, rollouts = self.config, collected.rollouts
+        rewards = rollouts.rewards + overlong_penalty(rollouts.lengths, c.sampling.max_new_tokens, self.overlong_buffer, c.overlong_penalty)
+        args = (rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, rollouts.completion_mask)
+        # one epoch of one mini-batch updates the very policy that sampled: the update reads its own log-probs,
+        # detached, as the old ones (ratio exactly 1, as TRL does with num_iterations=1), so this forward is
+        # skipped when the rows already carry the sampler's log-probs (estimators such as SPO's cutpoints read them)
+        skip = self.on_policy and collected.sampled_logprobs
+        old = rollouts.old_logprobs if skip else self.policy.score(*args)[0]
+        ref = self.reference.score(*args)[0] if self.reference is not None else None
+        return rollouts.with_fields(rewards=rewards, old_logprobs=old, ref_logprobs=ref)
+
+    def segment(self, rollouts: Rollouts) -> tuple[Rollouts, Cost]:
+        """The segmentation stage: the batch cut into segments (steps) by the task's segmenter when the estimator
+        reads them (Plan.segments_batch), with what cutting spent through the probe (an entropy pass for
+        `keyword_entropy`; nothing for `lines`)."""
+        return segmentation_stage(rollouts, self.probe, self.plan.segments_batch)
+
+    def assign_credit(self, rollouts: Rollouts) -> Credit:
+        return self.plan.estimator(rollouts, self.probe, self.plan.credit)
+
+    def update(self, rollouts: Rollouts, credit: Credit) -> dict[str, float]:
+        c = self.config
+        mask = rollouts.trainable_mask()
+        if credit.loss_mask is not None:
+            mask = mask & credit.loss_mask
+        B = rollouts.batch_size
+        # data parallel: token-mean divides by the *global* token count, so the ranks' average is the global loss
+        scale = 1.0
+        if self.dp is not None and c.loss.aggregation == "token-mean":
+            local = float(mask.sum())
+            scale = local * self.dp.world / max(self.dp.sum(local), 1.0)
+        stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        n_updates = 0
+        self.policy.model.train()
+        for _ in range(c.epochs):
+            order = list(range(B))
+            self.streams.minibatch.shuffle(order)
+            for chunk in range(c.minibatches):
+                idx = torch.tensor(order[chunk::c.minibatches], dtype=torch.long)
+                if idx.numel() == 0:
+                    continue
+                mb = rollouts.select(idx)
+                logprobs, _ = self.policy.score(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask)
+                old = logprobs.detach() if self.on_policy else mb.old_logprobs
+                loss, s = policy_loss(logprobs, old, credit.advantages[idx], mask[idx], c.loss,
+                                      norm_length=c.sampling.max_new_tokens,
+                                      weights=credit.weights[idx] if credit.weights is not None else None,
+                                      ref_logprobs=mb.ref_logprobs)
+                self.optimizer.zero_grad(set_to_none=True)
+                (loss * scale).backward()
+                trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
+                if self.dp is not None:
+                    self.dp.average_gradients(trainable)
+                grad_norm = torch.nn.utils.clip_grad_norm_(trainable, c.grad_clip)
+                self.check_finite(loss, grad_norm)
+                self.optimizer.step()
+                stats["loss"] += float(loss.detach())
+                stats["clip_frac"] += s["clip_frac"]
+                stats["kl"] += s["kl"]
+                stats["grad_norm"] += float(grad_norm)
+                n_updates += 1
+        return {k: v / max(n_updates, 1) for k, v in stats.items()}
+
+    def check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Stop before a non-finite update reaches the weights; the last checkpoint stays the last good one."""
+        for what, value in (("loss", loss), ("gradient norm", grad_norm)):
+            if not bool(torch.isfinite(value.detach())):
+                last = self.last_checkpoint()
+                raise TrainingDiverged(
+                    f"step {self.step + 1}: non-finite {what} ({float(value.detach()):g}); stopped before updating the weights. "
+                    f"Last good checkpoint: {last or 'none (the run never checkpointed)'}. Lower train.lr or "
+                    "check the rewards, then --resume or start again with --force")
+
+    def record(self, collected: Collected, credit_cost: Cost, rollouts: Rollouts, credit: Credit,
+               update_stats: dict[str, float], seconds: float) -> dict[str, Any]:
+        """Count the step's tokens into the run's totals and return its metrics row (global when data-parallel).
+        credit_cost: the Probe work of segmenting and of the estimator."""
+        spent = credit_cost + collected.cost  # credit's and the strategy's (localisers') Probe work
+        credit_generated, credit_scored = spent.tokens_generated, spent.tokens_scored
+        if self.dp is not None:  # collected.tokens_generated is already global
+            credit_generated, credit_scored = int(self.dp.sum(credit_generated)), int(self.dp.sum(credit_scored))
+        self.tokens_generated += collected.tokens_generated + credit_generated
+        self.tokens_scored += credit_scored
+        self.seconds += seconds
+        mask = rollouts.completion_mask
+        row = {
+            "step": self.step, "tokens_generated": self.tokens_generated, "tokens_scored": self.tokens_scored,
+            "seconds": round(self.seconds, 3), "reward_mean": float(rollouts.rewards.mean()),
+            "train_accuracy": float(rollouts.correct.float().mean()),
+            "completion_length": float(mask.sum(1).float().mean()),
+            "advantage_abs_mean": float((credit.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)),
+            **{k: round(v, 6) for k, v in collected.info.items()},
+            **update_stats,
+            **{f"credit_{k}": v for k, v in credit.info.items()},
+        }
+        if self.dp is not None:  # equal shards: the mean of the ranks' means is the global mean
+            for key in ("reward_mean", "train_accuracy", "completion_length", "advantage_abs_mean", "loss", "clip_frac", "kl"):
+                row[key] = self.dp.mean(row[key])
+        return row
+
+
+class TrainingDiverged(UserError):
+    """Training produced a non-finite loss or gradient; the message names the step and the last good checkpoint."""
