@@ -264,10 +264,11 @@ def test_a_shared_gradient_clip_reaches_every_method_and_the_report(saved_policy
 def test_a_method_spec_becomes_credit_options_and_the_task_comes_from_the_preset(saved_policy):
     from dataclasses import replace
     from credo.lab.compare.run import PRESETS, run_config, run_dir_name
+    from credo.core.config import to_dict
     from credo.credit.rredcot import RREDCoTConfig
     config = run_config("rredcot:lam=0.25", 0, replace(PRESETS["smoke"], task="arith-long"), saved_policy)
-    # the credit options are stored as the estimator's own (frozen, checked) config
-    assert config.method == "rredcot" and config.credit == RREDCoTConfig(lam=0.25) and config.task == "arith-long"
+    # the credit options are stored as data: the estimator's every option, checked, defaults filled in
+    assert config.method == "rredcot" and config.credit == to_dict(RREDCoTConfig(lam=0.25)) and config.task == "arith-long"
     assert run_dir_name("shuffled:of=rredcot", 2) == "shuffled_of=rredcot-s2"
 
 
