@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import torch
 
 from credo.core.config import check
-from credo.core.groups import grpo_advantages
+from credo.core.groups import grpo_advantages, mean_one
 from credo.credit.registry import register
 from credo.core.values import candidate_answers
 from credo.policy.base import left_pad, right_pad, strip_eos
@@ -296,6 +296,6 @@ def oar(rollouts: Rollouts, probe: Probe, config: AttributionConfig) -> Credit:
         for (a, b), kl in items:
             weights[row, a:b] = oar_weights(torch.tensor(kl / top if top > 0 else 0.0))
         real = mask[row].float()
-        weights[row] = weights[row] * real / ((weights[row] * real).sum() / real.sum().clamp(min=1)).clamp(min=1e-8)
+        weights[row] = mean_one(weights[row], real, flat_at=None)  # mass preserved: mean 1 over the row's tokens
     advantages = a_grpo[:, None] * weights * mask
     return Credit(advantages=advantages)

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from credo.core.config import check
-from credo.core.groups import group_mean_std, grpo_advantages, rloo_advantages, zscore
+from credo.core.groups import group_mean_std, grpo_advantages, mean_one, rloo_advantages, zscore
 from credo.credit.registry import register
 from credo.core.values import VALUE_MODES, answer_values, step_differences, suffix_values
 from credo.core.probe import Probe
@@ -104,11 +104,6 @@ def probe_values(rollouts: Rollouts, probe: Probe, segment_ids: torch.Tensor, co
     return values
 
 
-def redistribute(values: list[torch.Tensor]) -> list[torch.Tensor]:
-    """R_{i,k} = V(s_k) - V(s_{k-1}); sums to r_i - V(s_0) by construction."""
-    return step_differences(values)
-
-
 def advantages_from_redistribution(rollouts: Rollouts, segment_ids: torch.Tensor, R: list[torch.Tensor],
                                    config: RREDCoTConfig, gather: Any = None) -> torch.Tensor:
     """-> advantages[B, T] by the configured mode (weight mode folds its token weights into them). `gather`
@@ -128,9 +123,7 @@ def advantages_from_redistribution(rollouts: Rollouts, segment_ids: torch.Tensor
         shaped = [zi if zi.numel() > 1 and live[i] else a_row[i].expand(zi.numel()) for i, zi in enumerate(z)]
         return broadcast_segments(shaped, segment_ids) * mask
     raw = [(1 + config.lam * torch.sign(a_row[i]) * zi).clamp(0, config.w_max) for i, zi in enumerate(z)]
-    weights = broadcast_segments(raw, segment_ids) * mask
-    per_seq = weights.sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
-    weights = torch.where(per_seq > 0, weights / per_seq.clamp(min=1e-8), mask)
+    weights = mean_one(broadcast_segments(raw, segment_ids) * mask, mask)
     return a_grpo[:, None] * weights
 
 
@@ -147,7 +140,7 @@ def _standardise(R: list[torch.Tensor], gather: Any = None) -> list[torch.Tensor
 def rredcot(rollouts: Rollouts, probe: Probe, config: RREDCoTConfig) -> Credit:
     segment_ids = segments_for(rollouts, probe, config.segmenter)
     values = probe_values(rollouts, probe, segment_ids, config)
-    R = redistribute(values)
+    R = step_differences(values)  # R_{i,k} = V(s_k) - V(s_{k-1}); sums to r_i - V(s_0)
     advantages = advantages_from_redistribution(rollouts, segment_ids, R, config, probe.gather)
     v0 = torch.stack([v[0] for v in values]) if values else torch.zeros(0)
     return Credit(advantages=advantages, segment_credit=R,

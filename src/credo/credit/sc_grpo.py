@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from credo.core.config import check
-from credo.core.groups import broadcast, group_rows, grpo_advantages, zscore
+from credo.core.groups import broadcast, group_rows, grpo_advantages, mean_one, zscore
 from credo.credit.registry import register
 from credo.core.probe import Probe
 from credo.core.rollouts import Credit, Rollouts
@@ -171,17 +171,10 @@ def sc_grpo(rollouts: Rollouts, probe: Probe, config: SCGRPOConfig) -> Credit:
     if n_w:
         w = f[:n_w] * mask[weighted_rows]
         info["f_mean"] = float(w[mask[weighted_rows]].mean())
-        weights[weighted_rows] = per_sequence_mean_one(w, mask[weighted_rows]) if config.normalise else w
+        # a row of zeros becomes all ones (no token stands out)
+        weights[weighted_rows] = mean_one(w, mask[weighted_rows], floor=1e-12, flat_at=1e-12) if config.normalise else w
     _diversity_advantages(advantages, f[n_w:], diversity, rollouts.completion_mask.sum(1), mask, config.alpha)
     return Credit(advantages=advantages * mask, weights=weights, info=info)
-
-
-def per_sequence_mean_one(w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """w[B, T] rescaled so each row's mean over its mask is 1 (a row of zeros becomes all ones: no
-    token stands out); 0 outside the mask."""
-    n = mask.sum(1, keepdim=True).clamp(min=1)
-    mean = (w * mask).sum(1, keepdim=True) / n
-    return torch.where(mean > 1e-12, w / mean.clamp(min=1e-12), torch.ones_like(w)) * mask
 
 
 def _diversity_advantages(advantages: torch.Tensor, f: torch.Tensor, diversity: list[tuple[list[int], int]],
