@@ -40,17 +40,21 @@ from credo.core.rollouts import Credit, Rollouts
 
 @dataclass(frozen=True)
 class SCGRPOConfig:
-    """quantile: which quantile of D sets c (0.75). c_min: floor of c. alpha: scale of the n_c = 0
-    pseudo-advantage. normalise: rescale f to mean 1 over each weighted sequence's tokens (false:
-    the paper's raw f in [0, 1)). chunk_rows: rows per teacher/student pass (bounds memory for big
-    vocabularies). seed: offset of the per-step reference RNG."""
+    """SC-GRPO's self-conditioned token weights (module docstring)."""
 
     quantile: float = 0.75
+    """Which quantile of D over the batch's active tokens sets c in f = D / (D + c), in (0, 1)."""
     c_min: float = 1e-4
+    """Floor of c (> 0), so a batch of near-zero divergences does not blow the weights up."""
     alpha: float = 0.1
+    """Scale (>= 0) of the diversity pseudo-advantage of the groups with no correct rollout (0: they get none)."""
     normalise: bool = True
+    """Rescale f to mean 1 over each weighted sequence's tokens (false: the paper's raw f in [0, 1))."""
     chunk_rows: int = 64
+    """Rows per teacher/student pass (bounds the memory of the full-vocabulary distributions, not results)."""
     seed: int = 0
+    """Offset of the per-step, per-group RNG that draws the reference solutions (combined with a draw from the
+    run's probe generator)."""
 
     def __post_init__(self) -> None:
         check(0 < self.quantile < 1, f"credit.quantile must be in (0, 1), got {self.quantile}")
