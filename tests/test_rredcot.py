@@ -3,7 +3,8 @@ import torch
 
 from credo import credit
 from credo.core.groups import grpo_advantages
-from credo.credit.rredcot import RREDCoTConfig, probe_values, redistribute
+from credo.core.values import step_differences
+from credo.credit.rredcot import RREDCoTConfig, probe_values
 from credo.policy.base import SamplingConfig
 from credo.core.probe import Probe
 from credo.core.rollouts import Rollouts
@@ -40,7 +41,7 @@ def test_redistribution_telescopes_and_values_are_probabilities(policy, mode, v0
     pr = probe(policy, task)
     cfg = RREDCoTConfig(probe=mode, v0=v0, candidates=candidates)
     values = probe_values(r, pr, pr.segment(r, "lines"), cfg)
-    for v, R, reward in zip(values, redistribute(values), r.rewards):
+    for v, R, reward in zip(values, step_differences(values), r.rewards):
         assert ((v >= 0) & (v <= 1)).all()
         assert torch.isclose(R.sum(), reward - v[0], atol=1e-6)
         assert v[-1] == reward

@@ -227,14 +227,17 @@ def load_config(cls: type[C], path: str | None = None, overrides: list[str] | No
 
 @functools.lru_cache(maxsize=None)
 def field_docs(cls: type) -> dict[str, str]:
-    """{field: doc} from the string literal written right under each field of dataclass `cls`
-    (CleanRL's convention); fields without one are absent. Read from the source with `ast`."""
+    """{field: doc} from the string literal written right under each field of dataclass `cls` or of a dataclass
+    it inherits fields from (CleanRL's convention); fields without one are absent. Read from the source with `ast`."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__[1:]):
+        if dataclasses.is_dataclass(klass):
+            docs.update(field_docs(klass))
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):  # no source (e.g. a class made at run time)
-        return {}
+        return docs
     body = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)).body
-    docs = {}
     for node, after in zip(body, body[1:]):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
                 and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
@@ -242,26 +245,13 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-@dataclasses.dataclass(frozen=True)
-class Section:
-    """A nested config in `describe`'s listing whose class documents no field by itself (e.g. an
-    estimator's config): its class docstring stands for its fields."""
-
-    class_name: str
-
-
 def describe(config: Any, prefix: str = "") -> list[tuple[str, Any, str]]:
-    """(dotted path, value, doc) of every field of `config`, nested dataclasses flattened (`loss.eps_low`).
-    A nested class that documents no field by itself adds a row (path, Section, class docstring) first."""
+    """(dotted path, value, doc) of every field of `config`, nested dataclasses flattened (`loss.eps_low`)."""
     rows: list[tuple[str, Any, str]] = []
     docs = field_docs(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if dataclasses.is_dataclass(value):
-            if not field_docs(type(value)) and dataclasses.fields(value):
-                about = " ".join((type(value).__doc__ or "").split())
-                rows.append((prefix + f.name, Section(type(value).__name__),
-                             " ".join(filter(None, [docs.get(f.name, ""), about]))))
             rows.extend(describe(value, prefix + f.name + "."))
         else:
             rows.append((prefix + f.name, value, docs.get(f.name, "")))
@@ -272,7 +262,7 @@ def help_config(config: Any, title: str) -> str:
     """The `--help-config` text: every field as `path = value` (JSON), its doc indented under it."""
     lines = [title, ""]
     for path, value, doc in describe(config):
-        head = f"{path} ({value.class_name})" if isinstance(value, Section) else f"{path} = {json.dumps(_plain(value))}"
+        head = f"{path} = {json.dumps(_plain(value))}"
         lines.append(head)
         lines.extend(textwrap.wrap(doc, 100, initial_indent="    ", subsequent_indent="    "))
     return "\n".join(lines)

@@ -71,13 +71,25 @@ def rloo_advantages(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     return torch.where(n > 1, rewards - others, torch.zeros_like(rewards))
 
 
-def mixed_groups(group: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+def mixed_group_mask(group: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
     """group[B], rewards[B] -> [n_groups] bool over the sorted unique group ids: True where rewards differ
     inside the group (the groups that carry an outcome signal)."""
     ids, inverse = torch.unique(group, return_inverse=True)
     hi = torch.full((len(ids),), -float("inf"), device=rewards.device).scatter_reduce(0, inverse, rewards, "amax")
     lo = torch.full((len(ids),), float("inf"), device=rewards.device).scatter_reduce(0, inverse, rewards, "amin")
     return hi > lo
+
+
+def mean_one(w: torch.Tensor, mask: torch.Tensor, *, floor: float = 1e-8, flat_at: float | None = 0.0) -> torch.Tensor:
+    """Token weights w[..., T] rescaled so that each row's mean over `mask` (bool or 0/1) is 1, and 0 off the
+    mask: w * mask / mean, the mean clamped to at least `floor`. A row whose mean is not above `flat_at`
+    becomes the mask itself (1 on every token: none stands out); flat_at=None keeps every row's quotient
+    (a row of zeros stays zeros)."""
+    m = mask.to(w.dtype)
+    masked = w * m
+    mean = masked.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)
+    scaled = masked / mean.clamp(min=floor)
+    return scaled if flat_at is None else torch.where(mean > flat_at, scaled, m)
 
 
 def zscore(values: torch.Tensor, over: torch.Tensor | None = None, min_std: float = 1e-8) -> torch.Tensor:

@@ -60,9 +60,10 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 config: LossConfig, norm_length: int, weights: torch.Tensor | None = None,
                 ref_logprobs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped surrogate `-min(rho*A, clip(rho)*A) * w` (+ kl_coef * k3), aggregated.
+    """Clipped surrogate `-min(rho*A, clip(rho)*A) * w` (kind 'pg': `-A * log pi * w`) (+ kl_coef * k3), aggregated.
 
-    All inputs [B, T]; `mask` selects the tokens that get gradient. Returns (loss, stats).
+    All inputs [B, T]; `mask` selects the tokens that get gradient. Returns (loss, stats): stats are
+    clip_frac (the share of masked tokens whose ratio lies outside the clip range, for either kind) and kl.
     """
     m = mask.to(logprobs.dtype)
     log_ratio = (logprobs - old_logprobs) * m
@@ -73,9 +74,10 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
         log_ratio = seq_log_ratio.detach() + logprobs - logprobs.detach()
     ratio = torch.exp(log_ratio.clamp(-20, 20))
     clipped = ratio.clamp(1 - config.eps_low, 1 + config.eps_high)
-    per_token = -torch.min(ratio * advantages, clipped * advantages)
     if config.kind == "pg":
         per_token = -advantages * logprobs
+    else:
+        per_token = -torch.min(ratio * advantages, clipped * advantages)
     if weights is not None:
         per_token = per_token * weights
     kl_value = torch.zeros((), dtype=logprobs.dtype)
@@ -88,7 +90,6 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
         was_clipped = ((ratio - clipped).abs() > 1e-9).to(m.dtype)
         stats = {
             "clip_frac": float((was_clipped * m).sum() / m.sum().clamp(min=1)),
-            "ratio_mean": float((ratio * m).sum() / m.sum().clamp(min=1)),
             "kl": float(kl_value),
         }
     return loss, stats

@@ -52,7 +52,11 @@ class Rollouts:
         completion_mask[B, T]   bool, True on real completion tokens
         group[B]                long, index of the prompt a row belongs to (verl's `index`/`uid`)
         rewards[B]              float, outcome reward in [0, 1] (after any shaping)
-        old_logprobs[B, T]      float, log pi_old of each completion token (0 on padding)
+        old_logprobs[B, T]      float, as collected: the sampler's log-prob of each completion token, or 0
+                                on rows a strategy builds without them (the resets strategy's reset rows:
+                                Collected.sampled_logprobs is False); the trainer's `prepare` replaces them with
+                                the policy's exact scores before the update (log pi_old of the ratio) unless
+                                they are the sampler's own and the update is on-policy. 0 on padding
         segment_ids[B, T]       long or None, segment index per token, -1 on padding (filled once by
                                 the segmentation stage, credo.core.segment.with_segments)
         loss_mask[B, T]         bool or None, tokens that may receive gradient (e.g. False on a reset prefix)

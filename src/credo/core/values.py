@@ -75,11 +75,14 @@ def score_values(rollouts: Rollouts, probe: Probe, cuts: list[list[int]], candid
     slots: dict[tuple, int] = {}
     branches: list[tuple[int, int, tuple[int, ...]]] = []
     lookup: list[list[list[int]]] = []
+    kept: list[list[list[Candidate]]] = []  # per row and state, the candidates scored (all, or those with utility)
     for row, row_cuts in enumerate(cuts):
         completion = rollouts.completion_ids[row].tolist()
         per_state = []
+        kept.append([])
         for j, cut in enumerate(row_cuts):
             keep = [c for c in candidates[row][j] if mode == "normalized" or c.utility > 0]
+            kept[row].append(keep)
             index = []
             for c in keep:
                 key = (group[row], tuple(completion[:cut]), c.tokens)
@@ -93,8 +96,7 @@ def score_values(rollouts: Rollouts, probe: Probe, cuts: list[list[int]], candid
     values = []
     for row, row_cuts in enumerate(cuts):
         v = torch.zeros(len(row_cuts) + 1)
-        for j in range(len(row_cuts)):
-            keep = [c for c in candidates[row][j] if mode == "normalized" or c.utility > 0]
+        for j, keep in enumerate(kept[row]):
             logp = [float(scored[b][c.offset:].sum()) for b, c in zip(lookup[row][j], keep)]
             v[j] = combine(torch.tensor(logp), torch.tensor([c.utility for c in keep]), mode)
         v[len(row_cuts)] = rollouts.rewards[row]

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import torch
 
 from credo.core.config import check
-from credo.core.groups import grpo_advantages
+from credo.core.groups import grpo_advantages, mean_one
 from credo.credit.registry import register
 from credo.core.values import candidate_answers
 from credo.policy.base import left_pad, right_pad, strip_eos
@@ -45,17 +45,27 @@ from credo.core.segment import broadcast_segments, check_segmenter_option, segme
 
 @dataclass(frozen=True)
 class AttributionConfig:
-    """segmenter: the players ('' = the batch's segments, by the task's own segmenter). target: gold | own. batch_size: contexts per forward.
-    coarse_to_fine / refine_top (loo). permutations, seed (shapley). unit: token | segment (oar)."""
+    """The options of loo, shapley, counterfactual and oar (module docstring); each reads those it needs."""
 
     segmenter: Any = ""
+    """The players: '' = the batch's segments (the task's own segmenter), or a segmenter name or mapping of
+    its own (credo.core.segment)."""
     target: str = "gold"
+    """The answer whose log-likelihood f scores: 'gold' (the verified answer; privileged) or 'own' (the trace's
+    own final answer). oar scores the group's candidate answers, the gold one among them, whatever it says."""
     batch_size: int = 512
+    """Contexts scored per forward pass (>= 1; bounds memory, not results)."""
     coarse_to_fine: int = 0
+    """loo only: > 1 first removes blocks of this many segments and refines only the top blocks (0 or 1: every
+    segment removed on its own)."""
     refine_top: int = 1
+    """loo with coarse_to_fine: the blocks with the largest |score| that are refined segment by segment (>= 1)."""
     permutations: int = 8
+    """shapley only: random segment orders sampled per trace (>= 1), each costing one evaluation per segment."""
     seed: int = 0
+    """shapley only: seed of the permutation orders (the same orders on every call)."""
     unit: str = "token"
+    """oar only: what is removed to measure importance, 'token' (the paper's) or 'segment' (far cheaper)."""
 
     def __post_init__(self) -> None:
         check_segmenter_option(self.segmenter)
@@ -296,6 +306,6 @@ def oar(rollouts: Rollouts, probe: Probe, config: AttributionConfig) -> Credit:
         for (a, b), kl in items:
             weights[row, a:b] = oar_weights(torch.tensor(kl / top if top > 0 else 0.0))
         real = mask[row].float()
-        weights[row] = weights[row] * real / ((weights[row] * real).sum() / real.sum().clamp(min=1)).clamp(min=1e-8)
+        weights[row] = mean_one(weights[row], real, flat_at=None)  # mass preserved: mean 1 over the row's tokens
     advantages = a_grpo[:, None] * weights * mask
     return Credit(advantages=advantages)

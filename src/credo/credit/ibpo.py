@@ -38,15 +38,22 @@ from credo.core.rollouts import Credit, Rollouts
 
 @dataclass(frozen=True)
 class IBPOConfig:
-    """mode: alignment | correct. regions: first (the paper's single implicit decision) | all.
-    kappa: credit share of unedited tokens (0 = the paper). preserve_mass: keep each row's advantage
-    total equal to GRPO's. repair_tries: continuations per incorrect trace (correct mode)."""
+    """IBPO's implicit process advantages (module docstring)."""
 
     mode: str = "alignment"
+    """How an incorrect trace's edited tokens are found: 'alignment' (its diff against the most similar correct
+    member of its group; free) or 'correct' (the first verified resampled repair of it; costs generation)."""
     regions: str = "first"
+    """'first': only the first differing region (the paper's single implicit decision); 'all': every differing
+    span (an ablation)."""
     kappa: float = 0.0
+    """Share of the row's advantage that unedited tokens keep, in [0, 1] (0: the paper, only edited tokens get
+    credit; 1: GRPO)."""
     preserve_mass: bool = True
+    """Rescale each reshaped row so its advantage total equals GRPO's (|o| * A); false: IBPO's raw totals,
+    a ~0.4x-step GRPO at the same learning rate."""
     repair_tries: int = 2
+    """mode=correct: continuations sampled per incorrect trace to find a repair (>= 1)."""
 
     def __post_init__(self) -> None:
         check(self.mode in ("alignment", "correct"), f"credit.mode must be 'alignment' or 'correct', got {self.mode!r}")

@@ -38,17 +38,20 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -
 
 @dataclass(frozen=True)
 class VinePPOConfig:
-    """k: continuations per segment boundary (VinePPO uses 9). segmenter: '' (default) = the batch's
-    segments (the task's own segmenter), or a name or mapping (see credo.core.segment). batch_size: continuations sampled per forward batch. whiten: standardise the
-    token advantages over the batch's trainable tokens, as VinePPO's trainer does before its loss
-    (`whiten_advantages: true`); without it the MC step differences are ~4x smaller than GRPO's
-    advantages. The audit turns it off (a positive affine map leaves its rank figures unchanged,
-    and segment_credit stays the raw V(s_k) - V(s_{k-1}) either way)."""
+    """VinePPO's Monte Carlo step values (module docstring)."""
 
     k: int = 9
+    """Continuations sampled per segment boundary to estimate V(s_k) (VinePPO uses 9)."""
     segmenter: Any = ""
+    """The steps: '' = the batch's segments (the task's own segmenter), or a segmenter name or mapping of its
+    own (credo.core.segment)."""
     batch_size: int = 1024
+    """Continuations sampled per generation batch (bounds memory, not results)."""
     whiten: bool = True
+    """Standardise the token advantages over the batch's trainable tokens, as VinePPO's trainer does before
+    its loss (`whiten_advantages: true`); without it the MC step differences are ~4x smaller than GRPO's
+    advantages. The audit turns it off (a positive affine map leaves its rank figures unchanged, and
+    segment_credit stays the raw V(s_k) - V(s_{k-1}) either way)."""
 
     def __post_init__(self) -> None:
         check(self.k > 0, f"credit.k must be > 0, got {self.k}")
@@ -77,13 +80,17 @@ def vineppo(rollouts: Rollouts, probe: Probe, config: VinePPOConfig) -> Credit:
 
 @dataclass(frozen=True)
 class SPOChainConfig:
-    """k: continuations per cutpoint. p: a token is a cutpoint (and gets gradient) when its old
-    probability is below p. every: keep every m-th cutpoint as a segment boundary."""
+    """SPO-chain's Monte Carlo values at low-probability cutpoints (module docstring)."""
 
     k: int = 4
+    """Continuations sampled per cutpoint segment boundary to estimate its value."""
     p: float = 0.9
+    """A token is a cutpoint (and the only kind of token that gets gradient) when its old probability is
+    below p, in (0, 1]."""
     every: int = 1
+    """Keep every m-th cutpoint as a segment boundary (1: all of them; larger: fewer, cheaper segments)."""
     batch_size: int = 1024
+    """Continuations sampled per generation batch (bounds memory, not results)."""
 
     def __post_init__(self) -> None:
         check(self.k > 0, f"credit.k must be > 0, got {self.k}")

@@ -24,7 +24,8 @@ def grpo(rollouts: Rollouts, probe: object, config: GRPOConfig) -> Credit:
     return Credit(advantages=broadcast(adv, rollouts))
 
 
-@register("dr_grpo", "Dr. GRPO: r - group mean, no std; loss normalised by a constant length", NoConfig)
+@register("dr_grpo", "Dr. GRPO's credit: r - group mean, no std (the constant-length loss comes with the dr_grpo "
+          "recipe, credo.train.methods)", NoConfig)
 def dr_grpo(rollouts: Rollouts, probe: object, config: NoConfig) -> Credit:
     adv = grpo_advantages(rollouts.rewards, rollouts.group, scale=False)
     return Credit(advantages=broadcast(adv, rollouts))

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from credo.core.config import check
-from credo.core.groups import group_mean_std, grpo_advantages, rloo_advantages, zscore
+from credo.core.groups import group_mean_std, grpo_advantages, mean_one, rloo_advantages, zscore
 from credo.credit.registry import register
 from credo.core.values import VALUE_MODES, answer_values, step_differences, suffix_values
 from credo.core.probe import Probe
@@ -43,30 +43,38 @@ from credo.core.segment import broadcast_segments, check_segmenter_option, segme
 
 @dataclass(frozen=True)
 class RREDCoTConfig:
-    """candidates: suffixes (the group's own tails, the default) | answers (forced-answer probe).
-    probe: normalized | absolute, how candidate probabilities become a value (credo.core.values);
-    '' (default) = absolute for suffixes, normalized for answers (see `value_mode`).
-    include_reference: add the task's reference-solution tail to the suffixes (when it has one).
-    include_gold: add the gold answer to the answer candidates. v0: probe | group_mean (V(s_0)).
-    mode: additive | replace | weight. lam: strength of the redistribution. w_max: weight cap
-    (weight mode). center: centre z per trace in additive mode. skip_uniform_groups: groups whose
-    rewards are all equal keep GRPO's advantage (0) and stay out of z. segmenter: '' (default) = the
-    batch's segments, cut by the task's own segmenter ('lines' on arith, 'keyword_entropy' on free-form
-    CoT); or a segmenter name or mapping of this estimator's own (credo.core.segment). reuse_prefix: score all candidates of a
-    trace off one KV cache (False re-reads every prefix; same values, more cost)."""
+    """RREDCoT's value probe and how its segment credit shapes GRPO's advantage (module docstring)."""
 
     candidates: str = "suffixes"
+    """What a state's value is read from: 'suffixes' (the group's own tails, the default) or 'answers' (a
+    forced-answer probe)."""
     probe: str = ""
+    """How candidate probabilities become a value (credo.core.values): 'normalized' or 'absolute'; '' = absolute
+    for suffixes, normalized for answers (see `value_mode`)."""
     include_reference: bool = True
+    """candidates=suffixes: add the task's reference-solution tail to the suffixes (when it has one; privileged)."""
     include_gold: bool = True
+    """candidates=answers: add the gold answer to the answer candidates (privileged)."""
     v0: str = "probe"
+    """V(s_0), the prompt's value: 'probe' (probed like every other state) or 'group_mean' (the mean reward of
+    the row's other group members)."""
     mode: str = "additive"
+    """How the standardised segment credit z shapes GRPO's advantage A: 'additive' (A + lam * z), 'replace'
+    (z instead of A; a one-segment trace keeps A) or 'weight' (token weights 1 + lam * sign(A) * z, clipped to [0, w_max], mean 1 per trace)."""
     lam: float = 0.5
+    """Strength of the redistribution, in [0, 100] (0: plain GRPO in additive and weight mode; unused by replace)."""
     w_max: float = 3.0
+    """mode=weight: cap of a token weight, in [1, 100]."""
     center: bool = True
+    """mode=additive: centre z per trace (mean 0 over its segments), so the shaping moves credit between a
+    trace's segments rather than raising or lowering the trace as a whole."""
     skip_uniform_groups: bool = False
+    """Groups whose rewards are all equal keep GRPO's advantage (0) and stay out of z's mean and std."""
     segmenter: Any = ""
+    """The segments: '' = the batch's segments, cut by the task's own segmenter ('lines' on arith,
+    'keyword_entropy' on free-form CoT); or a segmenter name or mapping of its own (credo.core.segment)."""
     reuse_prefix: bool = True
+    """Score all candidates of a trace off one KV cache (false re-reads every prefix: same values, more cost)."""
 
     def __post_init__(self) -> None:
         check(self.candidates in ("suffixes", "answers"), f"credit.candidates must be 'suffixes' or 'answers', got {self.candidates!r}")
@@ -104,11 +112,6 @@ def probe_values(rollouts: Rollouts, probe: Probe, segment_ids: torch.Tensor, co
     return values
 
 
-def redistribute(values: list[torch.Tensor]) -> list[torch.Tensor]:
-    """R_{i,k} = V(s_k) - V(s_{k-1}); sums to r_i - V(s_0) by construction."""
-    return step_differences(values)
-
-
 def advantages_from_redistribution(rollouts: Rollouts, segment_ids: torch.Tensor, R: list[torch.Tensor],
                                    config: RREDCoTConfig, gather: Any = None) -> torch.Tensor:
     """-> advantages[B, T] by the configured mode (weight mode folds its token weights into them). `gather`
@@ -128,9 +131,7 @@ def advantages_from_redistribution(rollouts: Rollouts, segment_ids: torch.Tensor
         shaped = [zi if zi.numel() > 1 and live[i] else a_row[i].expand(zi.numel()) for i, zi in enumerate(z)]
         return broadcast_segments(shaped, segment_ids) * mask
     raw = [(1 + config.lam * torch.sign(a_row[i]) * zi).clamp(0, config.w_max) for i, zi in enumerate(z)]
-    weights = broadcast_segments(raw, segment_ids) * mask
-    per_seq = weights.sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
-    weights = torch.where(per_seq > 0, weights / per_seq.clamp(min=1e-8), mask)
+    weights = mean_one(broadcast_segments(raw, segment_ids) * mask, mask)
     return a_grpo[:, None] * weights
 
 
@@ -147,7 +148,7 @@ def _standardise(R: list[torch.Tensor], gather: Any = None) -> list[torch.Tensor
 def rredcot(rollouts: Rollouts, probe: Probe, config: RREDCoTConfig) -> Credit:
     segment_ids = segments_for(rollouts, probe, config.segmenter)
     values = probe_values(rollouts, probe, segment_ids, config)
-    R = redistribute(values)
+    R = step_differences(values)  # R_{i,k} = V(s_k) - V(s_{k-1}); sums to r_i - V(s_0)
     advantages = advantages_from_redistribution(rollouts, segment_ids, R, config, probe.gather)
     v0 = torch.stack([v[0] for v in values]) if values else torch.zeros(0)
     return Credit(advantages=advantages, segment_credit=R,

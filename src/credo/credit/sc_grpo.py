@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from credo.core.config import check
-from credo.core.groups import broadcast, group_rows, grpo_advantages, zscore
+from credo.core.groups import broadcast, group_rows, grpo_advantages, mean_one, zscore
 from credo.credit.registry import register
 from credo.core.probe import Probe
 from credo.core.rollouts import Credit, Rollouts
@@ -40,17 +40,21 @@ from credo.core.rollouts import Credit, Rollouts
 
 @dataclass(frozen=True)
 class SCGRPOConfig:
-    """quantile: which quantile of D sets c (0.75). c_min: floor of c. alpha: scale of the n_c = 0
-    pseudo-advantage. normalise: rescale f to mean 1 over each weighted sequence's tokens (false:
-    the paper's raw f in [0, 1)). chunk_rows: rows per teacher/student pass (bounds memory for big
-    vocabularies). seed: offset of the per-step reference RNG."""
+    """SC-GRPO's self-conditioned token weights (module docstring)."""
 
     quantile: float = 0.75
+    """Which quantile of D over the batch's active tokens sets c in f = D / (D + c), in (0, 1)."""
     c_min: float = 1e-4
+    """Floor of c (> 0), so a batch of near-zero divergences does not blow the weights up."""
     alpha: float = 0.1
+    """Scale (>= 0) of the diversity pseudo-advantage of the groups with no correct rollout (0: they get none)."""
     normalise: bool = True
+    """Rescale f to mean 1 over each weighted sequence's tokens (false: the paper's raw f in [0, 1))."""
     chunk_rows: int = 64
+    """Rows per teacher/student pass (bounds the memory of the full-vocabulary distributions, not results)."""
     seed: int = 0
+    """Offset of the per-step, per-group RNG that draws the reference solutions (combined with a draw from the
+    run's probe generator)."""
 
     def __post_init__(self) -> None:
         check(0 < self.quantile < 1, f"credit.quantile must be in (0, 1), got {self.quantile}")
@@ -171,17 +175,10 @@ def sc_grpo(rollouts: Rollouts, probe: Probe, config: SCGRPOConfig) -> Credit:
     if n_w:
         w = f[:n_w] * mask[weighted_rows]
         info["f_mean"] = float(w[mask[weighted_rows]].mean())
-        weights[weighted_rows] = per_sequence_mean_one(w, mask[weighted_rows]) if config.normalise else w
+        # a row of zeros becomes all ones (no token stands out)
+        weights[weighted_rows] = mean_one(w, mask[weighted_rows], floor=1e-12, flat_at=1e-12) if config.normalise else w
     _diversity_advantages(advantages, f[n_w:], diversity, rollouts.completion_mask.sum(1), mask, config.alpha)
     return Credit(advantages=advantages * mask, weights=weights, info=info)
-
-
-def per_sequence_mean_one(w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """w[B, T] rescaled so each row's mean over its mask is 1 (a row of zeros becomes all ones: no
-    token stands out); 0 outside the mask."""
-    n = mask.sum(1, keepdim=True).clamp(min=1)
-    mean = (w * mask).sum(1, keepdim=True) / n
-    return torch.where(mean > 1e-12, w / mean.clamp(min=1e-12), torch.ones_like(w)) * mask
 
 
 def _diversity_advantages(advantages: torch.Tensor, f: torch.Tensor, diversity: list[tuple[list[int], int]],

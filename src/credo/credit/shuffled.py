@@ -40,19 +40,23 @@ LEVELS = ("segment", "token")
 
 @dataclass(frozen=True)
 class ShuffledConfig:
-    """of: the wrapped estimator. seed: of the permutations (combined with a digest of the batch, so
-    every batch gets its own permutations and the same batch always the same). segmenter: '' = the
-    wrapped method's own (the batch's segments when it has none). level: segment (permute segments, the
-    default) | token (permute each trace's tokens: the structure-free control; module docstring). options: the
-    wrapped method's options; any key not named here lands in it (`shuffled:of=rredcot:candidates=answers`)."""
+    """The shuffled control of a credit method (module docstring)."""
 
     EXTRA_OPTIONS_FIELD = "options"
 
     of: str = "grpo"
+    """The wrapped estimator (any registered one but shuffled itself)."""
     seed: int = 0
+    """Seed of the permutations, combined with a digest of the batch: every batch gets its own permutations
+    and the same batch always the same."""
     segmenter: Any = ""
+    """The segments permuted: '' = the wrapped method's own (the batch's segments when it has none), or a
+    segmenter name or mapping (credo.core.segment)."""
     level: str = field(default="segment", metadata={"omit_default": True})
+    """'segment' (permute each trace's segments, the default) or 'token' (permute each trace's tokens: the
+    structure-free control)."""
     options: dict = field(default_factory=dict)
+    """The wrapped method's options; any key not named here lands in it (`shuffled:of=rredcot:candidates=answers`)."""
 
     def __post_init__(self) -> None:
         check(self.of != "shuffled", "credit.of: shuffled cannot wrap itself")

@@ -19,10 +19,15 @@ class GPTConfig:
     """Shape of the tiny GPT. Defaults: 4 layers x 128 wide, 4 heads, ~0.8M parameters."""
 
     vocab_size: int = 32
+    """Token ids the embedding and output layers cover (> 0)."""
     n_layer: int = 4
+    """Transformer blocks (> 0)."""
     d_model: int = 128
+    """Width of the residual stream (> 0, divisible by n_head)."""
     n_head: int = 4
+    """Attention heads per block (> 0)."""
     max_len: int = 256
+    """Context length in tokens: prompt and completion together (> 0)."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "d_model", "n_head", "max_len"):  # before the division below

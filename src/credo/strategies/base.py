@@ -26,7 +26,11 @@ class Collected:
     """A step's training rows and what producing them cost.
 
     tokens_generated: every token the strategy sampled itself (discarded groups and parent searches included).
-    info: per-step statistics for metrics.jsonl (`mixed_groups`, ...). details: diagnostics for tests (reset parents).
+    info: per-step statistics for metrics.jsonl (`mixed_groups`, ...).
+    details: what the strategy did that its rows do not show, for inspection; no trainer code reads it (tests
+    check the rows against it). The resets strategy: `parents` {prompt index: its parent's completion tokens
+    (a row never trained on)} and `reset_cuts` {prompt index: the token where its Group 2 rows were cut};
+    the other strategies leave it empty.
     cost: what the strategy spent through the Probe (a localiser's scoring or sampling); filled by the registry.
     sampled_logprobs: rollouts.old_logprobs are the sampler's own log-probabilities of every completion token
     (False: placeholders, as the resets strategy's reset rows carry; the trainer then always re-scores them).

@@ -39,7 +39,7 @@ def sample_groups(policy: Policy, task: Task, problems: Sequence[Problem], group
 
 def mixed_groups(rollouts: Rollouts) -> torch.Tensor:
     """[n_groups] bool over the sorted unique group ids: True where rewards differ inside the group."""
-    return groups.mixed_groups(rollouts.group, rollouts.rewards)
+    return groups.mixed_group_mask(rollouts.group, rollouts.rewards)
 
 
 def mixed_share(rollouts: Rollouts) -> float:

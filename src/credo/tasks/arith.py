@@ -52,20 +52,20 @@ MAX_MISSES = 100_000  # draws in a row without a new problem after which a probl
 
 @dataclass(frozen=True)
 class ArithConfig:
-    """Difficulty of the chain-arithmetic task.
-
-    min_terms/max_terms: operands per problem (steps = terms - 1, plus the answer line).
-    digits: operand size (2 -> operands 10..99). ops: operators drawn uniformly ('+', '-', '*';
-    '*' multiplies by one digit 2..9). A '-' never takes the running total below zero.
-    heldout_permille: share (per mille) of all problems reserved for the held-out split; the split
-    is a hash of the problem text, so the two splits are disjoint by construction.
-    """
+    """Difficulty of the chain-arithmetic task."""
 
     min_terms: int = 3
+    """Fewest operands of a problem (2..max_terms); steps = terms - 1, plus the answer line."""
     max_terms: int = 5
+    """Most operands of a problem (min_terms..12)."""
     digits: int = 2
+    """Operand size in digits, 1..4 (2 -> operands 10..99)."""
     ops: str = "+-"
+    """Operators drawn uniformly, a non-empty subset of '+-*' ('*' multiplies by one digit 2..9; a '-' never
+    takes the running total below zero)."""
     heldout_permille: int = 100
+    """Share (per mille, 1..500) of all problems reserved for the held-out split; the split is a hash of the
+    problem text, so the two splits are disjoint by construction."""
 
     def __post_init__(self) -> None:
         check(2 <= self.min_terms <= self.max_terms <= 12, f"task.min_terms/max_terms must satisfy 2 <= min <= max <= 12, got {self.min_terms}/{self.max_terms}")

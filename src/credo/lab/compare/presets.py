@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from credo.train import methods as method_registry
-from credo.lab.compare.stats import parse_method_spec
+from credo.credit.registry import parse_spec
 from credo.integrations import tracking
 from credo.core.config import MAX_EPOCHS, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigError, check, parse_yaml_value, to_dict
 from credo.policy.device import check_device_fields
@@ -174,7 +174,7 @@ def run_config(spec: str, seed: int, preset: Preset, start: str, report_to: tupl
     """The TrainConfig of one run: the preset's shared settings and schedule, the method's recipe, and the
     spec's options as the estimator's credit options. The shared schedule goes under the recipe: a recipe
     that sets its own schedule (a paper's setting) keeps it in any comparison. report_to: the run's trackers."""
-    name, options = parse_method_spec(spec)
+    name, options = parse_spec(spec)
     credit = {**preset.train.get("credit", {}), **{k: parse_yaml_value(v, f"method {spec} option {k}")
                                                    for k, v in options.items()}}
     overrides = {**preset.train, "method": name, "seed": seed, "start": start, "task": preset.task,
@@ -242,7 +242,7 @@ def check_method_specs(specs: tuple[str, ...], where: str) -> None:
     """Every spec names a known method (`name` or `name:key=value`); else a one-line ConfigError naming it."""
     for spec in specs:
         try:
-            method_registry.resolve(parse_method_spec(spec)[0])
+            method_registry.resolve(parse_spec(spec)[0])
         except (KeyError, ValueError) as err:
             raise ConfigError(f"{where}: {err.args[0] if err.args else err}") from None
 

@@ -12,12 +12,13 @@ import statistics
 from typing import Any
 
 from credo.train import methods as method_registry
+from credo.credit.registry import parse_spec
 from credo.lab.compare.eta import describe
 from credo.train.provenance import short
 from credo.lab.compare.plots import plot_curves  # noqa: F401  (re-exported)
 from credo.lab.compare.goals import goals, points  # noqa: F401  (re-exported)
 from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, control_pairs, equal_updates, grpo_first_evaluations,
-                                 method_clipping, paired, paired_deltas, parse_method_spec)
+                                 method_clipping, paired, paired_deltas)
 
 
 def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
@@ -90,7 +91,7 @@ def _audit_row(results: dict[str, Any], name: str) -> dict[str, Any]:
     if name in audit:  # a spec with options ('shuffled:of=rredcot') is its own audit row
         return audit[name]
     try:
-        estimator = method_registry.resolve(parse_method_spec(name)[0]).estimator
+        estimator = method_registry.resolve(parse_spec(name)[0]).estimator
     except KeyError:  # a method this version no longer knows: its audit row cannot be matched
         return {}
     # a recipe on GRPO advantages (dapo, gspo, rrpo, srpo) has no credit of its own to audit

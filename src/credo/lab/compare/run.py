@@ -44,7 +44,7 @@ from credo.lab.compare.report import goals, plot_curves, report, summarise  # no
 from credo.lab.compare.presets import (ALL_METHODS, PRESETS, Preset, check_reusable, protocol,  # noqa: F401  (re-exported)
                                    resolve_preset, run_config, run_dir_name)
 from credo.lab.compare.runs import failure_path, progress_of, run_result  # noqa: F401  (re-exported)
-from credo.lab.compare.stats import parse_method_spec
+from credo.credit.registry import parse_spec
 from credo.core.config import ConfigError, UserError
 from credo.core.disk_errors import DiskError, as_disk_error, is_disk_error
 from credo.train.interrupts import Interrupted, worker_started, worker_task, workers_stopped_on_interrupt
@@ -367,7 +367,7 @@ def audit_rows(preset: Preset, start: str, out_dir: str, progress: bool, device:
     from credo import credit
     estimators = []
     for spec in preset.methods:
-        name, options = parse_method_spec(spec)
+        name, options = parse_spec(spec)
         estimator = method_registry.resolve(name).estimator
         row = spec if options else estimator  # 'shuffled:of=rredcot' is audited with its options
         if estimator in credit.names() and row not in estimators and estimator != "grpo":

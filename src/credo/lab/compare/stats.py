@@ -14,7 +14,7 @@ from typing import Any
 
 from scipy import stats as scipy_stats
 
-from credo.credit.registry import parse_spec as parse_method_spec  # noqa: F401  (one parser for "name:key=value")
+from credo.credit.registry import parse_spec
 
 LEVEL = 0.95
 POWER = 0.8  # "seeds needed": the seeds at which a rerun would resolve the observed difference 4 times in 5
@@ -173,7 +173,7 @@ def equal_updates(results: dict[str, Any]) -> dict[str, Any]:
 # --- controls ------------------------------------------------------------------------------------------
 def control_target(spec: str) -> str | None:
     """The method a `shuffled:of=<m>` control is the control of; None for any other method."""
-    name, options = parse_method_spec(spec)
+    name, options = parse_spec(spec)
     return options.get("of") if name == "shuffled" else None
 
 
