@@ -5,6 +5,7 @@ import os
 import pytest
 import torch
 
+from builders import probe_for, rollouts_of
 from credo import credit
 from credo.lab.audit.run import (AuditConfig, fidelity, first_error_top1, floor_credit, most_frequent_position, pairwise_rank,
                          run_audit, score_methods, METRICS)
@@ -12,25 +13,7 @@ from credo.core.config import ConfigError
 from credo.credit.registry import register
 from credo.core.rollouts import Credit
 from credo.core.values import mc_values
-from credo.policy.base import SamplingConfig
-from credo.core.probe import Probe
-from credo.core.rollouts import Rollouts
 from credo.tasks.arith import ArithTask
-from credo.tasks.base import Problem, rewards_for
-
-PROBLEM = Problem("37+48", "37+48\n", "85", {"terms": [37, 48], "ops": ["+"]})
-
-
-def rollouts_of(policy, task, texts, problem=PROBLEM):
-    prompt_ids, prompt_mask = policy.encode_prompts([problem.prompt] * len(texts))
-    ids, mask = policy.encode_completions(texts)
-    rewards, correct = rewards_for(task, [problem] * len(texts), texts)
-    return Rollouts(prompt_ids, prompt_mask, ids, mask, torch.zeros(len(texts), dtype=torch.long), rewards,
-                    torch.zeros(ids.shape), correct, [problem] * len(texts), list(texts))
-
-
-def probe_for(policy, task, seed=0):
-    return Probe(policy, task, SamplingConfig(max_new_tokens=12), torch.Generator().manual_seed(seed))
 
 
 def test_mc_values_telescope_bound_and_terminal_prefix(policy):

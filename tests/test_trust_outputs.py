@@ -13,15 +13,14 @@ import pytest
 
 from credo.cli.main import main
 from credo.core.disk_errors import as_disk_error, is_disk_error
-from trust_helpers import FAST, one_line_error, snapshot
+from builders import TRUST_FAST_SET, audit_cache_entry, one_line_error, snapshot
 
-FAST_SET = sum((["--set", s] for s in FAST), [])
 
 
 # --- a run that died writing its first checkpoint -------------------------------------------------------
 
 def _train_argv(start: str, out: str) -> list[str]:
-    return ["train", "--method", "grpo", "--start", start, "--steps", "2", "--out", out, "--quiet", *FAST_SET]
+    return ["train", "--method", "grpo", "--start", start, "--steps", "2", "--out", out, "--quiet", *TRUST_FAST_SET]
 
 
 def _limit_file_size(size: int):
@@ -81,7 +80,7 @@ def _audit_output(folder):
 
 def _force_argv(command: str, start: str, out: str) -> list[str]:
     """Every command that takes --force, with its cheapest settings."""
-    argv = {"train": ["train", "--method", "grpo", "--steps", "1", "--start", start, *FAST_SET],
+    argv = {"train": ["train", "--method", "grpo", "--steps", "1", "--start", start, *TRUST_FAST_SET],
             "sft": ["sft"],
             "audit": ["audit", "--checkpoint", start, "--n", "4", "--group-size", "2", "--k-ref", "2"],
             "compare": ["compare", "--preset", "smoke", "--start", start],
@@ -221,8 +220,7 @@ def test_an_edited_audit_cache_entry_is_rebuilt_not_reused(tmp_path, capsys):
     import json
     from safetensors.torch import load_file, save_file
     from credo.lab.audit.cache import load_cached
-    from test_trust_security import _audit_entry
-    stem, problems, _, _ = _audit_entry(tmp_path)
+    stem, problems, _, _ = audit_cache_entry(tmp_path)
     assert load_cached(stem, problems)["trace_tokens"] == 7.5  # untouched: reused
     meta = json.load(open(stem + ".json"))
     edited = {**meta, "trace_tokens": 99.0}  # a figure of the audit's cost table, edited
@@ -236,7 +234,7 @@ def test_an_edited_audit_cache_entry_is_rebuilt_not_reused(tmp_path, capsys):
     tensors["values.0"] = tensors["values.0"] + 1  # a reference value changed, the file still valid
     save_file(tensors, stem + ".safetensors")
     assert load_cached(stem, problems) is None
-    stem, problems, _, _ = _audit_entry(tmp_path)
+    stem, problems, _, _ = audit_cache_entry(tmp_path)
     older = {k: v for k, v in json.load(open(stem + ".json")).items() if k != "content_sha256"}
     json.dump(older, open(stem + ".json", "w"))  # from before the hash: rebuilt once
     assert load_cached(stem, problems) is None
