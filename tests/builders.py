@@ -88,6 +88,10 @@ def save_tiny_llama(path: str, **llama_options) -> str:
     return path
 
 
+SHIPPED_START = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "credo", "assets",
+                             "sft-37beb6f32137")  # the shipped arith SFT start: a TinyPolicy that writes arithmetic
+
+
 # --- arithmetic problems and traces -----------------------------------------------------------------------
 
 ADDITION = Problem("37+48", "37+48\n", "85", {"terms": [37, 48], "ops": ["+"]})

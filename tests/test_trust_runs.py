@@ -159,7 +159,9 @@ def test_out_kinds_are_not_mixed(tmp_path, capsys, saved_policy):
     line = one_line_error(capsys, ["train", "--start", saved_policy, "--out", out, "--quiet"])
     assert "holds a credo sft output" in line
     assert snapshot(out) == before
-    assert json.loads(json.dumps(before))  # snapshot is plain data
+    assert json.loads(json.dumps(before)) == before  # snapshot is plain data
+    # ...covering every file `out` held (the start's and the sft marker), so the equality above compares them all
+    assert set(before) == set(os.listdir(saved_policy)) | {"sft_config.yaml"}
 
 
 def test_sft_out_of_the_same_kind_is_replaced_whole(tmp_path, capsys):

@@ -1,12 +1,11 @@
 """Value probes (credo.core.values) and the SRPO value localiser built on them."""
 
 import math
-import os
 
 import pytest
 import torch
 
-from builders import THREE_TERMS, probe_for, rollouts_of
+from builders import SHIPPED_START, THREE_TERMS, probe_for, rollouts_of
 from credo.core.values import answer_values, reference_tails, suffix_values
 from credo.policy import load_policy
 from credo.policy.base import SamplingConfig
@@ -20,7 +19,6 @@ P2 = THREE_TERMS
 P4 = Problem("37+48-12+55", "37+48-12+55\n", "128", {"terms": [37, 48, 12, 55], "ops": ["+", "-", "+"]})
 GROUP = ["12+13=25\n25+14=39\n#### 39", "12+13=25\n25+14=38\n#### 38", "12+13=26\n26+14=40\n#### 40",
          "12+13=26\n#### 26"]
-SHIPPED = os.path.join(os.path.dirname(__file__), "..", "src", "credo", "assets", "sft-37beb6f32137")
 
 
 def brute_force(policy, task, r, seg, mode, include_reference):
@@ -148,7 +146,7 @@ def test_value_localiser_values_each_parent_alone_and_needs_an_answer(policy):
 
 
 def test_value_localiser_finds_the_first_error_on_the_shipped_start():
-    policy = load_policy(SHIPPED)
+    policy = load_policy(SHIPPED_START)
     task = ArithTask()
     texts = ["37+48=85\n85-12=74\n74+55=129\n#### 129",   # first error at step 2 (index 1)
              "37+48=86\n86-12=74\n74+55=129\n#### 129",   # at step 1, later lines carry it forward
