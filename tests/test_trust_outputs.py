@@ -58,7 +58,7 @@ def test_a_run_killed_by_a_file_size_limit_at_its_first_checkpoint_restarts_with
 
 
 def test_an_empty_or_half_written_checkpoints_folder_is_not_a_run(tmp_path, capsys, saved_policy):
-    from trust_helpers import killed_run
+    from builders import killed_run
     out = tmp_path / "run"
     killed_run(saved_policy, str(out), stop_after=1)  # step 1 of checkpoint_every=2: no checkpoint yet
     (out / "checkpoints" / ".tmp-step-000002-x1y2").mkdir(parents=True)  # what a killed first write leaves
@@ -169,7 +169,7 @@ def test_force_refuses_a_credo_output_holding_a_file_credo_did_not_write(tmp_pat
 @pytest.mark.parametrize("inside", ["checkpoints/step-000002/mine", "checkpoints/step-000002", "extra"])
 def test_an_out_inside_another_run_or_its_checkpoint_is_refused_and_the_run_still_resumes(
         tmp_path, capsys, saved_policy, inside):
-    from trust_helpers import killed_run
+    from builders import killed_run
     run = tmp_path / "run"
     killed_run(saved_policy, str(run), stop_after=3)  # checkpoint at step 2
     before = snapshot(str(run))
@@ -199,7 +199,7 @@ def _drop_config_record(checkpoint: str) -> None:
 
 
 def test_a_checkpoint_without_its_config_record_is_refused_unless_accepted(tmp_path, capsys, saved_policy):
-    from trust_helpers import killed_run
+    from builders import killed_run
     run = str(tmp_path / "run")
     killed_run(saved_policy, run, stop_after=3)  # checkpoint at step 2
     checkpoint = os.path.join(run, "checkpoints", "step-000002")
