@@ -45,7 +45,7 @@ class SplitGroupSampler:
 def build(per_device: int, credit: str, out: str, deal_split: bool = False):  # noqa: ANN201
     import datasets
     from trl import GRPOConfig
-    from test_hf import build_tokenizer, tiny_llama
+    from builders import build_tokenizer, tiny_llama
 
     from credo.integrations.trl import CreditGRPOTrainer
     from credo.tasks import make_task

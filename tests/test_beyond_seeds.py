@@ -11,6 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from builders import (PROPERTY_POLICY, PROPERTY_TASK, dapo_config, run_estimator, strip_time, text_rollouts,
+                      token_rollouts)
 from credo import credit
 from credo.lab.audit.report import weight_concentration
 from credo.cli.main import main
@@ -22,13 +24,9 @@ from credo.credit.tree import prefix_values, value_changes
 from credo.train.methods import privileged
 from credo.policy.base import SamplingConfig
 from credo.core.probe import Probe
-from credo.core.rollouts import Rollouts
 from credo.core.segment import segment_bounds, segment_means
 from credo.strategies import LOCALISERS
 from credo.strategies.localisers import localise
-from test_estimator_properties import POLICY, TASK, make_rollouts, run
-from test_train import config as train_config
-from test_train import strip_time
 from credo.train.trainer import Trainer
 
 PROPERTY = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -50,17 +48,11 @@ def token_groups(draw):
     return ids, mask, torch.tensor(group), rewards
 
 
-def rollouts_of(ids, mask, group, rewards) -> Rollouts:
-    B = ids.shape[0]
-    return Rollouts(torch.zeros(B, 1, dtype=torch.long), torch.ones(B, 1, dtype=torch.bool), ids, mask, group,
-                    rewards, torch.zeros(ids.shape), rewards > 0.5)
-
-
 @PROPERTY
 @given(batch=token_groups())
 def test_tree_values_equal_the_brute_force_mean_over_descendants(batch):
     ids, mask, group, rewards = batch
-    values, counts = prefix_values(rollouts_of(*batch))
+    values, counts = prefix_values(token_rollouts(*batch))
     for i in range(ids.shape[0]):
         for t in range(ids.shape[1]):
             if not mask[i, t]:
@@ -76,7 +68,7 @@ def test_tree_values_equal_the_brute_force_mean_over_descendants(batch):
 @given(batch=token_groups())
 def test_tempo_changes_telescope_and_vanish_where_the_tree_does_not_branch(batch):
     ids, mask, group, rewards = batch
-    values, counts = prefix_values(rollouts_of(*batch))
+    values, counts = prefix_values(token_rollouts(*batch))
     mean = torch.stack([rewards[group == g].mean() for g in group.tolist()])
     change = value_changes(values, mask, mean)
     for i in range(ids.shape[0]):
@@ -90,10 +82,10 @@ def test_tempo_changes_telescope_and_vanish_where_the_tree_does_not_branch(batch
 
 
 def test_tempo_without_its_td_term_is_grpo_and_shared_tokens_carry_the_group_baseline_only():
-    r = make_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
-    grpo = run("grpo", r).advantages
-    assert torch.allclose(run("tempo", r, lam=0.0).advantages, grpo)
-    tempo = run("tempo", r).advantages
+    r = text_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
+    grpo = run_estimator("grpo", r).advantages
+    assert torch.allclose(run_estimator("tempo", r, lam=0.0).advantages, grpo)
+    tempo = run_estimator("tempo", r).advantages
     _, counts = prefix_values(r)
     shared_by_all = (counts == 3) & r.completion_mask  # group size 3: the tokens every member shares
     assert shared_by_all.any() and torch.allclose(tempo[shared_by_all], grpo[shared_by_all])
@@ -101,13 +93,13 @@ def test_tempo_without_its_td_term_is_grpo_and_shared_tokens_carry_the_group_bas
 
 
 def test_lambda_grpo_weights_a_prefix_shared_by_n_members_by_one_over_n():
-    r = make_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
-    result = run("lambda_grpo", r)
+    r = text_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
+    result = run_estimator("lambda_grpo", r)
     _, counts = prefix_values(r)
     m = r.completion_mask
     assert torch.allclose(result.weights[m], 1 / counts[m]) and (result.weights[~m] == 0).all()
-    assert torch.allclose(result.advantages, run("grpo", r).advantages)
-    assert torch.allclose(run("lambda_grpo", r, lam=0.0).weights, m.float())
+    assert torch.allclose(result.advantages, run_estimator("grpo", r).advantages)
+    assert torch.allclose(run_estimator("lambda_grpo", r, lam=0.0).weights, m.float())
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -142,18 +134,18 @@ def test_entropy_mask_equals_trls_get_high_entropy_mask(seed):
 
 
 def test_entropy_mask_estimator_weights_grpo_by_the_mask_of_the_policys_entropies():
-    r = make_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
-    result = run("entropy_mask", r)
-    _, entropies = POLICY.score(r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, entropy=True)
+    r = text_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
+    result = run_estimator("entropy_mask", r)
+    _, entropies = PROPERTY_POLICY.score(r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, entropy=True)
     assert torch.equal(result.weights.bool(), high_entropy_mask(entropies, r.completion_mask, 0.2))
-    assert torch.allclose(result.advantages, run("grpo", r).advantages)
+    assert torch.allclose(result.advantages, run_estimator("grpo", r).advantages)
     assert result.cost.tokens_scored > 0
 
 
 def test_gtpo_weights_follow_the_entropy_shares_at_each_position():
-    r = make_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
-    result = run("gtpo", r, a1=1.0, a2=0.5)
-    _, H = POLICY.score(r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, entropy=True)
+    r = text_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
+    result = run_estimator("gtpo", r, a1=1.0, a2=0.5)
+    _, H = PROPERTY_POLICY.score(r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, entropy=True)
     m = r.completion_mask
     # group 0: row 0 above the mean (O+ alone: share 1), rows 1, 2 below (O-: shares of 1/H at each position)
     assert torch.allclose(result.weights[0][m[0]], torch.full((int(m[0].sum()),), 1.5))
@@ -161,7 +153,7 @@ def test_gtpo_weights_follow_the_entropy_shares_at_each_position():
     inv = 1 / H[[1, 2], t]
     assert torch.allclose(result.weights[[1, 2], t], 1 + 0.5 * 2 * inv / inv.sum())
     assert (result.weights[~m] == 0).all()
-    assert torch.allclose(run("gtpo", r, a2=0.0).weights, m.float())
+    assert torch.allclose(run_estimator("gtpo", r, a2=0.0).weights, m.float())
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -190,9 +182,9 @@ def test_otb_equals_verls_optimal_token_baseline(seed):
 
 def test_otb_estimator_feeds_verl_the_policys_own_probabilities():
     core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
-    r = make_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
-    result = run("otb", r)
-    probe = Probe(POLICY, TASK, SamplingConfig(), torch.Generator())
+    r = text_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
+    result = run_estimator("otb", r)
+    probe = Probe(PROPERTY_POLICY, PROPERTY_TASK, SamplingConfig(), torch.Generator())
     logprobs, squares = sampled_token_statistics(r, probe, 2)
     assert torch.allclose(logprobs, r.old_logprobs, atol=1e-5)  # the sampler's own log-probs, re-scored
     mask = r.completion_mask.float()
@@ -221,11 +213,11 @@ def test_prefix_shaping_leaves_the_prefix_credit_untouched_and_padding_zero(batc
 
 
 def test_prefix_shaping_with_the_oracle_credits_a_wrong_traces_verified_prefix_positively():
-    r = make_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
-    r = r.with_fields(correct=r.rewards > 0.5, segment_ids=Probe(POLICY, TASK, SamplingConfig(), torch.Generator())
-                      .segment(r, "lines"))
-    result = run("prefix_shaping", r, localiser="oracle")
-    grpo = run("grpo", r).advantages
+    r = text_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
+    probe = Probe(PROPERTY_POLICY, PROPERTY_TASK, SamplingConfig(), torch.Generator())
+    r = r.with_fields(correct=r.rewards > 0.5, segment_ids=probe.segment(r, "lines"))
+    result = run_estimator("prefix_shaping", r, localiser="oracle")
+    grpo = run_estimator("grpo", r).advantages
     bounds = segment_bounds(r.segment_ids)
     # row 2 "37+48=85 / #### 86": the first line is right, the answer line is its first error
     cut = bounds[2][1][0]
@@ -240,12 +232,12 @@ def test_prefix_shaping_with_the_oracle_credits_a_wrong_traces_verified_prefix_p
 
 
 def test_credit_localiser_picks_the_estimators_most_negative_segment():
-    r = make_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
-    probe = Probe(POLICY, TASK, SamplingConfig(), torch.Generator())
+    r = text_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
+    probe = Probe(PROPERTY_POLICY, PROPERTY_TASK, SamplingConfig(), torch.Generator())
     segments = probe.segment(r, "lines")
     rows = [1, 2, 4, 5]
     picks = localise("credit", r, rows, probe, segments, None, credit_method="tempo:at=segments")
-    means = segment_means(run("tempo", r.with_fields(segment_ids=segments), at="segments").advantages, segments)
+    means = segment_means(run_estimator("tempo", r.with_fields(segment_ids=segments), at="segments").advantages, segments)
     assert picks == [int(torch.argmin(means[i])) for i in rows]
     assert picks[1] == 1 and picks[2] == 1  # the answer line of row 2, the wrong second line of row 4
 
@@ -293,7 +285,7 @@ NEW = ["tempo", "tempo:at=segments", "lambda_grpo", "entropy_mask", "gtpo", "otb
 def test_each_new_estimator_trains_two_steps_deterministically(saved_policy, tmp_path, method):
     rows = []
     for name in ("a", "b"):
-        t = Trainer(train_config(saved_policy, "steps=2", f"method={method}"), str(tmp_path / name), progress=False)
+        t = Trainer(dapo_config(saved_policy, "steps=2", f"method={method}"), str(tmp_path / name), progress=False)
         t.train()
         rows.append(strip_time(t.log.rows()))
     assert rows[0] == rows[1]

@@ -19,8 +19,7 @@ from credo.integrations.verl import make_verl_estimator
 from credo.integrations.verl_credit import apply_credit
 from credo.tasks import make_task
 from credo.tasks.base import Problem
-from test_hf import build_tokenizer, tiny_llama
-from test_verl import ThreadGather, setup, shuffled, to_dataproto  # noqa: F401  (setup: the fixture)
+from builders import ThreadGather, build_tokenizer, tiny_llama, to_dataproto
 
 OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 
@@ -169,8 +168,8 @@ def verl_credit(policy, task, batch, estimator="grpo", **kwargs):
 
 @pytest.mark.parametrize("fault, check", [("padding", "zero_on_padding"), ("nan", "advantages_finite"),
                                           ("bias", "group_sums")])
-def test_verl_a_planted_credit_fault_fails_its_check(setup, monkeypatch, fault, check):
-    policy, task, r = setup
+def test_verl_a_planted_credit_fault_fails_its_check(hf_setup, monkeypatch, fault, check):
+    policy, task, r = hf_setup
     monkeypatch.setitem(credit_registry.registry._REGISTRY, "grpo", planted("grpo", fault))
     with pytest.raises(CreditCheckError, match=rf"credo check {check} failed at step 7, row \d+ \(uid 'uid-\d'\)"):
         verl_credit(policy, task, to_dataproto(r, task, torch.arange(r.batch_size)))
@@ -178,8 +177,8 @@ def test_verl_a_planted_credit_fault_fails_its_check(setup, monkeypatch, fault, 
     verl_credit(policy, task, to_dataproto(r, task, torch.arange(r.batch_size)), checks=False)
 
 
-def test_verl_a_response_mask_shifted_by_one_token_fails_aligned(setup):
-    policy, task, r = setup
+def test_verl_a_response_mask_shifted_by_one_token_fails_aligned(hf_setup):
+    policy, task, r = hf_setup
     batch = to_dataproto(r, task, torch.arange(r.batch_size))
     clean = verl_credit(policy, task, to_dataproto(r, task, torch.arange(r.batch_size))).batch["advantages"]
     mask = batch.batch["response_mask"]
@@ -193,8 +192,8 @@ def test_verl_a_response_mask_shifted_by_one_token_fails_aligned(setup):
     assert clean.abs().max() > 0.5
 
 
-def test_verl_credit_on_a_masked_tool_token_fails_zero_on_masked(setup, monkeypatch):
-    policy, task, r = setup
+def test_verl_credit_on_a_masked_tool_token_fails_zero_on_masked(hf_setup, monkeypatch):
+    policy, task, r = hf_setup
     batch = to_dataproto(r, task, torch.arange(r.batch_size))
     batch.batch["response_mask"][:, 1:3] = 0  # multi-turn: tool tokens the loss leaves out
     monkeypatch.setitem(credit_registry.registry._REGISTRY, "grpo", planted("grpo", "masked"))
@@ -220,10 +219,10 @@ def split_shards(policy, task, batch, world=2):
 
 
 @pytest.mark.parametrize("global_ids", [True, False], ids=["credo_group", "uid"])
-def test_verl_a_group_split_across_two_shards_fails_groups_whole(setup, global_ids):
+def test_verl_a_group_split_across_two_shards_fails_groups_whole(hf_setup, global_ids):
     """Rows dealt so each shard holds two rows of every group: equal group sizes on each shard (the shard-local
     check passes), but every group is normalised over half of its rows."""
-    policy, task, r = setup
+    policy, task, r = hf_setup
     halves = [torch.tensor([4 * g + k for g in range(4) for k in ks]) for ks in ((0, 1), (2, 3))]
     batch = to_dataproto(r, task, torch.cat(halves))
     if not global_ids:  # groups known by their uid only
@@ -236,8 +235,8 @@ def test_verl_a_group_split_across_two_shards_fails_groups_whole(setup, global_i
     assert split_shards(policy, task, whole) == [None, None]
 
 
-def test_verl_rows_of_two_prompts_under_one_uid_fail_groups_whole(setup):
-    policy, task, r = setup
+def test_verl_rows_of_two_prompts_under_one_uid_fail_groups_whole(hf_setup):
+    policy, task, r = hf_setup
     batch = to_dataproto(r, task, torch.arange(r.batch_size))
     batch.batch.pop("credo_group")
     uid = batch.non_tensor_batch["uid"]
@@ -248,8 +247,8 @@ def test_verl_rows_of_two_prompts_under_one_uid_fail_groups_whole(setup):
         verl_credit(policy, task, batch)
 
 
-def test_verl_a_nan_reward_is_refused_naming_the_check_field_row_and_step(setup):
-    policy, task, r = setup
+def test_verl_a_nan_reward_is_refused_naming_the_check_field_row_and_step(hf_setup):
+    policy, task, r = hf_setup
     batch = to_dataproto(r, task, torch.arange(r.batch_size))
     batch.batch["token_level_rewards"][5, 0] = float("nan")
     with pytest.raises(ValueError, match=r"at step 7: rewards_finite: field 'token_level_rewards', row 5 "

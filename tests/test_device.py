@@ -17,7 +17,7 @@ import yaml
 
 from conftest import tiny_policy
 from fake_cuda import FakeCuda
-from test_hf import build_tokenizer, tiny_llama
+from builders import build_tokenizer, tiny_llama
 
 from credo.lab.audit.run import AuditConfig, _weights_digest, reference_key
 from credo.cli.main import main

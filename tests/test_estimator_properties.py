@@ -11,22 +11,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import tiny_policy
+from builders import run_estimator, text_rollouts
 from credo import credit
 from credo.credit.registry import NonFiniteReward
-from credo.policy.base import SamplingConfig
-from credo.core.probe import Probe
-from credo.core.rollouts import Rollouts
-from credo.tasks.arith import ArithTask
-from credo.tasks.base import Problem
 
-PROBLEMS = [Problem("37+48", "37+48\n", "85", {"terms": [37, 48], "ops": ["+"]}),
-            Problem("12+13+14", "12+13+14\n", "39", {"terms": [12, 13, 14], "ops": ["+", "+"]})]
 LINES = ["37+48=85", "37+48=86", "12+13=25", "25+14=39", "#### 85", "#### 39", "#### 7", "9"]
-# the cheapest settings of the model-based estimators: properties, not quality, are under test
-CHEAP = {"vineppo": {"k": 2}, "spo_chain": {"k": 2}, "shapley": {"permutations": 2}, "ibpo": {"repair_tries": 1}}
-POLICY = tiny_policy(d_model=16, n_layer=1)
-TASK = ArithTask()
 PROPERTY = settings(max_examples=6, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -44,28 +33,12 @@ def batches(draw):
     return texts, rewards, groups
 
 
-def make_rollouts(texts, rewards, groups) -> Rollouts:
-    problems = [PROBLEMS[g % len(PROBLEMS)] for g in groups]
-    prompt_ids, prompt_mask = POLICY.encode_prompts([p.prompt for p in problems])
-    ids, mask = POLICY.encode_completions(texts)
-    with torch.no_grad():
-        old, _ = POLICY.score(prompt_ids, prompt_mask, ids, mask)
-    r = torch.tensor(rewards, dtype=torch.float32)
-    return Rollouts(prompt_ids, prompt_mask, ids, mask, torch.tensor(groups), r, old, r > 0.5, problems, list(texts))
-
-
-def run(name, rollouts, **options):
-    spec = credit.get(name)
-    probe = Probe(POLICY, TASK, SamplingConfig(max_new_tokens=6), torch.Generator().manual_seed(0))
-    return spec(rollouts, probe, spec.make_config({**CHEAP.get(name, {}), **options}))
-
-
 @pytest.mark.parametrize("name", credit.names())
 @PROPERTY
 @given(batch=batches())
 def test_credit_is_finite_and_exactly_zero_on_padding(name, batch):
-    rollouts = make_rollouts(*batch)
-    result = run(name, rollouts)
+    rollouts = text_rollouts(*batch)
+    result = run_estimator(name, rollouts)
     mask = rollouts.completion_mask
     assert result.advantages.shape == mask.shape
     assert torch.isfinite(result.advantages).all()
@@ -78,8 +51,8 @@ def test_credit_is_finite_and_exactly_zero_on_padding(name, batch):
 @PROPERTY
 @given(batch=batches())
 def test_grpo_family_advantages_sum_to_zero_in_each_group(name, batch):
-    rollouts = make_rollouts(*batch)
-    per_row = run(name, rollouts).advantages[:, 0]  # sequence-level: every real token of a row carries it
+    rollouts = text_rollouts(*batch)
+    per_row = run_estimator(name, rollouts).advantages[:, 0]  # sequence-level: every real token of a row carries it
     for g in rollouts.group.unique():
         assert abs(float(per_row[rollouts.group == g].sum())) < 1e-4
 
@@ -90,8 +63,8 @@ def test_rredcot_redistribution_telescopes(batch, v0):
     """sum_k R_{i,k} = r_i - V(s_0): V(s_0) is the mean reward of the row's *other* group members
     (v0=group_mean, leave-one-out) or the probe's value of the bare prompt, which is one number per
     group (every row shares the prompt and the candidates: the group's completions and the reference)."""
-    rollouts = make_rollouts(*batch)
-    R = run("rredcot", rollouts, v0=v0).segment_credit
+    rollouts = text_rollouts(*batch)
+    R = run_estimator("rredcot", rollouts, v0=v0).segment_credit
     start_values = rollouts.rewards - torch.stack([r.sum() for r in R])
     segmented = torch.tensor([len(r) > 0 for r in R])  # a row with no segment has only its outcome
     for g in rollouts.group.unique():
@@ -114,4 +87,4 @@ def test_non_finite_rewards_are_refused_naming_the_row(name, batch, bad, data):
     rewards = list(rewards)
     rewards[row] = bad
     with pytest.raises(NonFiniteReward, match=rf"reward of row {row} \(problem '[^']+'\) is {bad}"):
-        run(name, make_rollouts(texts, rewards, groups))
+        run_estimator(name, text_rollouts(texts, rewards, groups))

@@ -1,4 +1,4 @@
-"""The Hugging Face backend on a tiny random Llama with a tokenizer built here (no hub access)."""
+"""The Hugging Face backend on a tiny random Llama with a tokenizer built by builders.py (no hub access)."""
 
 import os
 import random
@@ -6,59 +6,12 @@ import random
 import pytest
 import torch
 
-import transformers  # noqa: E402
-
 from credo import credit  # noqa: E402
 from credo.policy.base import SamplingConfig  # noqa: E402
-from credo.policy.hf import HFPolicy  # noqa: E402
 from credo.core.probe import Probe  # noqa: E402
 from credo.strategies.localisers import localise  # noqa: E402
 from credo.core.rollouts import Rollouts  # noqa: E402
-from credo.tasks import make_task  # noqa: E402
 from credo.tasks.base import rewards_for  # noqa: E402
-
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-
-
-def build_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = ["State the final answer to the following arithmetic problem: 4 - 1 - 7 =",
-              "Let me add. So 3 + 4 = 7. Wait, check. Therefore <answer>7</answer>",
-              "The final answer is \\boxed{12}. Step 1: 2 + 3 = 5\n\nStep 2: 5 * 2 = 10"] * 20
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<pad>", "<eos>", "<|user|>",
-                                                                  "<|assistant|>", "<|system|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus, trainer)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>",
-                                                unk_token="<unk>")
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
-def tiny_llama(tokenizer, hidden_size: int = 32, max_positions: int = 512, init_range: float = 0.02):
-    """A 2-layer Llama built from a config (no hub), seeded: the same weights on every call."""
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size,
-                                      intermediate_size=2 * hidden_size, num_hidden_layers=2, num_attention_heads=2,
-                                      num_key_value_heads=2, max_position_embeddings=max_positions,
-                                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                                      initializer_range=init_range)
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config)
-
-
-@pytest.fixture(scope="module")
-def hf_policy():
-    tokenizer = build_tokenizer()
-    return HFPolicy(tiny_llama(tokenizer), tokenizer, chat=True)
-
-
-@pytest.fixture(scope="module")
-def gym_task():
-    return make_task("gym:chain_sum", {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1})
 
 
 def test_sampling_matches_scoring_with_left_padding_and_cache(hf_policy):

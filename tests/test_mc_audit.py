@@ -5,32 +5,16 @@ import os
 import pytest
 import torch
 
+from builders import SHIPPED_START, probe_for, rollouts_of
 from credo import credit
 from credo.lab.audit.run import (AuditConfig, fidelity, first_error_top1, floor_credit, most_frequent_position, pairwise_rank,
                          run_audit, score_methods, METRICS)
 from credo.core.config import ConfigError
 from credo.credit.registry import register
 from credo.core.rollouts import Credit
+from credo.core.segment import segment_bounds
 from credo.core.values import mc_values
-from credo.policy.base import SamplingConfig
-from credo.core.probe import Probe
-from credo.core.rollouts import Rollouts
 from credo.tasks.arith import ArithTask
-from credo.tasks.base import Problem, rewards_for
-
-PROBLEM = Problem("37+48", "37+48\n", "85", {"terms": [37, 48], "ops": ["+"]})
-
-
-def rollouts_of(policy, task, texts, problem=PROBLEM):
-    prompt_ids, prompt_mask = policy.encode_prompts([problem.prompt] * len(texts))
-    ids, mask = policy.encode_completions(texts)
-    rewards, correct = rewards_for(task, [problem] * len(texts), texts)
-    return Rollouts(prompt_ids, prompt_mask, ids, mask, torch.zeros(len(texts), dtype=torch.long), rewards,
-                    torch.zeros(ids.shape), correct, [problem] * len(texts), list(texts))
-
-
-def probe_for(policy, task, seed=0):
-    return Probe(policy, task, SamplingConfig(max_new_tokens=12), torch.Generator().manual_seed(seed))
 
 
 def test_mc_values_telescope_bound_and_terminal_prefix(policy):
@@ -71,14 +55,22 @@ def test_vineppo_and_spo_chain_zero_on_padding_and_cost_reported(policy):
     with torch.no_grad():
         old, _ = policy.score(r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
     r = r.with_fields(old_logprobs=old)
-    for name in ("vineppo", "spo_chain"):
+    assert [len(b) for b in segment_bounds(probe_for(policy, task).segment(r, "lines"))] == [2, 2, 1]
+    segmenters = {"vineppo": "lines", "spo_chain": {"name": "cutpoints", "p": 0.9, "every": 1}}  # each one's own
+    for name, segmenter in segmenters.items():
         spec = credit.get(name)
         result = spec(r, probe_for(policy, task), spec.make_config({"k": 2}))
         assert (result.advantages[~r.completion_mask] == 0).all()
         assert torch.isfinite(result.advantages).all()
         assert result.cost.tokens_generated > 0 and result.cost.tokens_scored > 0
-        for seg_credit, reward in zip(result.segment_credit, r.rewards):
-            assert seg_credit.numel() >= 1
+        # segment credit is V(s_k) - V(s_{k-1}) of the MC values on the same seed (the same continuations):
+        # one entry per segment, telescoping to r - V(s_0)
+        segment_ids = probe_for(policy, task).segment(r, segmenter)
+        mc = mc_values(probe_for(policy, task), r, segment_ids, k=2)
+        assert [tuple(c.shape) for c in result.segment_credit] == [(len(b),) for b in segment_bounds(segment_ids)]
+        for seg_credit, values, reward in zip(result.segment_credit, mc.values, r.rewards):
+            assert torch.equal(seg_credit, values[1:] - values[:-1])
+            assert torch.isclose(seg_credit.sum(), reward - values[0])
 
 
 def test_fidelity_of_the_reference_itself_is_one_and_constant_credit_zero():
@@ -95,8 +87,9 @@ def test_first_error_top1_ties_are_shared():
     assert math.isnan(first_error_top1(credit_, [None, None, 5]))  # no labelled trace in range: undefined
 
 
-def test_audit_writes_schema(saved_policy, tmp_path):
-    cfg = AuditConfig(checkpoint=saved_policy, n=8, group_size=4, k_ref=2, methods=("vineppo:k=2", "rloo"),
+def test_audit_writes_schema(tmp_path):
+    # the shipped SFT start writes arithmetic, so some wrong traces have a labelled first error to localise
+    cfg = AuditConfig(checkpoint=SHIPPED_START, n=8, group_size=4, k_ref=2, methods=("vineppo:k=2", "rloo"),
                       max_new_tokens=16, localisers=("random", "oracle", "value"))
     report = run_audit(cfg, str(tmp_path / "audit"), progress=False)
     on_disk = json.load(open(tmp_path / "audit" / "audit.json"))
@@ -111,8 +104,8 @@ def test_audit_writes_schema(saved_policy, tmp_path):
     loc = json.load(open(tmp_path / "audit" / "localisers.json"))
     assert loc == on_disk["localisers"]
     assert set(loc["localisers"]) == {"random", "oracle", "value"}
-    if loc["traces"]:
-        assert loc["localisers"]["oracle"]["localisation_top1"] == 1.0
+    assert loc["traces"] >= 1  # wrong traces whose first error is not their last step
+    assert loc["localisers"]["oracle"]["localisation_top1"] == 1.0
     # second run reuses the cached reference: identical reference row
     again = run_audit(cfg, str(tmp_path / "audit2"), progress=False)
     assert again["methods"]["mc_reference"]["first_error_top1"] == report["methods"]["mc_reference"]["first_error_top1"]

@@ -1,20 +1,9 @@
 import pytest
 import torch
 
+from builders import padded_rollouts
 from credo import credit
 from credo.core.groups import grpo_advantages, rloo_advantages
-from credo.core.rollouts import Rollouts
-
-
-def make_rollouts(rewards, group, lengths, T=6):
-    B = len(rewards)
-    mask = torch.zeros(B, T, dtype=torch.bool)
-    for i, n in enumerate(lengths):
-        mask[i, :n] = True
-    return Rollouts(prompt_ids=torch.ones(B, 2, dtype=torch.long), prompt_mask=torch.ones(B, 2, dtype=torch.bool),
-                    completion_ids=torch.where(mask, 5, 0), completion_mask=mask,
-                    group=torch.tensor(group), rewards=torch.tensor(rewards, dtype=torch.float32),
-                    old_logprobs=torch.zeros(B, T), correct=torch.tensor(rewards) > 0.5)
 
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
@@ -23,7 +12,7 @@ def test_group_advantages_sum_to_zero_and_vanish_on_padding(name):
     rewards = torch.randint(0, 2, (24,), generator=g).float().tolist()
     group = torch.arange(4).repeat_interleave(6).tolist()
     lengths = torch.randint(1, 7, (24,), generator=g).tolist()
-    r = make_rollouts(rewards, group, lengths)
+    r = padded_rollouts(rewards, group, lengths)
     adv = credit.get(name)(r).advantages
     assert (adv[~r.completion_mask] == 0).all()
     seq = adv.sum(1) / r.completion_mask.sum(1)  # the broadcast sequence advantage
@@ -34,7 +23,7 @@ def test_group_advantages_sum_to_zero_and_vanish_on_padding(name):
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
 def test_equal_rewards_give_zero_advantage(name):
-    r = make_rollouts([1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1], [3] * 6)
+    r = padded_rollouts([1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1], [3] * 6)
     assert credit.get(name)(r).advantages.abs().max() == 0
 
 
@@ -55,7 +44,7 @@ def test_rloo_is_leave_one_out():
 
 
 def test_loss_mask_excludes_tokens_from_credit():
-    r = make_rollouts([1, 0], [0, 0], [4, 4])
+    r = padded_rollouts([1, 0], [0, 0], [4, 4])
     r = r.with_fields(loss_mask=torch.tensor([[False, False, True, True, True, True]] * 2))
     adv = credit.get("grpo")(r).advantages
     assert (adv[:, :2] == 0).all() and (adv[:, 2:4] != 0).all()

@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from builders import CHAIN, rollouts_of
 from credo import credit
 from credo.lab.audit.run import AuditConfig, audit_localisers, parse_figures
 from credo.lab.audit.premises import (conditions_on_solution, kl_argmax_hits, teacher_gain, teacher_table,
@@ -20,10 +21,7 @@ from credo.train.sft import make_tokenizer, sft_config_for
 from credo.strategies.localisers import LOCALISERS, localise
 from credo.core.registry import Entry
 from credo.tasks.arith import ArithTask
-from credo.tasks.base import Problem
-from test_mc_audit import rollouts_of
 
-PROBLEM = Problem("3+4+5+6+7", "3+4+5+6+7\n", "25", {"terms": [3, 4, 5, 6, 7], "ops": ["+", "+", "+", "+"]})
 RIGHT = "3+4=7\n7+5=12\n12+6=18\n18+7=25\n#### 25"
 TEXTS = [RIGHT, "3+4=7\n7+5=13\n13+6=19\n19+7=26\n#### 26", "3+4=7\n7+5=12\n12+6=17\n17+7=24\n#### 24",
          "3+4=8\n8+5=13\n13+6=19\n19+7=26\n#### 26"]
@@ -73,7 +71,7 @@ class StubPolicy:
 @pytest.fixture
 def batch(policy):
     task = ArithTask()
-    return task, rollouts_of(policy, task, TEXTS, PROBLEM)
+    return task, rollouts_of(policy, task, TEXTS, CHAIN)
 
 
 def test_a_teacher_that_ignores_its_context_gains_nothing_and_is_not_warned(policy, batch):

@@ -10,7 +10,7 @@ import pytest
 from credo.train import provenance
 from credo.lab.compare.report import commit_lines, report, summarise
 from credo.train.trainer import Trainer
-from test_train import config
+from builders import dapo_config
 
 REPO = os.path.dirname(os.path.dirname(provenance._SOURCE))  # src/credo -> the checkout
 
@@ -64,7 +64,7 @@ def test_a_run_records_the_commit_read_when_its_trainer_was_built_not_when_it_fi
     monkeypatch.setattr(provenance, "source_commit", lambda: on_disk["commit"])
     provenance.loaded_commit.cache_clear()
     try:
-        trainer = Trainer(config(saved_policy, "steps=1", "method=grpo"), str(tmp_path / "r"), progress=False)
+        trainer = Trainer(dapo_config(saved_policy, "steps=1", "method=grpo"), str(tmp_path / "r"), progress=False)
         on_disk["commit"] = "b" * 40  # a commit made while the run trains
         trainer.train()
     finally:

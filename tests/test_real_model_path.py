@@ -18,18 +18,8 @@ from credo.tasks import make_task
 from credo.tasks.gym import running_sum_solution
 from credo.train.config import CPU_HF_DEFAULTS, HF_DEFAULTS, is_hf_start, load_train_config
 from credo.train.eta import estimate_run_seconds, evaluations_left, format_seconds, steps_within, time_step_pieces
-from test_hf import build_tokenizer, tiny_llama
 
 CHAIN = {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1}
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    """A tiny random Llama saved as a credo HF checkpoint (policy.json + config.json)."""
-    tokenizer = build_tokenizer()
-    path = str(tmp_path_factory.mktemp("tiny-hf") / "model")
-    HFPolicy(tiny_llama(tokenizer), tokenizer, chat=True).save(path)
-    return path
 
 
 def test_running_sum_solution_writes_one_line_per_operation():

@@ -4,6 +4,7 @@ import re
 import pytest
 import torch
 
+from builders import padded_rollouts, two_group_batch
 from credo import credit
 from credo.core.loss import LossConfig, policy_loss
 from credo.policy.base import SamplingConfig, Samples
@@ -15,7 +16,6 @@ from credo.strategies.resets import ResetConfig
 from credo.tasks.arith import ArithTask
 from credo.tasks.base import Problem
 from credo.train.trainer import Trainer, load_train_config
-from test_rredcot import batch
 
 
 class Solver:
@@ -118,8 +118,7 @@ def test_parent_search_is_the_first_failure_among_all_fresh_draws(policy):
 
 
 def test_groups_are_normalised_separately():
-    from test_outcome import make_rollouts
-    r = make_rollouts([1, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1], [3] * 6)
+    r = padded_rollouts([1, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1], [3] * 6)
     adv = credit.get("grpo")(r, None, credit.get("grpo").make_config({"std": "population"})).advantages[:, 0]
     assert abs(float(adv[:3].sum())) < 1e-6 and abs(float(adv[3:].sum())) < 1e-6
     assert torch.allclose(adv[:3], torch.tensor([2 ** 0.5, -(0.5 ** 0.5), -(0.5 ** 0.5)]), atol=1e-5)
@@ -139,7 +138,7 @@ def test_fallback_when_no_failure_is_found(policy):
 
 def test_oracle_localiser_is_exact_and_value_localiser_in_range(policy):
     task = ArithTask()
-    r = batch(policy, task)
+    r = two_group_batch(policy, task)
     probe = Probe(policy, task, SamplingConfig(max_new_tokens=8), torch.Generator().manual_seed(0))
     seg = probe.segment(r, "lines")
     rows = [1, 4, 5]  # first wrong line: the first, the second, the first

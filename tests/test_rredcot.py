@@ -1,35 +1,12 @@
 import pytest
 import torch
 
+from builders import probe_for, two_group_batch
 from credo import credit
 from credo.core.groups import grpo_advantages
 from credo.core.values import step_differences
 from credo.credit.rredcot import RREDCoTConfig, probe_values
-from credo.policy.base import SamplingConfig
-from credo.core.probe import Probe
-from credo.core.rollouts import Rollouts
 from credo.tasks.arith import ArithTask
-from credo.tasks.base import Problem, rewards_for
-
-P1 = Problem("37+48", "37+48\n", "85", {"terms": [37, 48], "ops": ["+"]})
-P2 = Problem("12+13+14", "12+13+14\n", "39", {"terms": [12, 13, 14], "ops": ["+", "+"]})
-
-
-def batch(policy, task):
-    rows = [(P1, "37+48=85\n#### 85", 0), (P1, "37+48=86\n#### 86", 0), (P1, "#### 85", 0),
-            (P2, "12+13=25\n25+14=39\n#### 39", 1), (P2, "12+13=25\n25+14=38\n#### 38", 1), (P2, "12+13=26\n", 1)]
-    problems, texts, groups = zip(*rows)
-    prompt_ids, prompt_mask = policy.encode_prompts([p.prompt for p in problems])
-    ids, mask = policy.encode_completions(list(texts))
-    rewards, correct = rewards_for(task, problems, texts)
-    with torch.no_grad():
-        old, _ = policy.score(prompt_ids, prompt_mask, ids, mask)
-    return Rollouts(prompt_ids, prompt_mask, ids, mask, torch.tensor(groups), rewards, old, correct,
-                    list(problems), list(texts))
-
-
-def probe(policy, task):
-    return Probe(policy, task, SamplingConfig(max_new_tokens=8), torch.Generator().manual_seed(0))
 
 
 @pytest.mark.parametrize("mode", ["normalized", "absolute"])
@@ -37,8 +14,8 @@ def probe(policy, task):
 @pytest.mark.parametrize("candidates", ["suffixes", "answers"])
 def test_redistribution_telescopes_and_values_are_probabilities(policy, mode, v0, candidates):
     task = ArithTask()
-    r = batch(policy, task)
-    pr = probe(policy, task)
+    r = two_group_batch(policy, task)
+    pr = probe_for(policy, task, max_new_tokens=8)
     cfg = RREDCoTConfig(probe=mode, v0=v0, candidates=candidates)
     values = probe_values(r, pr, pr.segment(r, "lines"), cfg)
     for v, R, reward in zip(values, step_differences(values), r.rewards):
@@ -50,11 +27,11 @@ def test_redistribution_telescopes_and_values_are_probabilities(policy, mode, v0
 @pytest.mark.parametrize("mode", ["additive", "replace", "weight"])
 def test_one_segment_traces_get_exactly_grpo(policy, mode):
     task = ArithTask()
-    r = batch(policy, task)
+    r = two_group_batch(policy, task)
     spec = credit.get("rredcot")
     # one segment per trace: fixed segments longer than any completion
     cfg = spec.make_config({"mode": mode, "segmenter": {"name": "fixed", "n": 64}})
-    adv = spec(r, probe(policy, task), cfg).advantages
+    adv = spec(r, probe_for(policy, task, max_new_tokens=8), cfg).advantages
     expected = grpo_advantages(r.rewards, r.group)[:, None] * r.completion_mask
     assert torch.allclose(adv, expected, atol=1e-6)
 
@@ -62,20 +39,20 @@ def test_one_segment_traces_get_exactly_grpo(policy, mode):
 @pytest.mark.parametrize("mode", ["additive", "replace", "weight"])
 def test_credit_is_zero_on_padding_and_finite(policy, mode):
     task = ArithTask()
-    r = batch(policy, task)
+    r = two_group_batch(policy, task)
     spec = credit.get("rredcot")
-    out = spec(r, probe(policy, task), spec.make_config({"mode": mode}))
+    out = spec(r, probe_for(policy, task, max_new_tokens=8), spec.make_config({"mode": mode}))
     assert (out.advantages[~r.completion_mask] == 0).all() and torch.isfinite(out.advantages).all()
     assert out.cost.tokens_generated == 0
 
 
 def test_additive_mode_moves_credit_within_a_trace_and_keeps_its_mean(policy):
     task = ArithTask()
-    r = batch(policy, task)
+    r = two_group_batch(policy, task)
     spec = credit.get("rredcot")
-    out = spec(r, probe(policy, task), spec.make_config({"lam": 0.5}))
+    out = spec(r, probe_for(policy, task, max_new_tokens=8), spec.make_config({"lam": 0.5}))
     from credo.core.segment import segment_means
-    seg_ids = probe(policy, task).segment(r, "lines")
+    seg_ids = probe_for(policy, task, max_new_tokens=8).segment(r, "lines")
     a_grpo = grpo_advantages(r.rewards, r.group)
     for i, means in enumerate(segment_means(out.advantages, seg_ids)):
         assert torch.isclose(means.mean(), a_grpo[i], atol=1e-5)
@@ -83,8 +60,8 @@ def test_additive_mode_moves_credit_within_a_trace_and_keeps_its_mean(policy):
 
 def test_cost_counter_matches_prefix_reuse_formula(policy):
     task = ArithTask()
-    r = batch(policy, task).select([0, 1])  # one group, two 2-segment traces, candidates {85 (gold), 86}
-    pr = probe(policy, task)
+    r = two_group_batch(policy, task).select([0, 1])  # one group, two 2-segment traces, candidates {85 (gold), 86}
+    pr = probe_for(policy, task, max_new_tokens=8)
     spec = credit.get("rredcot")
     out = spec(r, pr, spec.make_config({"candidates": "answers"}))
     branch = len(policy.encode_continuation("?85", eos=True))
@@ -99,8 +76,8 @@ def test_cost_counter_matches_prefix_reuse_formula(policy):
 
 def test_group_mean_v0_leaves_the_row_out(policy):
     task = ArithTask()
-    r = batch(policy, task).select([0, 1, 2])  # one group, rewards 1, 0, 1
-    pr = probe(policy, task)
+    r = two_group_batch(policy, task).select([0, 1, 2])  # one group, rewards 1, 0, 1
+    pr = probe_for(policy, task, max_new_tokens=8)
     values = probe_values(r, pr, pr.segment(r, "lines"), RREDCoTConfig(v0="group_mean"))
     assert [float(v[0]) for v in values] == [0.5, 1.0, 0.5]  # the mean of the *other* members
 
@@ -108,11 +85,13 @@ def test_group_mean_v0_leaves_the_row_out(policy):
 def test_default_is_suffixes_and_uniform_groups_can_keep_grpo(policy):
     task = ArithTask()
     assert RREDCoTConfig().candidates == "suffixes"
-    sub = batch(policy, task).select([0, 1, 2, 4, 5])  # group 0 mixed; rows 4, 5 of group 1 both wrong
+    sub = two_group_batch(policy, task).select([0, 1, 2, 4, 5])  # group 0 mixed; rows 4, 5 of group 1 both wrong
     spec = credit.get("rredcot")
     # normalized: the random tiny model's absolute values are ~1e-30 and their differences vanish
-    skip = spec(sub, probe(policy, task), spec.make_config({"skip_uniform_groups": True, "probe": "normalized"})).advantages
-    keep = spec(sub, probe(policy, task), spec.make_config({"skip_uniform_groups": False, "probe": "normalized"})).advantages
+    skip = spec(sub, probe_for(policy, task, max_new_tokens=8),
+                 spec.make_config({"skip_uniform_groups": True, "probe": "normalized"})).advantages
+    keep = spec(sub, probe_for(policy, task, max_new_tokens=8),
+                 spec.make_config({"skip_uniform_groups": False, "probe": "normalized"})).advantages
     assert (skip[3:] == 0).all()  # the all-wrong group keeps GRPO's zero
     assert keep[3:].abs().sum() > 0  # otherwise the redistribution speaks there
     assert not torch.allclose(skip[:3], keep[:3])  # and z is taken over the live groups only

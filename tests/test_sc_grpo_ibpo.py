@@ -1,16 +1,15 @@
 import torch
 
+from builders import ADDITION, probe_for
 from credo import credit
 from credo.credit.ibpo import edited_sets
 from credo.core.groups import grpo_advantages
 from credo.credit.sc_grpo import self_conditioned_kl, weight_from_divergence
-from credo.policy.base import SamplingConfig
-from credo.core.probe import Probe
 from credo.core.rollouts import Rollouts
 from credo.tasks.arith import ArithTask
 from credo.tasks.base import Problem, rewards_for
 
-P = Problem("37+48", "37+48\n", "85", {"terms": [37, 48], "ops": ["+"]})
+P = ADDITION
 RIGHT, WRONG = "37+48=85\n#### 85", "37+48=86\n#### 86"
 
 
@@ -25,10 +24,6 @@ def group_rollouts(policy, texts_by_group, problem=P):
     return Rollouts(prompt_ids, prompt_mask, ids, mask, group, rewards, torch.zeros(ids.shape), correct, problems, texts)
 
 
-def probe(policy):
-    return Probe(policy, ArithTask(), SamplingConfig(max_new_tokens=12), torch.Generator().manual_seed(0))
-
-
 class Identity:
     """A task whose teacher context equals the student's prompt: KL must vanish."""
 
@@ -38,7 +33,7 @@ class Identity:
 
 def test_kl_is_zero_when_teacher_and_student_contexts_match(policy):
     r = group_rollouts(policy, [[RIGHT, WRONG]])
-    pr = probe(policy)
+    pr = probe_for(policy, ArithTask())
     pr.task = Identity()
     D = self_conditioned_kl(r, pr, [0, 1], [1, 0], chunk_rows=1)
     assert D.abs().max() < 1e-5
@@ -56,7 +51,7 @@ def test_sc_grpo_routing_branches(policy):
     one_right = [RIGHT, WRONG, WRONG, WRONG]      # n_c = 1: plain GRPO
     all_wrong = [WRONG, "1+2=3\n#### 3", "9", "50-1=49\n#### 49"]  # n_c = 0: diversity pseudo-advantage
     r = group_rollouts(policy, [mixed, all_right, one_right, all_wrong])
-    out = credit.get("sc_grpo")(r, probe(policy))
+    out = credit.get("sc_grpo")(r, probe_for(policy, ArithTask()))
     a = grpo_advantages(r.rewards, r.group)
     m = r.completion_mask
     w = out.weights
@@ -75,7 +70,7 @@ def test_sc_grpo_routing_branches(policy):
     assert (out.advantages[~m] == 0).all()
     assert out.cost.tokens_scored > 0
     spec = credit.get("sc_grpo")
-    raw = spec(r, probe(policy), spec.make_config({"normalise": False})).weights  # the paper's f in [0, 1)
+    raw = spec(r, probe_for(policy, ArithTask()), spec.make_config({"normalise": False})).weights  # the paper's f in [0, 1)
     assert ((raw[:4][m[:4]] >= 0) & (raw[:4][m[:4]] < 1)).all()
     assert torch.allclose(w[:4], raw[:4] / ((raw[:4] * m[:4]).sum(1, keepdim=True) / n[:, None]) * m[:4], atol=1e-5)
 
@@ -84,10 +79,10 @@ def test_sc_grpo_draws_new_references_every_step_and_repeats_with_the_seed(polic
     rights = ["37+48=85\n####" + " " * k + "85" for k in range(6)]  # six distinct correct texts
     r = group_rollouts(policy, [rights + [WRONG, WRONG]])
     spec = credit.get("sc_grpo")
-    shared = probe(policy)
+    shared = probe_for(policy, ArithTask())
     first, second = spec(r, shared).weights, spec(r, shared).weights  # two steps of one run
     assert not torch.equal(first, second)
-    assert torch.equal(spec(r, probe(policy)).weights, first)  # a fresh run with the same seed repeats step 1
+    assert torch.equal(spec(r, probe_for(policy, ArithTask())).weights, first)  # a fresh run with the same seed repeats step 1
 
 
 def test_sc_grpo_traces_longer_than_half_the_context_truncate_the_teacher_reference(policy):
@@ -97,7 +92,7 @@ def test_sc_grpo_traces_longer_than_half_the_context_truncate_the_teacher_refere
     r = group_rollouts(policy, [[long_right, long_right, long_wrong, long_wrong]])
     T = r.completion_ids.shape[1]
     assert T > limit // 2  # tau + prompt + completion cannot fit: this used to fail in the forward pass
-    out = credit.get("sc_grpo")(r, probe(policy))
+    out = credit.get("sc_grpo")(r, probe_for(policy, ArithTask()))
     assert out.info["teacher_truncated_rows"] == 4 and torch.isfinite(out.weights).all()
     task, cut = ArithTask(), []
     text = teacher_prompt(task, policy, P, long_right, T, cut, 0)
@@ -178,7 +173,7 @@ def test_first_edit_of_an_insertion_or_deletion_is_the_divergence_token():
 def test_ibpo_correct_mode_reports_generation_and_falls_back(policy):
     r = group_rollouts(policy, [[RIGHT, WRONG, WRONG]])
     spec = credit.get("ibpo")
-    out = spec(r, probe(policy), spec.make_config({"mode": "correct", "repair_tries": 2}))
+    out = spec(r, probe_for(policy, ArithTask()), spec.make_config({"mode": "correct", "repair_tries": 2}))
     assert out.cost.tokens_generated > 0
     assert torch.isfinite(out.advantages).all() and (out.advantages[~r.completion_mask] == 0).all()
 

@@ -3,16 +3,15 @@ segmenter, and every segment-level estimator reads them (an explicit `segmenter`
 
 import torch
 
+from builders import THREE_TERMS, probe_for, scored_rollouts
 from credo import credit
-from credo.policy.base import SamplingConfig
-from credo.core.probe import Probe
 from credo.core.rollouts import Rollouts
 from credo.core.segment import segment_bounds, segments_for, with_segments
 from credo.tasks.arith import ArithTask
-from credo.tasks.base import Problem, rewards_for
+from credo.tasks.base import Problem
 from credo.tasks.chat import FreeFormTask
 
-P = Problem("12+13+14", "12+13+14\n", "39", {"terms": [12, 13, 14], "ops": ["+", "+"]})
+P = THREE_TERMS
 TEXTS = ["12+13=25\n25+14=39\n\n#### 39", "12+13=25\n25+14=38\n\n#### 38", "12+13=25 25+14=39\n#### 39",
          "12+13=26\n26+14=40\n\n#### 40"]
 
@@ -37,18 +36,8 @@ class FreeFormArith(FreeFormTask):
 
 
 def batch(policy, task) -> Rollouts:
-    problems = [P] * len(TEXTS)
-    prompt_ids, prompt_mask = policy.encode_prompts([p.prompt for p in problems])
-    ids, mask = policy.encode_completions(TEXTS)
-    rewards, correct = rewards_for(task, problems, TEXTS)
-    with torch.no_grad():
-        old, _ = policy.score(prompt_ids, prompt_mask, ids, mask)
-    return Rollouts(prompt_ids, prompt_mask, ids, mask, torch.zeros(len(TEXTS), dtype=torch.long), rewards, old,
-                    correct, problems, list(TEXTS))
-
-
-def probe_for(policy, task) -> Probe:
-    return Probe(policy, task, SamplingConfig(max_new_tokens=8), torch.Generator().manual_seed(0))
+    """TEXTS as completions of P (one group), scored by the policy."""
+    return scored_rollouts(policy, task, [P] * len(TEXTS), TEXTS)
 
 
 def counts(segment_ids: torch.Tensor) -> list[int]:
@@ -59,11 +48,11 @@ def test_free_form_task_is_segmented_by_its_own_segmenter_not_by_lines(policy):
     """bug: FreeFormTask.default_segmenter (keyword_entropy) was never read, so chat tasks were cut by lines."""
     task = FreeFormArith()
     r = batch(policy, task)
-    probe = probe_for(policy, task)
+    probe = probe_for(policy, task, max_new_tokens=8)
     by_task, by_lines = probe.segment(r, "keyword_entropy"), probe.segment(r, "lines")
     assert counts(by_task) != counts(by_lines)  # the batch tells the two apart
     for name, options in (("rredcot", {}), ("loo", {}), ("vineppo", {"k": 2})):
-        out = credit.get(name)(r, probe_for(policy, task), credit.get(name).make_config(options))
+        out = credit.get(name)(r, probe_for(policy, task, max_new_tokens=8), credit.get(name).make_config(options))
         assert [len(c) for c in out.segment_credit] == counts(by_task), name
     assert torch.equal(with_segments(r, probe).segment_ids, by_task)
 
@@ -71,28 +60,29 @@ def test_free_form_task_is_segmented_by_its_own_segmenter_not_by_lines(policy):
 def test_an_explicit_segmenter_option_wins(policy):
     task = FreeFormArith()
     r = batch(policy, task)
-    out = credit.get("rredcot")(r, probe_for(policy, task), credit.get("rredcot").make_config({"segmenter": "lines"}))
-    assert [len(c) for c in out.segment_credit] == counts(probe_for(policy, task).segment(r, "lines"))
+    out = credit.get("rredcot")(r, probe_for(policy, task, max_new_tokens=8),
+                                credit.get("rredcot").make_config({"segmenter": "lines"}))
+    assert [len(c) for c in out.segment_credit] == counts(probe_for(policy, task, max_new_tokens=8).segment(r, "lines"))
 
 
 def test_estimators_read_the_batch_segments_when_filled(policy):
     """The audit (and any caller of the stage) fills rollouts.segment_ids once; estimators read them."""
     task = ArithTask()
     r = batch(policy, task)
-    fixed = probe_for(policy, task).segment(r, {"name": "fixed", "n": 5})
-    assert counts(fixed) != counts(probe_for(policy, task).segment(r, "lines"))
+    fixed = probe_for(policy, task, max_new_tokens=8).segment(r, {"name": "fixed", "n": 5})
+    assert counts(fixed) != counts(probe_for(policy, task, max_new_tokens=8).segment(r, "lines"))
     filled = r.with_fields(segment_ids=fixed)
     assert with_segments(filled, None) is filled  # filled once: the stage leaves it alone
     for name in ("rredcot", "vineppo"):
         options = {"k": 2} if name == "vineppo" else {}
-        out = credit.get(name)(filled, probe_for(policy, task), credit.get(name).make_config(options))
+        out = credit.get(name)(filled, probe_for(policy, task, max_new_tokens=8), credit.get(name).make_config(options))
         assert [len(c) for c in out.segment_credit] == counts(fixed), name
 
 
 def test_arith_keeps_its_line_segments(policy):
     task = ArithTask()
     r = batch(policy, task)
-    probe = probe_for(policy, task)
+    probe = probe_for(policy, task, max_new_tokens=8)
     assert torch.equal(segments_for(r, probe), probe.segment(r, "lines"))
 
 

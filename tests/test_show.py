@@ -4,16 +4,11 @@ import os
 import re
 from html.parser import HTMLParser
 
-import torch
-
+from builders import page_of
 from credo.lab.audit.run import AuditConfig, run_audit
 from credo.cli.main import main
-from credo.policy.base import SamplingConfig
-from credo.lab.show.view import build_page, render_terminal, run_methods
+from credo.lab.show.view import render_terminal
 from credo.lab.show.html import colour, render
-from credo.tasks.arith import ArithTask
-from test_shuffled import PROBLEM, TEXTS
-from test_mc_audit import probe_for, rollouts_of
 
 
 class Elements(HTMLParser):
@@ -31,16 +26,6 @@ def parse(text: str) -> list[tuple[str, dict]]:
     parser = Elements()
     parser.feed(text)
     return parser.tags
-
-
-def page_of(policy, methods=("grpo", "rredcot:mode=replace"), with_reference=True):
-    task = ArithTask()
-    rollouts = rollouts_of(policy, task, TEXTS, PROBLEM)
-    segment_ids = probe_for(policy, task).segment(rollouts, "lines")
-    runs = run_methods(methods, rollouts, policy, task, SamplingConfig(max_new_tokens=12), 0, progress=False)
-    rows = [0, 1, 2, 4]
-    reference = [torch.linspace(0.5, 0.0, int(segment_ids[r].max()) + 2) for r in rows] if with_reference else None
-    return build_page("credo show", "test", task, policy, rollouts, segment_ids, rows, runs, reference, 3.0)
 
 
 def test_page_structure_marks_and_first_error(policy):

@@ -5,24 +5,18 @@ import json
 import pytest
 import torch
 
+from builders import CHAIN, CHAIN_TEXTS, TRAIN_FAST, probe_for, rollouts_of
 from credo import credit
 from credo.train import methods
 from credo.core.config import ConfigError
 from credo.core.segment import segment_means
 from credo.tasks.arith import ArithTask
-from credo.tasks.base import Problem
 from credo.train.trainer import load_train_config
-from test_mc_audit import probe_for, rollouts_of
-
-PROBLEM = Problem("3+4+5+6+7", "3+4+5+6+7\n", "25", {"terms": [3, 4, 5, 6, 7], "ops": ["+", "+", "+", "+"]})
-TEXTS = ["3+4=7\n7+5=12\n12+6=18\n18+7=25\n#### 25", "3+4=8\n8+5=13\n13+6=19\n19+7=26\n#### 26",
-         "3+4=7\n7+5=12\n12+6=17\n17+7=24\n#### 24", "#### 25", "3+4=7\n7+5=11\n#### 11",
-         "3+4=7\n7+5=12\n12+6=18\n18+7=25\n#### 25"]  # two correct: SC-GRPO gives token weights
 
 
-def run(name_options, policy, texts=TEXTS):
+def run(name_options, policy, texts=CHAIN_TEXTS):
     task = ArithTask()
-    rollouts = rollouts_of(policy, task, texts, PROBLEM)
+    rollouts = rollouts_of(policy, task, texts, CHAIN)
     probe = probe_for(policy, task)
     name, options = credit.parse_spec(name_options)
     spec = credit.get(name)
@@ -49,7 +43,7 @@ def test_weights_move_with_their_advantages(policy):
     _, segment_ids, original = run("sc_grpo", policy)
     _, _, control = run("shuffled:of=sc_grpo", policy)
     assert original.weights is not None
-    for row in range(len(TEXTS)):
+    for row in range(len(CHAIN_TEXTS)):
         def pairs(c):  # (advantage, weight) of each segment, ordered by weight
             table = torch.stack([segment_means(c.advantages, segment_ids)[row], segment_means(c.weights, segment_ids)[row]], 1)
             return table[table[:, 1].argsort()]
@@ -88,8 +82,7 @@ def test_spec_parsing_in_train_and_errors_name_the_field():
 
 def test_trains_as_a_method(saved_policy, tmp_path):
     from credo.train.trainer import Trainer
-    from test_train import FAST
-    config = load_train_config(None, ["method=shuffled:of=rredcot", f"start={saved_policy}", "steps=1", *FAST])
+    config = load_train_config(None, ["method=shuffled:of=rredcot", f"start={saved_policy}", "steps=1", *TRAIN_FAST])
     Trainer(config, str(tmp_path / "run"), progress=False).train()
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     step = [r for r in rows if r.get("step") == 1 and "tokens_scored" in r]
@@ -118,7 +111,7 @@ def test_token_level_keeps_each_traces_multiset_of_token_credit_and_zero_on_padd
         if a is None:
             assert b is None
             continue
-        for row in range(len(TEXTS)):
+        for row in range(len(CHAIN_TEXTS)):
             assert torch.equal(a[row, mask[row]].sort().values, b[row, mask[row]].sort().values)
         assert (b[~mask] == (0 if field == "advantages" else a[~mask])).all()
     assert (control.advantages[~rollouts.completion_mask] == 0).all()

@@ -11,7 +11,6 @@ from credo import strategies
 from credo.strategies import SamplingContext
 from credo.strategies.localisers import localise
 from credo.strategies.resets import ResetConfig
-from test_hf import gym_task, hf_policy  # noqa: F401  (fixtures)
 
 
 class Recorder:
@@ -49,7 +48,7 @@ def wrong_three_step_rollouts(policy, task):
     return Rollouts(p_ids, p_mask, ids, mask, torch.arange(2), rewards, torch.zeros(ids.shape), correct, problems, texts)
 
 
-def test_prompt_localiser_sends_a_bare_user_turn_and_parses_the_reply(hf_policy, gym_task):  # noqa: F811
+def test_prompt_localiser_sends_a_bare_user_turn_and_parses_the_reply(hf_policy, gym_task):
     policy = Recorder(bind_task(hf_policy.copy(), gym_task), reply="Step 3 is where it shows, but Step 2 starts it.\n\\boxed{2}")
     assert policy.system_prompt  # the task's answer-format system prompt is bound...
     r = wrong_three_step_rollouts(policy.inner, gym_task)
@@ -68,7 +67,7 @@ def test_prompt_localiser_sends_a_bare_user_turn_and_parses_the_reply(hf_policy,
     assert spent.tokens_generated > 0
 
 
-def test_srpo_with_the_prompt_localiser_collects_resets_on_a_tiny_chat_model(hf_policy, gym_task):  # noqa: F811
+def test_srpo_with_the_prompt_localiser_collects_resets_on_a_tiny_chat_model(hf_policy, gym_task):
     policy = Recorder(bind_task(hf_policy.copy(), gym_task))
     sampling = SamplingConfig(max_new_tokens=8)
     probe = Probe(policy, gym_task, sampling, torch.Generator().manual_seed(0))

@@ -4,29 +4,18 @@ import shutil
 
 import torch
 
+from builders import TRAIN_FAST, dapo_config, strip_time
 from credo.cli.main import main
 from credo.policy import load_policy
-from credo.train.trainer import Trainer, load_train_config
-
-FAST = ["eval_n=8", "final_eval_n=8", "eval_every=2", "checkpoint_every=2", "prompts_per_step=3", "group_size=4",
-        "sampling.max_new_tokens=20", "overlong_buffer=12", "overlong_fit_task=false", "lr=1e-3"]
-
-
-def config(start, *extra):
-    # dapo's overlong penalty varies the reward even for an untrained model, so updates are non-trivial
-    return load_train_config(None, ["method=dapo", f"start={start}", "steps=4", *FAST, *extra])
-
-
-def strip_time(rows):
-    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+from credo.train.trainer import Trainer
 
 
 def test_resume_after_kill_matches_uninterrupted_run(saved_policy, tmp_path):
-    full = Trainer(config(saved_policy), str(tmp_path / "full"), progress=False)
+    full = Trainer(dapo_config(saved_policy), str(tmp_path / "full"), progress=False)
     summary_full = full.train()
-    killed = Trainer(config(saved_policy), str(tmp_path / "killed"), progress=False)
+    killed = Trainer(dapo_config(saved_policy), str(tmp_path / "killed"), progress=False)
     killed.train(stop_after=3)  # dies after step 3: its last checkpoint is step 2
-    resumed = Trainer(config(saved_policy), str(tmp_path / "killed"), progress=False)
+    resumed = Trainer(dapo_config(saved_policy), str(tmp_path / "killed"), progress=False)
     summary_resumed = resumed.train()
     assert strip_time(full.log.rows()) == strip_time(resumed.log.rows())
     assert summary_full["final_accuracy"] == summary_resumed["final_accuracy"]
@@ -40,7 +29,7 @@ def test_resume_after_kill_matches_uninterrupted_run(saved_policy, tmp_path):
 def test_same_seed_same_run_and_run_directory_contents(saved_policy, tmp_path):
     rows = []
     for name in ("a", "b"):
-        t = Trainer(config(saved_policy, "steps=2", "method=grpo"), str(tmp_path / name), progress=False)
+        t = Trainer(dapo_config(saved_policy, "steps=2", "method=grpo"), str(tmp_path / name), progress=False)
         t.train()
         rows.append(strip_time(t.log.rows()))
     assert rows[0] == rows[1]
@@ -50,7 +39,7 @@ def test_same_seed_same_run_and_run_directory_contents(saved_policy, tmp_path):
 
 
 def test_dynamic_sampling_counts_discarded_tokens(saved_policy, tmp_path):
-    t = Trainer(config(saved_policy, "steps=1", "overlong_buffer=0"), str(tmp_path / "d"), progress=False)
+    t = Trainer(dapo_config(saved_policy, "steps=1", "overlong_buffer=0"), str(tmp_path / "d"), progress=False)
     row = t.train_step()
     # an untrained model gets every reward 0: each round is discarded, so all rounds' tokens are counted
     assert row["sampling_rounds"] == 4.0
@@ -63,7 +52,7 @@ def test_cli_train_eval_methods(saved_policy, tmp_path, capsys):
     assert {"grpo", "dr_grpo", "rloo", "dapo", "gspo"} <= set(names)
     out = str(tmp_path / "run")
     args = ["train", "--method", "gspo", "--out", out, "--start", saved_policy, "--steps", "2", "--quiet"]
-    assert main(args + sum((["--set", s] for s in FAST), [])) == 0
+    assert main(args + sum((["--set", s] for s in TRAIN_FAST), [])) == 0
     capsys.readouterr()
     assert main(["eval", "--checkpoint", out, "--n", "5", "--quiet"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
@@ -77,7 +66,7 @@ def test_one_epoch_of_one_minibatch_reads_its_own_logprobs_as_old_and_skips_the_
                                                                                           monkeypatch):
     """On-policy schedule: one forward per step (the update's), ratio exactly 1 (no clipping), and the same
     update as re-scoring the old log-probabilities separately (up to float noise)."""
-    on_policy = config(saved_policy, "epochs=1", "minibatches=1", "steps=2")
+    on_policy = dapo_config(saved_policy, "epochs=1", "minibatches=1", "steps=2")
     calls = []
     fast = Trainer(on_policy, str(tmp_path / "fast"), progress=False)
     original = fast.policy.score
@@ -116,10 +105,10 @@ def test_dapo_fits_its_overlong_buffer_beyond_every_worked_solution_of_the_task(
 
 
 def test_a_dapo_run_records_the_buffer_it_fitted_and_the_longest_worked_solution(saved_policy, tmp_path):
-    fitted = Trainer(config(saved_policy, "steps=1", "overlong_fit_task=true", "sampling.max_new_tokens=64"),
+    fitted = Trainer(dapo_config(saved_policy, "steps=1", "overlong_fit_task=true", "sampling.max_new_tokens=64"),
                      str(tmp_path / "fit"), progress=False)
     summary = fitted.train()
     longest = summary["longest_worked_solution"]
     assert summary["overlong_buffer_used"] == max(0, min(12, 64 - longest)) and 20 < longest <= 64
-    plain = Trainer(config(saved_policy, "steps=1"), str(tmp_path / "plain"), progress=False).train()
+    plain = Trainer(dapo_config(saved_policy, "steps=1"), str(tmp_path / "plain"), progress=False).train()
     assert "overlong_buffer_used" not in plain

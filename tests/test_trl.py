@@ -7,7 +7,7 @@ import datasets  # noqa: E402  (trl and datasets are pinned dependencies: a miss
 
 from credo.integrations.trl import CreditGRPOTrainer  # noqa: E402
 from credo.tasks import make_task  # noqa: E402
-from test_hf import build_tokenizer, tiny_llama  # noqa: E402
+from builders import build_tokenizer, tiny_llama  # noqa: E402
 
 
 def tiny_model(tokenizer):

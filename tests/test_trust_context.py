@@ -17,8 +17,7 @@ from credo.policy.gpt import GPTConfig
 from credo.policy.hf import HFPolicy
 from credo.policy.tiny import TinyPolicy
 from credo.train.sft import make_tokenizer
-from test_hf import build_tokenizer, tiny_llama
-from trust_helpers import one_line_error, snapshot
+from builders import build_tokenizer, one_line_error, save_tiny_llama, snapshot, tiny_llama
 
 LONG = "State the final answer to the following arithmetic problem: " * 20 + "4 - 1 - 7 ="
 
@@ -31,10 +30,7 @@ def write_rows(path, questions) -> str:
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory) -> str:
     """A tiny chat Llama with a context of 128 positions, saved as a Hugging Face model directory."""
-    path = str(tmp_path_factory.mktemp("hf") / "model")
-    tokenizer = build_tokenizer()
-    HFPolicy(tiny_llama(tokenizer, max_positions=128), tokenizer, chat=True).save(path)
-    return path
+    return save_tiny_llama(str(tmp_path_factory.mktemp("hf") / "model"), max_positions=128)
 
 
 def test_a_prompt_longer_than_the_context_names_its_row_and_both_lengths(hf_dir, tmp_path, capsys):

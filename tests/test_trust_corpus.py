@@ -15,8 +15,7 @@ import yaml
 
 from credo.cli.main import build_parser, main
 from credo.policy.hf import HFPolicy
-from test_hf import build_tokenizer, tiny_llama
-from trust_helpers import one_line_error, snapshot
+from builders import build_tokenizer, one_line_error, snapshot, tiny_llama
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 CASES = yaml.safe_load(open(os.path.join(DATA, "corpus.yaml")))["cases"]

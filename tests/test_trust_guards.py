@@ -22,9 +22,8 @@ from credo.core.files import claim_output, is_locked, run_kind, run_lock
 from credo.tasks import make_task
 from credo.train.trainer import Trainer
 from credo.train.config import load_train_config
-from trust_helpers import FAST, killed_run, one_line_error, snapshot, train_config
+from builders import TRUST_FAST_SET, killed_run, one_line_error, snapshot, train_config
 
-FAST_SET = sum((["--set", s] for s in FAST), [])
 
 
 # --- what --out may take and what --force may delete ------------------------------------------------------
@@ -51,15 +50,15 @@ def test_a_run_before_its_first_checkpoint_is_replaced_only_when_it_holds_nothin
     assert not (out / "checkpoints").exists()
     (out / "notes.txt").write_text("mine")
     before = snapshot(str(out))
-    line = one_line_error(capsys, ["train", "--steps", "1", "--start", saved_policy, "--out", str(out), "--quiet", *FAST_SET])
+    line = one_line_error(capsys, ["train", "--steps", "1", "--start", saved_policy, "--out", str(out), "--quiet", *TRUST_FAST_SET])
     assert "files credo did not write" in line
     assert snapshot(str(out)) == before
     os.remove(out / "notes.txt")
     with run_lock(str(out)):  # another process training it
         line = one_line_error(capsys, ["train", "--steps", "1", "--start", saved_policy, "--out", str(out), "--quiet",
-                                       *FAST_SET])
+                                       *TRUST_FAST_SET])
         assert "another credo process" in line
-    assert main(["train", "--steps", "1", "--start", saved_policy, "--out", str(out), "--quiet", *FAST_SET]) == 0
+    assert main(["train", "--steps", "1", "--start", saved_policy, "--out", str(out), "--quiet", *TRUST_FAST_SET]) == 0
 
 
 @pytest.mark.parametrize("where", ["same", "inside"])
@@ -150,7 +149,7 @@ def test_resume_refuses_a_run_whose_checkpoints_were_removed(tmp_path, capsys, s
     run = str(tmp_path / "run")
     if finished:
         assert main(["train", "--method", "grpo", "--steps", "4", "--start", saved_policy, "--out", run, "--quiet",
-                     *FAST_SET]) == 0
+                     *TRUST_FAST_SET]) == 0
     else:
         killed_run(saved_policy, run, stop_after=3)  # logged step 3, past the checkpoint of step 2
     shutil.rmtree(os.path.join(run, "checkpoints"))
@@ -306,7 +305,7 @@ def test_a_readme_or_desktop_file_beside_an_old_output_does_not_hide_it_but_is_n
     assert run_kind(str(out)) == "train"
     (out / "README.md").write_text("how I made this")
     assert run_kind(str(out)) == "train"  # still recognised...
-    line = one_line_error(capsys, ["train", "--steps", "1", "--start", saved_policy, "--out", str(out), "--quiet", *FAST_SET])
+    line = one_line_error(capsys, ["train", "--steps", "1", "--start", saved_policy, "--out", str(out), "--quiet", *TRUST_FAST_SET])
     assert "files credo did not write" in line  # ...but not replaced with the README in it
     assert (out / "README.md").read_text() == "how I made this"
 
@@ -317,7 +316,7 @@ def test_a_new_run_into_a_run_whose_checkpoints_were_removed_is_refused(tmp_path
     killed_run(saved_policy, run, stop_after=3)  # logged step 3, past the checkpoint of step 2
     shutil.rmtree(os.path.join(run, "checkpoints"))
     before = snapshot(run)
-    line = one_line_error(capsys, ["train", "--steps", "4", "--start", saved_policy, "--out", run, "--quiet", *FAST_SET])
+    line = one_line_error(capsys, ["train", "--steps", "4", "--start", saved_policy, "--out", run, "--quiet", *TRUST_FAST_SET])
     assert "nothing to resume from" in line
     assert snapshot(run) == before
 
@@ -400,7 +399,7 @@ def test_a_full_disk_mid_training_says_how_to_resume(tmp_path, capsys, saved_pol
     monkeypatch.setattr(tiny, "save_file", full_on_the_second_checkpoint)
     out = str(tmp_path / "run")
     line = one_line_error(capsys, ["train", "--method", "grpo", "--start", saved_policy, "--steps", "4", "--out", out, "--quiet",
-                                   *FAST_SET])
+                                   *TRUST_FAST_SET])
     assert f"No space left on device: {out}/checkpoints/step-000004; free space there (once fixed, continue with " \
            f"--resume {out}" in line
     assert os.listdir(os.path.join(out, "checkpoints")) == ["step-000002"]  # the last good one, whole

@@ -14,7 +14,7 @@ from credo.core.config import ConfigError, UserError
 from credo.policy import check_policy_path, check_task_fits, load_policy
 from credo.train.starts import resolve_checkpoint
 from credo.tasks import make_task
-from trust_helpers import one_line_error
+from builders import one_line_error
 
 
 def test_the_valid_forms_of_a_checkpoint_resolve_to_a_policy_directory(tmp_path, saved_policy, monkeypatch):

@@ -12,8 +12,7 @@ import torch
 
 from credo.cli.main import main
 from credo.tasks import make_task
-from test_hf import build_tokenizer, tiny_llama
-from trust_helpers import Payload, one_line_error, snapshot
+from builders import Payload, build_tokenizer, one_line_error, snapshot, tiny_llama
 
 COMMANDS = ["train", "sft", "audit", "eval", "compare", "show"]
 

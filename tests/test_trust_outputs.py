@@ -13,15 +13,14 @@ import pytest
 
 from credo.cli.main import main
 from credo.core.disk_errors import as_disk_error, is_disk_error
-from trust_helpers import FAST, one_line_error, snapshot
+from builders import TRUST_FAST_SET, audit_cache_entry, one_line_error, snapshot
 
-FAST_SET = sum((["--set", s] for s in FAST), [])
 
 
 # --- a run that died writing its first checkpoint -------------------------------------------------------
 
 def _train_argv(start: str, out: str) -> list[str]:
-    return ["train", "--method", "grpo", "--start", start, "--steps", "2", "--out", out, "--quiet", *FAST_SET]
+    return ["train", "--method", "grpo", "--start", start, "--steps", "2", "--out", out, "--quiet", *TRUST_FAST_SET]
 
 
 def _limit_file_size(size: int):
@@ -59,7 +58,7 @@ def test_a_run_killed_by_a_file_size_limit_at_its_first_checkpoint_restarts_with
 
 
 def test_an_empty_or_half_written_checkpoints_folder_is_not_a_run(tmp_path, capsys, saved_policy):
-    from trust_helpers import killed_run
+    from builders import killed_run
     out = tmp_path / "run"
     killed_run(saved_policy, str(out), stop_after=1)  # step 1 of checkpoint_every=2: no checkpoint yet
     (out / "checkpoints" / ".tmp-step-000002-x1y2").mkdir(parents=True)  # what a killed first write leaves
@@ -81,7 +80,7 @@ def _audit_output(folder):
 
 def _force_argv(command: str, start: str, out: str) -> list[str]:
     """Every command that takes --force, with its cheapest settings."""
-    argv = {"train": ["train", "--method", "grpo", "--steps", "1", "--start", start, *FAST_SET],
+    argv = {"train": ["train", "--method", "grpo", "--steps", "1", "--start", start, *TRUST_FAST_SET],
             "sft": ["sft"],
             "audit": ["audit", "--checkpoint", start, "--n", "4", "--group-size", "2", "--k-ref", "2"],
             "compare": ["compare", "--preset", "smoke", "--start", start],
@@ -170,7 +169,7 @@ def test_force_refuses_a_credo_output_holding_a_file_credo_did_not_write(tmp_pat
 @pytest.mark.parametrize("inside", ["checkpoints/step-000002/mine", "checkpoints/step-000002", "extra"])
 def test_an_out_inside_another_run_or_its_checkpoint_is_refused_and_the_run_still_resumes(
         tmp_path, capsys, saved_policy, inside):
-    from trust_helpers import killed_run
+    from builders import killed_run
     run = tmp_path / "run"
     killed_run(saved_policy, str(run), stop_after=3)  # checkpoint at step 2
     before = snapshot(str(run))
@@ -200,7 +199,7 @@ def _drop_config_record(checkpoint: str) -> None:
 
 
 def test_a_checkpoint_without_its_config_record_is_refused_unless_accepted(tmp_path, capsys, saved_policy):
-    from trust_helpers import killed_run
+    from builders import killed_run
     run = str(tmp_path / "run")
     killed_run(saved_policy, run, stop_after=3)  # checkpoint at step 2
     checkpoint = os.path.join(run, "checkpoints", "step-000002")
@@ -221,8 +220,7 @@ def test_an_edited_audit_cache_entry_is_rebuilt_not_reused(tmp_path, capsys):
     import json
     from safetensors.torch import load_file, save_file
     from credo.lab.audit.cache import load_cached
-    from test_trust_security import _audit_entry
-    stem, problems, _, _ = _audit_entry(tmp_path)
+    stem, problems, _, _ = audit_cache_entry(tmp_path)
     assert load_cached(stem, problems)["trace_tokens"] == 7.5  # untouched: reused
     meta = json.load(open(stem + ".json"))
     edited = {**meta, "trace_tokens": 99.0}  # a figure of the audit's cost table, edited
@@ -236,7 +234,7 @@ def test_an_edited_audit_cache_entry_is_rebuilt_not_reused(tmp_path, capsys):
     tensors["values.0"] = tensors["values.0"] + 1  # a reference value changed, the file still valid
     save_file(tensors, stem + ".safetensors")
     assert load_cached(stem, problems) is None
-    stem, problems, _, _ = _audit_entry(tmp_path)
+    stem, problems, _, _ = audit_cache_entry(tmp_path)
     older = {k: v for k, v in json.load(open(stem + ".json")).items() if k != "content_sha256"}
     json.dump(older, open(stem + ".json", "w"))  # from before the hash: rebuilt once
     assert load_cached(stem, problems) is None

@@ -12,9 +12,8 @@ import torch
 from credo.cli.main import main
 from credo.policy import load_policy
 from credo.train.trainer import Trainer, TrainingDiverged
-from trust_helpers import FAST, killed_run, one_line_error, snapshot, train_config
+from builders import TRUST_FAST_SET, killed_run, one_line_error, snapshot, train_config
 
-FAST_SET = sum((["--set", s] for s in FAST), [])
 
 
 def user_files(tmp_path):
@@ -46,14 +45,14 @@ def test_force_replaces_and_sft_out_is_atomic(tmp_path, capsys, saved_policy):
     out = user_files(tmp_path)  # not credo's: --force refuses it (issue 42), untouched
     before = snapshot(out)
     line = one_line_error(capsys, ["train", "--method", "grpo", "--steps", "1", "--start", saved_policy, "--out", out,
-                                   "--force", "--quiet", *FAST_SET])
+                                   "--force", "--quiet", *TRUST_FAST_SET])
     assert "is not a credo output directory" in line and snapshot(out) == before
     shutil.rmtree(out)
     os.makedirs(out)  # an audit output of credo's: what --force replaces
     for name, text in ((".credo-kind", "audit\n"), ("audit.json", "{}"), ("audit.md", "old")):
         open(os.path.join(out, name), "w").write(text)
     assert main(["train", "--method", "grpo", "--steps", "1", "--start", saved_policy, "--out", out, "--force",
-                 "--quiet", *FAST_SET]) == 0
+                 "--quiet", *TRUST_FAST_SET]) == 0
     assert not os.path.exists(os.path.join(out, "audit.json"))
     assert os.path.isfile(os.path.join(out, "final", "policy.json"))
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".")], "nothing left beside --out"
@@ -71,13 +70,13 @@ def test_run_that_failed_before_its_first_checkpoint_is_restartable(tmp_path, ca
     original = ArithTask.reward
     ArithTask.reward = lambda self, problem, completion: float("inf")
     try:
-        line = one_line_error(capsys, ["train", "--start", saved_policy, "--steps", "2", "--out", out, "--quiet", *FAST_SET])
+        line = one_line_error(capsys, ["train", "--start", saved_policy, "--steps", "2", "--out", out, "--quiet", *TRUST_FAST_SET])
     finally:
         ArithTask.reward = original
     assert "reward of row 0" in line and "inf" in line and "never reached a checkpoint" in line
     assert os.path.exists(os.path.join(out, "config.yaml")) and not os.path.exists(os.path.join(out, "checkpoints"))
     # the corrected command (here: the same one, with a finite reward) simply starts again
-    assert main(["train", "--start", saved_policy, "--steps", "2", "--out", out, "--quiet", *FAST_SET]) == 0
+    assert main(["train", "--start", saved_policy, "--steps", "2", "--out", out, "--quiet", *TRUST_FAST_SET]) == 0
     assert "never reached a checkpoint" in capsys.readouterr().err
     assert os.path.isfile(os.path.join(out, "summary.json"))
 
@@ -160,7 +159,9 @@ def test_out_kinds_are_not_mixed(tmp_path, capsys, saved_policy):
     line = one_line_error(capsys, ["train", "--start", saved_policy, "--out", out, "--quiet"])
     assert "holds a credo sft output" in line
     assert snapshot(out) == before
-    assert json.loads(json.dumps(before))  # snapshot is plain data
+    assert json.loads(json.dumps(before)) == before  # snapshot is plain data
+    # ...covering every file `out` held (the start's and the sft marker), so the equality above compares them all
+    assert set(before) == set(os.listdir(saved_policy)) | {"sft_config.yaml"}
 
 
 def test_sft_out_of_the_same_kind_is_replaced_whole(tmp_path, capsys):

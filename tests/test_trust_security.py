@@ -9,13 +9,12 @@ import shutil
 import pytest
 import torch
 
-from credo.lab.audit.cache import load_cached, save_cached
-from credo.core.values import MCValues
+from credo.lab.audit.cache import load_cached
 from credo.core.state_io import CorruptStateError, write_manifest
 from credo.tasks import make_task
 from credo.train.trainer import Trainer
 from conftest import tiny_policy
-from trust_helpers import killed_run, malicious_pickle, one_line_error, payload_is_live, snapshot, train_config
+from builders import audit_cache_entry, killed_run, malicious_pickle, one_line_error, payload_is_live, snapshot, train_config
 
 
 def checkpoint_of(run_dir) -> str:
@@ -90,25 +89,8 @@ def test_damaged_checkpoint_names_the_file(killed, saved_policy, capsys, damage)
         Trainer(train_config(saved_policy), killed, progress=False).restore()
 
 
-def _audit_entry(tmp_path):
-    task = make_task("arith")
-    from credo.core.rollouts import Rollouts
-    problems = task.heldout_problems(2)
-    B, T = 4, 5
-    rollouts = Rollouts(prompt_ids=torch.ones(B, 3, dtype=torch.long), prompt_mask=torch.ones(B, 3, dtype=torch.bool),
-                        completion_ids=torch.arange(B * T).view(B, T), completion_mask=torch.ones(B, T, dtype=torch.bool),
-                        group=torch.tensor([0, 0, 1, 1]), rewards=torch.tensor([1.0, 0.0, 0.0, 1.0]),
-                        old_logprobs=torch.randn(B, T), correct=torch.tensor([True, False, False, True]),
-                        problems=[problems[g] for g in (0, 0, 1, 1)], completions=["a", "b", "c", "d"])
-    segments = torch.zeros(B, T, dtype=torch.long)
-    reference = MCValues([torch.rand(3) for _ in range(B)], [torch.rand(2, 4) for _ in range(B)])
-    stem = str(tmp_path / "cache" / "audit" / "abc")
-    save_cached(stem, rollouts, segments, reference, {"tokens_scored_per_trace": 1.0}, 7.5)
-    return stem, problems, rollouts, reference
-
-
 def test_audit_cache_round_trips_without_pickle(tmp_path):
-    stem, problems, rollouts, reference = _audit_entry(tmp_path)
+    stem, problems, rollouts, reference = audit_cache_entry(tmp_path)
     assert sorted(os.listdir(os.path.dirname(stem))) == ["abc.json", "abc.safetensors"]
     loaded = load_cached(stem, problems)
     assert torch.equal(loaded["rollouts"].completion_ids, rollouts.completion_ids)
@@ -121,13 +103,13 @@ def test_audit_cache_round_trips_without_pickle(tmp_path):
 
 def test_audit_cache_pickle_is_refused_and_never_run(tmp_path):
     assert payload_is_live(tmp_path)
-    stem, problems, _, _ = _audit_entry(tmp_path)
+    stem, problems, _, _ = audit_cache_entry(tmp_path)
     marker = str(tmp_path / "pwned")
     malicious_pickle(stem + ".safetensors", marker)
     malicious_pickle(stem + ".pt", marker)  # the old cache name is never read at all
     with pytest.raises(CorruptStateError, match=r"abc\.safetensors is not a valid safetensors file.*delete"):
         load_cached(stem, problems)
-    stem, problems, _, _ = _audit_entry(tmp_path)  # a good entry again, then a pickle as its JSON half
+    stem, problems, _, _ = audit_cache_entry(tmp_path)  # a good entry again, then a pickle as its JSON half
     malicious_pickle(stem + ".json", marker)
     with pytest.raises(CorruptStateError, match=r"abc\.json is not valid JSON"):
         load_cached(stem, problems)

@@ -22,10 +22,8 @@ from credo.train.interrupts import Interrupted, signals_raise
 from credo.policy import load_policy
 from credo.core.files import is_locked
 from credo.train.trainer import Trainer
-from test_kill_resume import ENV, command, metrics, resume, steps_logged
-from trust_helpers import FAST
+from builders import SUBPROCESS_ENV, TRUST_FAST_SET, logged_metrics, resume_run, steps_logged, train_command
 
-FAST_SET = sum((["--set", s] for s in FAST), [])
 
 
 def _pid_alive(pid: int) -> bool:
@@ -133,7 +131,7 @@ def test_a_worker_leaves_once_its_parent_is_gone(tmp_path):
 # --- Ctrl-C in `credo train`: one line, exit 130, the resume bit-identical ------------------------------
 
 def _train_argv(start: str, out: str) -> list[str]:
-    return ["train", "--method", "grpo", "--start", start, "--steps", "4", "--out", out, "--quiet", *FAST_SET]
+    return ["train", "--method", "grpo", "--start", start, "--steps", "4", "--out", out, "--quiet", *TRUST_FAST_SET]
 
 
 def _main_not_raising(argv: list[str]) -> int:
@@ -162,7 +160,7 @@ def test_ctrl_c_in_train_is_one_line_exit_130_and_the_resume_is_bit_identical(tm
     assert not is_locked(run)
     monkeypatch.setattr(Trainer, "record", record)
     assert main(["train", "--resume", run, "--quiet"]) == 0
-    assert metrics(run) == metrics(reference)
+    assert logged_metrics(run) == logged_metrics(reference)
     a = load_policy(os.path.join(reference, "final")).model.state_dict()
     b = load_policy(os.path.join(run, "final")).model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -194,9 +192,10 @@ def test_ctrl_c_at_a_random_moment_of_a_train_process_resumes_bit_identical(tmp_
     import random
     rng = random.Random(int(os.environ.get("CREDO_KILL_SEED", "0")))
     reference, run = str(tmp_path / "reference"), str(tmp_path / "run")
-    done = subprocess.run(command(saved_policy, reference, "grpo", 6, []), env=ENV, capture_output=True, text=True)
+    done = subprocess.run(train_command(saved_policy, reference, "grpo", 6, []), env=SUBPROCESS_ENV, capture_output=True,
+                          text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    process = subprocess.Popen(command(saved_policy, run, "grpo", 6, []), env=ENV, stdout=subprocess.DEVNULL,
+    process = subprocess.Popen(train_command(saved_policy, run, "grpo", 6, []), env=SUBPROCESS_ENV, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
     target, deadline = rng.randint(2, 5), time.time() + 300
     while steps_logged(run) < target and process.poll() is None and time.time() < deadline:
@@ -207,8 +206,8 @@ def test_ctrl_c_at_a_random_moment_of_a_train_process_resumes_bit_identical(tmp_
     assert process.returncode == 130, err
     assert len(err) == 1 and err[0].startswith("credo train: interrupted at step ") and "Traceback" not in err[0]
     assert f"resume with `credo train --resume {run}`" in err[0]
-    resume(run)
-    assert metrics(run) == metrics(reference)
+    resume_run(run)
+    assert logged_metrics(run) == logged_metrics(reference)
     a = load_policy(os.path.join(reference, "final")).model.state_dict()
     b = load_policy(os.path.join(run, "final")).model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)

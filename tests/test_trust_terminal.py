@@ -8,14 +8,11 @@ import json
 import re
 from dataclasses import replace
 
-import pytest
 from rich.console import Console
 
 from credo.cli.main import main
-from credo.policy.hf import HFPolicy
 from credo.lab.show.view import escape_controls, render_terminal
-from test_hf import build_tokenizer, tiny_llama
-from test_show import page_of
+from builders import page_of
 
 TITLE, CLEAR = "\x1b]0;title\x07", "\x1b[2J"
 HOSTILE = f"What is 2 + 2?{TITLE} Then{CLEAR} line two\nline three\x9b31m\u202eevil"
@@ -42,14 +39,6 @@ def test_the_terminal_view_escapes_prompts_tokens_and_the_subtitle(policy):
     assert "\u202e" not in out
     assert plain.count("\\x1b]0;title\\x07") >= 1 + 2 * len(traces)  # the subtitle, each prompt, its tokens
     assert "\\x1b[2J" in plain and "line two\nline three" in plain  # the prompt's own newline is kept
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("hf") / "model")
-    tokenizer = build_tokenizer()
-    HFPolicy(tiny_llama(tokenizer), tokenizer, chat=True).save(path)
-    return path
 
 
 def test_credo_show_terminal_escapes_a_hostile_question(hf_dir, tmp_path, capsys):

@@ -9,7 +9,7 @@ import torch
 from credo.core.config import UserError
 from credo.integrations.verl import make_verl_estimator
 from credo.integrations.verl_credit import apply_credit, credit_on_shards
-from test_verl import setup, to_dataproto  # noqa: F401  (setup: the fixture)
+from builders import to_dataproto
 
 
 def bad_json(batch, row):
@@ -74,8 +74,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("name, plant, row, expect", CASES, ids=[c[0] for c in CASES])
-def test_a_malformed_batch_is_one_line_naming_the_field_and_the_row(setup, name, plant, row, expect):
-    policy, task, r = setup
+def test_a_malformed_batch_is_one_line_naming_the_field_and_the_row(hf_setup, name, plant, row, expect):
+    policy, task, r = hf_setup
     batch = to_dataproto(r, task, torch.arange(r.batch_size))
     if name == "empty batch":
         batch = batch.select_idxs(torch.zeros(len(batch), dtype=torch.bool))
@@ -90,10 +90,10 @@ def test_a_malformed_batch_is_one_line_naming_the_field_and_the_row(setup, name,
         torch.testing.assert_close(batch.batch[key], value, rtol=0, atol=0, equal_nan=True)
 
 
-def test_the_driver_names_the_users_row_before_the_rows_are_dealt_out(setup):
+def test_the_driver_names_the_users_row_before_the_rows_are_dealt_out(hf_setup):
     """credit_on_shards reorders rows so each shard holds whole groups: a malformed row is named in the driver's
     order (the driver checks first; a worker names the row by credo_row, which the driver sets)."""
-    policy, task, r = setup
+    policy, task, r = hf_setup
     order = torch.randperm(r.batch_size, generator=torch.Generator().manual_seed(0))
     batch = to_dataproto(r, task, order)
     bad_json(batch, 11)

@@ -1,39 +1,24 @@
 """Value probes (credo.core.values) and the SRPO value localiser built on them."""
 
 import math
-import os
 
 import pytest
 import torch
 
+from builders import SHIPPED_START, THREE_TERMS, probe_for, rollouts_of
 from credo.core.values import answer_values, reference_tails, suffix_values
 from credo.policy import load_policy
 from credo.policy.base import SamplingConfig
 from credo.core.probe import Probe
 from credo.strategies.localisers import first_value_drop, localise, localise_by_value
-from credo.core.rollouts import Rollouts
 from credo.core.segment import segment_bounds
 from credo.tasks.arith import ArithTask
-from credo.tasks.base import Problem, rewards_for
+from credo.tasks.base import Problem
 
-P2 = Problem("12+13+14", "12+13+14\n", "39", {"terms": [12, 13, 14], "ops": ["+", "+"]})
+P2 = THREE_TERMS
 P4 = Problem("37+48-12+55", "37+48-12+55\n", "128", {"terms": [37, 48, 12, 55], "ops": ["+", "-", "+"]})
 GROUP = ["12+13=25\n25+14=39\n#### 39", "12+13=25\n25+14=38\n#### 38", "12+13=26\n26+14=40\n#### 40",
          "12+13=26\n#### 26"]
-SHIPPED = os.path.join(os.path.dirname(__file__), "..", "src", "credo", "assets", "sft-37beb6f32137")
-
-
-def rollouts_of(policy, task, texts, problem=P2, groups=None):
-    prompt_ids, prompt_mask = policy.encode_prompts([problem.prompt] * len(texts))
-    ids, mask = policy.encode_completions(texts)
-    rewards, correct = rewards_for(task, [problem] * len(texts), texts)
-    group = torch.tensor(groups if groups is not None else [0] * len(texts))
-    return Rollouts(prompt_ids, prompt_mask, ids, mask, group, rewards, torch.zeros(ids.shape), correct,
-                    [problem] * len(texts), list(texts))
-
-
-def probe_for(policy, task):
-    return Probe(policy, task, SamplingConfig(max_new_tokens=8), torch.Generator().manual_seed(0))
 
 
 def brute_force(policy, task, r, seg, mode, include_reference):
@@ -71,8 +56,8 @@ def brute_force(policy, task, r, seg, mode, include_reference):
 @pytest.mark.parametrize("reuse_prefix", [True, False])
 def test_suffix_value_equals_brute_force_rescoring_of_every_prefix(policy, mode, include_reference, reuse_prefix):
     task = ArithTask()
-    r = rollouts_of(policy, task, GROUP)
-    probe = probe_for(policy, task)
+    r = rollouts_of(policy, task, GROUP, P2)
+    probe = probe_for(policy, task, max_new_tokens=8)
     seg = probe.segment(r, "lines")
     got = suffix_values(r, probe, seg, mode, include_reference, reuse_prefix)
     want = brute_force(policy, task, r, seg, mode, include_reference)
@@ -82,8 +67,8 @@ def test_suffix_value_equals_brute_force_rescoring_of_every_prefix(policy, mode,
 
 def test_suffix_value_of_a_prefix_shared_with_a_correct_member_is_positive(policy):
     task = ArithTask()
-    r = rollouts_of(policy, task, GROUP)
-    probe = probe_for(policy, task)
+    r = rollouts_of(policy, task, GROUP, P2)
+    probe = probe_for(policy, task, max_new_tokens=8)
     for mode in ("normalized", "absolute"):
         values = suffix_values(r, probe, probe.segment(r, "lines"), mode, include_reference=False)
         assert values[1][1] > 0  # row 1 is wrong, but "12+13=25\n" is also the correct row 0's prefix
@@ -92,11 +77,11 @@ def test_suffix_value_of_a_prefix_shared_with_a_correct_member_is_positive(polic
 
 def test_a_row_without_segments_has_only_its_outcome(policy):
     task = ArithTask()
-    r = rollouts_of(policy, task, GROUP[:3])
+    r = rollouts_of(policy, task, GROUP[:3], P2)
     mask = r.completion_mask.clone()
     mask[2] = False  # nothing generated (a zero-length completion)
     r = r.with_fields(completion_mask=mask, rewards=torch.tensor([1.0, 0.0, 0.0]))
-    probe = probe_for(policy, task)
+    probe = probe_for(policy, task, max_new_tokens=8)
     seg = probe.segment(r, "lines")
     assert segment_bounds(seg)[2] == []
     for values in (suffix_values(r, probe, seg), answer_values(r, probe, seg)):
@@ -105,8 +90,8 @@ def test_a_row_without_segments_has_only_its_outcome(policy):
 
 def test_groups_do_not_leak_and_absolute_scores_only_useful_tails(policy):
     task = ArithTask()
-    r = rollouts_of(policy, task, GROUP[1:3] + GROUP[:1], groups=[0, 0, 1])
-    probe = probe_for(policy, task)
+    r = rollouts_of(policy, task, GROUP[1:3] + GROUP[:1], P2, groups=[0, 0, 1])
+    probe = probe_for(policy, task, max_new_tokens=8)
     seg = probe.segment(r, "lines")
     values = suffix_values(r, probe, seg, "normalized", include_reference=False)
     assert values[0][1] == 0  # the correct row is in another group: its tail is not a candidate
@@ -119,8 +104,8 @@ def test_groups_do_not_leak_and_absolute_scores_only_useful_tails(policy):
 
 def test_answer_absolute_conditions_on_the_never_sampled_marker(policy):
     task = ArithTask()
-    r = rollouts_of(policy, task, GROUP[:2])
-    probe = probe_for(policy, task)
+    r = rollouts_of(policy, task, GROUP[:2], P2)
+    probe = probe_for(policy, task, max_new_tokens=8)
     seg = probe.segment(r, "lines")
     values = answer_values(r, probe, seg, "absolute", include_gold=True)
     p_ids, p_mask = policy.encode_prompts([P2.prompt + "?"])  # s_0 + T
@@ -134,7 +119,7 @@ def test_reference_tails_follow_the_solution_steps(policy):
     task = ArithTask()
     steps = task.reference_solution(P4)
     assert "".join(steps) == task.solution(P4) and len(steps) == 4
-    tails, reward = reference_tails(probe_for(policy, task), P4, 5)
+    tails, reward = reference_tails(probe_for(policy, task, max_new_tokens=8), P4, 5)
     assert reward == 1.0
     assert policy.decode(torch.tensor(tails[2])) == "73+55=128\n#### 128"
     assert tails[4] is None
@@ -151,8 +136,8 @@ def test_first_value_drop_rule():
 def test_value_localiser_values_each_parent_alone_and_needs_an_answer(policy):
     task = ArithTask()
     texts = ["12+13=25\n25+14=38\n#### 38", "12+13=25\n25+14=39\n#### 39", "12+13=26\n26+14=40\n", "12+13=26\n"]
-    r = rollouts_of(policy, task, texts)
-    probe = probe_for(policy, task)
+    r = rollouts_of(policy, task, texts, P2)
+    probe = probe_for(policy, task, max_new_tokens=8)
     seg = probe.segment(r, "lines")
     together = localise_by_value(r, [0, 2, 3], probe, seg, 0.05)
     alone = [localise_by_value(r, [row], probe, seg, 0.05)[0] for row in (0, 2, 3)]
@@ -161,7 +146,7 @@ def test_value_localiser_values_each_parent_alone_and_needs_an_answer(policy):
 
 
 def test_value_localiser_finds_the_first_error_on_the_shipped_start():
-    policy = load_policy(SHIPPED)
+    policy = load_policy(SHIPPED_START)
     task = ArithTask()
     texts = ["37+48=85\n85-12=74\n74+55=129\n#### 129",   # first error at step 2 (index 1)
              "37+48=86\n86-12=74\n74+55=129\n#### 129",   # at step 1, later lines carry it forward

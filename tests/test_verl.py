@@ -15,17 +15,7 @@ from verl.trainer.ppo import core_algos
 
 from credo.integrations.verl import make_verl_estimator
 from credo.integrations.verl_credit import apply_credit, credit_on_shards, dataset_row, folded_advantages
-from credo.policy import bind_task
-from credo.policy.hf import HFPolicy
-from credo.policy.base import SamplingConfig
-from credo.core.rollouts import Rollouts, concat_rollouts
-from credo.tasks import make_task
-from credo.tasks.base import rewards_for
-from test_hf import build_tokenizer, tiny_llama
-
-TASK_OPTIONS = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}
-WIDE_INIT = 0.5  # initializer_range of the test model (see setup)
-
+from builders import CHAIN_SUM_OPTIONS, ThreadGather, shuffled_order, to_dataproto
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("norm", [True, False])
@@ -60,81 +50,17 @@ def test_model_estimators_refused_by_the_reward_only_signature():
         make_verl_estimator("rredcot")
 
 
-@pytest.fixture(scope="module")
-def setup():
-    tokenizer = build_tokenizer()
-    # wide init: with the default 0.02 the model's logits barely depend on context, SC-GRPO's KL is ~1e-6
-    # (float32 noise) and every comparison below would compare noise
-    model = tiny_llama(tokenizer, init_range=WIDE_INIT).eval()
-    task = make_task("gym:chain_sum", TASK_OPTIONS)
-    policy = bind_task(HFPolicy(model, tokenizer, chat=True), task)
-    return policy, task, rollouts(policy, task)
-
-
-def rollouts(policy, task):
-    """4 groups of 4: mixed correct/wrong (SC-GRPO's weighted route), all wrong (its diversity route),
-    written texts plus completions sampled from the model."""
-    problems = task.train_problems(4, torch.Generator().manual_seed(0))
-    rows, texts = [], []
-    for k, p in enumerate(problems):
-        if k == 2:
-            group = ["Wait. <answer>0</answer>", "no idea", "Let me add. So it is 5.", "<answer>100</answer>"]
-        else:
-            group = [f"Let me add. So it is {p.answer}. <answer>{p.answer}</answer>", "Wait. <answer>0</answer>",
-                     f"Therefore\n\n<answer>{p.answer}</answer>", None]
-        for text in group:
-            rows.append(p)
-            texts.append(text)
-    p_ids, p_mask = policy.encode_prompts([p.prompt for p in rows])
-    sampled = policy.sample(p_ids, p_mask, SamplingConfig(max_new_tokens=10), torch.Generator().manual_seed(1))
-    written = [policy.encode_continuation(t, eos=True) if t is not None else None for t in texts]
-    parts = []
-    for i, ids in enumerate(written):
-        c_ids = torch.tensor([ids]) if ids is not None else sampled.completion_ids[i:i + 1]
-        c_mask = torch.ones_like(c_ids, dtype=torch.bool) if ids is not None else sampled.completion_mask[i:i + 1]
-        text = policy.decode(c_ids[0][c_mask[0]])
-        r, ok = rewards_for(task, [rows[i]], [text])
-        with torch.no_grad():
-            old, _ = policy.score(p_ids[i:i + 1], p_mask[i:i + 1], c_ids, c_mask)
-        parts.append(Rollouts(p_ids[i:i + 1], p_mask[i:i + 1], c_ids, c_mask, torch.tensor([i // 4]), r, old, ok,
-                              [rows[i]], [text]))
-    return concat_rollouts(parts, policy.pad_id)
-
-
-def to_dataproto(r, task, order):
-    """The DataProto verl would hold for these rollouts, rows in `order` (balance_batch reorders)."""
-    mask = r.completion_mask.long()
-    scores = torch.zeros(mask.shape)
-    last = (mask.sum(1) - 1).clamp(min=0)
-    scores[torch.arange(len(last)), last] = r.rewards
-    attention = torch.cat([r.prompt_mask.long(), mask], 1)
-    tensors = {"prompts": r.prompt_ids, "responses": r.completion_ids, "response_mask": mask,
-               "input_ids": torch.cat([r.prompt_ids, r.completion_ids], 1), "attention_mask": attention,
-               "position_ids": (attention.cumsum(1) - 1).clamp(min=0), "token_level_scores": scores,
-               "token_level_rewards": scores.clone(), "old_log_probs": r.old_logprobs,
-               "credo_group": r.group}  # global group ids, as credit_on_shards sets them (SC-GRPO seeds by group)
-    extra = np.array([dataset_row(task, p)["extra_info"] for p in r.problems], dtype=object)
-    uid = np.array([f"uid-{g}" for g in r.group.tolist()], dtype=object)
-    batch = DataProto.from_dict(tensors={k: v[order] for k, v in tensors.items()},
-                                non_tensors={"uid": uid[order.numpy()], "extra_info": extra[order.numpy()]})
-    return batch
-
-
-def shuffled(n, seed=0):
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-
-
 def credo_trainer_credit(policy, task, r, method, tmp_path):
     from credo.train.trainer import Trainer
     from credo.train.config import TrainConfig
-    trainer = Trainer(TrainConfig(method=method, task="gym:chain_sum", task_options=TASK_OPTIONS, start="unused"),
+    trainer = Trainer(TrainConfig(method=method, task="gym:chain_sum", task_options=CHAIN_SUM_OPTIONS, start="unused"),
                       str(tmp_path / method), policy=policy, progress=False)
     return folded_advantages(trainer.assign_credit(r))
 
 
-def test_apply_credit_grpo_equals_verls_grpo(setup):
-    policy, task, r = setup
-    order = shuffled(r.batch_size)
+def test_apply_credit_grpo_equals_verls_grpo(hf_setup):
+    policy, task, r = hf_setup
+    order = shuffled_order(r.batch_size)
     batch = apply_credit(to_dataproto(r, task, order), "grpo", module=policy.model, tokenizer=policy.tokenizer, task=task)
     t = batch.batch
     expected, _ = core_algos.compute_grpo_outcome_advantage(t["token_level_rewards"], t["response_mask"],
@@ -144,11 +70,11 @@ def test_apply_credit_grpo_equals_verls_grpo(setup):
 
 
 @pytest.mark.parametrize("method", ["rredcot", "sc_grpo"])
-def test_apply_credit_equals_credo_trainers_credit(setup, method, tmp_path):
-    policy, task, r = setup
+def test_apply_credit_equals_credo_trainers_credit(hf_setup, method, tmp_path):
+    policy, task, r = hf_setup
     # rows shuffled as balance_batch does; SC-GRPO draws each row's reference from its group in row order,
     # so for it the same rows in another order are a different (equally likely) draw: keep credo's order
-    order = shuffled(r.batch_size) if method == "rredcot" else torch.arange(r.batch_size)
+    order = shuffled_order(r.batch_size) if method == "rredcot" else torch.arange(r.batch_size)
     expected = credo_trainer_credit(policy, task, r, method, tmp_path)[order]
     # seed 3 = the trainer's probe generator at its first step (run seed + 3): SC-GRPO draws its per-step
     # reference seed from it
@@ -163,31 +89,15 @@ def test_apply_credit_equals_credo_trainers_credit(setup, method, tmp_path):
 
 # lambda_grpo is left out: these groups' completions differ from their first token, so its weights are all 1
 @pytest.mark.parametrize("method", ["tempo", "entropy_mask", "gtpo", "otb"])
-def test_apply_credit_runs_the_issue_38_estimators_as_credos_trainer_does(setup, method, tmp_path):
-    policy, task, r = setup
-    order = shuffled(r.batch_size)  # balance_batch's reordering: none of them depends on the row order
+def test_apply_credit_runs_the_issue_38_estimators_as_credos_trainer_does(hf_setup, method, tmp_path):
+    policy, task, r = hf_setup
+    order = shuffled_order(r.batch_size)  # balance_batch's reordering: none of them depends on the row order
     expected = credo_trainer_credit(policy, task, r, method, tmp_path)[order]
     batch = apply_credit(to_dataproto(r, task, order), method, module=policy.model, tokenizer=policy.tokenizer,
                          task=task)
     grpo_only = credo_trainer_credit(policy, task, r, "grpo", tmp_path)[order]
     assert (expected - grpo_only).abs().max() > 1e-3  # the estimator moved credit: the comparison has teeth
     assert (batch.batch["advantages"] - expected).abs().max() <= 1e-5
-
-
-class ThreadGather:
-    """Probe.gather across `world` threads (one per simulated data-parallel shard)."""
-
-    def __init__(self, world):
-        self.slots, self.barrier = [None] * world, threading.Barrier(world)
-
-    def for_rank(self, rank):
-        def gather(values):
-            self.slots[rank] = values
-            self.barrier.wait()
-            out = torch.cat(list(self.slots))
-            self.barrier.wait()
-            return out
-        return gather
 
 
 def dispatch(policy, task, world, gather=True):
@@ -209,9 +119,9 @@ def dispatch(policy, task, world, gather=True):
 
 
 @pytest.mark.parametrize("method", ["grpo", "rredcot", "sc_grpo", "entropy_mask"])
-def test_two_shards_give_the_same_advantages_as_one(setup, method):
-    policy, task, r = setup
-    order = shuffled(r.batch_size, seed=3)
+def test_two_shards_give_the_same_advantages_as_one(hf_setup, method):
+    policy, task, r = hf_setup
+    order = shuffled_order(r.batch_size, seed=3)
     spec = {"estimator": method}
     one = credit_on_shards(to_dataproto(r, task, order), spec, dispatch(policy, task, 1), 1).batch["advantages"]
     two = credit_on_shards(to_dataproto(r, task, order), spec, dispatch(policy, task, 2), 2)
@@ -223,10 +133,10 @@ def test_two_shards_give_the_same_advantages_as_one(setup, method):
         assert (alone.batch["advantages"] - one).abs().max() > 1e-3
 
 
-def test_uneven_groups_over_shards_fail_with_one_line(setup):
-    policy, task, r = setup
+def test_uneven_groups_over_shards_fail_with_one_line(hf_setup):
+    policy, task, r = hf_setup
     with pytest.raises(ValueError, match="group count divisible by 3"):
-        credit_on_shards(to_dataproto(r, task, shuffled(r.batch_size)), {"estimator": "grpo"}, dispatch(policy, task, 3), 3)
+        credit_on_shards(to_dataproto(r, task, shuffled_order(r.batch_size)), {"estimator": "grpo"}, dispatch(policy, task, 3), 3)
 
 
 def test_worker_mixin_is_registered_with_verls_dispatch():
@@ -249,12 +159,12 @@ class FakeEngine:
         return None
 
 
-def test_worker_mixin_scores_with_a_streamed_copy_of_the_actor(setup):
+def test_worker_mixin_scores_with_a_streamed_copy_of_the_actor(hf_setup):
     """credo_compute_advantage as a worker runs it (ray's dispatch bypassed): a fresh HF model built from the
     actor's config, weights streamed from the engine, credit equal to apply_credit on the actor itself."""
     from types import SimpleNamespace
     from credo.integrations.verl_worker import CredoCreditWorkerMixin
-    policy, task, r = setup
+    policy, task, r = hf_setup
 
     class Worker(CredoCreditWorkerMixin):
         credo_module_dtype = torch.float32
@@ -263,7 +173,7 @@ def test_worker_mixin_scores_with_a_streamed_copy_of_the_actor(setup):
     worker.actor = SimpleNamespace(engine=FakeEngine(policy.model),
                                    model_config=SimpleNamespace(tokenizer=policy.tokenizer, hf_config=policy.model.config))
     data = to_dataproto(r, task, torch.arange(r.batch_size))
-    data.meta_info["credo"] = {"estimator": "rredcot", "task": "gym:chain_sum", "task_options": TASK_OPTIONS}
+    data.meta_info["credo"] = {"estimator": "rredcot", "task": "gym:chain_sum", "task_options": CHAIN_SUM_OPTIONS}
     out = CredoCreditWorkerMixin.credo_compute_advantage.__wrapped__(worker, data)
     expected = apply_credit(to_dataproto(r, task, torch.arange(r.batch_size)), "rredcot", module=policy.model,
                             tokenizer=policy.tokenizer, task=task).batch["advantages"]
@@ -271,10 +181,10 @@ def test_worker_mixin_scores_with_a_streamed_copy_of_the_actor(setup):
     assert (out.batch["advantages"] - expected).abs().max() <= 1e-6 and expected.abs().max() > 0.5
 
 
-def test_a_weight_stream_whose_names_do_not_match_is_refused_not_scored_with_random_weights(setup):
+def test_a_weight_stream_whose_names_do_not_match_is_refused_not_scored_with_random_weights(hf_setup):
     from types import SimpleNamespace
     from credo.integrations.verl_worker import CredoCreditWorkerMixin
-    policy, _, _ = setup
+    policy, _, _ = hf_setup
 
     class Prefixed(FakeEngine):  # e.g. an engine that streams "module."-prefixed names
         def get_per_tensor_param(self):
@@ -292,10 +202,10 @@ def test_a_weight_stream_whose_names_do_not_match_is_refused_not_scored_with_ran
     assert worker._credo_synced_module() is worker._credo_module  # the matching stream passes
 
 
-def test_dataset_rows_survive_parquet_and_score_with_the_tasks_verifier(setup, tmp_path):
+def test_dataset_rows_survive_parquet_and_score_with_the_tasks_verifier(hf_setup, tmp_path):
     import pandas as pd
     from credo.integrations.verl_credit import compute_score, problems_from_batch
-    _, task, r = setup
+    _, task, r = hf_setup
     problems = task.heldout_problems(3)
     pd.DataFrame([dataset_row(task, p) for p in problems]).to_parquet(tmp_path / "train.parquet")
     rows = pd.read_parquet(tmp_path / "train.parquet")
@@ -308,8 +218,8 @@ def test_dataset_rows_survive_parquet_and_score_with_the_tasks_verifier(setup, t
     assert [p.answer for p in problems_from_batch(batch, None)] == [p.answer for p in r.problems]
 
 
-def test_a_shard_with_a_cut_group_is_refused(setup):
-    policy, task, r = setup
+def test_a_shard_with_a_cut_group_is_refused(hf_setup):
+    policy, task, r = hf_setup
     cut = to_dataproto(r, task, torch.arange(r.batch_size))[2:]  # the first group loses two rows
     with pytest.raises(ValueError, match="whole groups"):
         apply_credit(cut, "grpo", module=policy.model, tokenizer=policy.tokenizer, task=task)
@@ -328,13 +238,13 @@ def test_credo_spec_reads_the_estimator_and_the_top_level_credo_key():
 
 
 @pytest.mark.parametrize("method", ["rredcot", "sc_grpo"])
-def test_multi_turn_tool_tokens_are_read_as_context_and_left_out_of_the_credit(setup, method, tmp_path):
+def test_multi_turn_tool_tokens_are_read_as_context_and_left_out_of_the_credit(hf_setup, method, tmp_path):
     """verl's multi-turn rollouts mark tool/environment tokens 0 in response_mask and 1 in attention_mask.
     The model read them while it wrote, so the probe scores them as context; response_mask is the loss mask,
     so they get no advantage and estimators normalise over the model's own tokens (credo's own trainer on
     the same rollouts with that loss mask gives the same credit)."""
     import dataclasses
-    policy, task, r = setup
+    policy, task, r = hf_setup
     order = torch.arange(r.batch_size)
     multi = to_dataproto(r, task, order)
     tool = torch.zeros_like(multi.batch["response_mask"], dtype=torch.bool)
@@ -360,11 +270,11 @@ def test_multi_turn_tool_tokens_are_read_as_context_and_left_out_of_the_credit(s
         assert (mixed & tool.any(1)).sum() >= 4 and (mean - grpo)[mixed].abs().max() <= 1e-5
 
 
-def test_a_multi_turn_response_is_read_whole_past_a_turn_end(setup):
+def test_a_multi_turn_response_is_read_whole_past_a_turn_end(hf_setup):
     """A chat model ends each turn with its EOS (Qwen's <|im_end|>); verl's reward reads the whole response,
     so credo's text (verifier, SC-GRPO's references) must too, not stop at the first turn's end."""
     from credo.integrations.verl_credit import rollouts_from_batch
-    policy, task, r = setup
+    policy, task, r = hf_setup
     row = next(i for i in range(r.batch_size) if bool(r.correct[i]) and int(r.completion_mask[i].sum()) >= 8)
     batch = to_dataproto(r, task, torch.arange(r.batch_size))
     batch.batch["responses"][row, 1] = policy.eos_id  # a turn ends after the first token, the answer comes later
@@ -372,10 +282,10 @@ def test_a_multi_turn_response_is_read_whole_past_a_turn_end(setup):
     assert "<answer>" in rollouts.completions[row] and bool(rollouts.correct[row])
 
 
-def test_sampling_estimators_are_refused_on_rollouts_with_tool_outputs(setup):
+def test_sampling_estimators_are_refused_on_rollouts_with_tool_outputs(hf_setup):
     """A continuation sampled from a multi-turn prefix would be the model's own text where a tool answered:
     estimators that sample (VinePPO, SPO-chain) are refused there; estimators that only score are not."""
-    policy, task, r = setup
+    policy, task, r = hf_setup
     multi = to_dataproto(r, task, torch.arange(r.batch_size))
     tool = torch.zeros_like(multi.batch["response_mask"], dtype=torch.bool)
     tool[(r.completion_mask.sum(1) >= 6).nonzero().flatten(), 2:4] = True

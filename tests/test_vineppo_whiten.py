@@ -6,7 +6,7 @@ from credo import credit
 from credo.credit.mc import masked_whiten
 from credo.core.segment import broadcast_segments
 from credo.tasks.arith import ArithTask
-from test_mc_audit import probe_for, rollouts_of
+from builders import probe_for, rollouts_of
 
 
 def test_masked_whiten_is_unbiased_standardisation_over_the_mask():

@@ -10,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
-from test_hf import build_tokenizer, tiny_llama  # noqa: E402  (the test suite's tiny model, one definition)
+from builders import build_tokenizer, tiny_llama  # noqa: E402  (the test suite's tiny model, one definition)
 
 
 def main() -> None:

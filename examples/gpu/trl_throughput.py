@@ -24,7 +24,7 @@ import torch
 def model_and_tokenizer(args: argparse.Namespace):  # noqa: ANN201
     if args.dry_run:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
-        from test_hf import build_tokenizer, tiny_llama
+        from builders import build_tokenizer, tiny_llama
         tokenizer = build_tokenizer()
         return tiny_llama(tokenizer), tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer

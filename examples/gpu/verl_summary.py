@@ -34,9 +34,10 @@ def dry_run() -> None:
     """The worker-side path on CPU: a tiny random Llama, a 16-row DataProto, 2 shards, rredcot."""
     import torch
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+    import conftest
     import test_verl as tv
     from credo.integrations.verl_credit import credit_on_shards
-    policy, task, r = tv.setup.__wrapped__()
+    policy, task, r = conftest.hf_setup.__wrapped__()
     batch = tv.to_dataproto(r, task, torch.arange(r.batch_size))
     started = time.perf_counter()
     out = credit_on_shards(batch, {"estimator": "rredcot"}, tv.dispatch(policy, task, 2), 2)
