@@ -128,11 +128,11 @@ def test_sampling_is_a_section_and_recorded_runs_with_top_level_keys_still_load(
     assert old.sampling.temperature == 0.7 and old.sampling.max_new_tokens == 24
 
 
-def test_model_flag_was_removed_for_start(capsys, tmp_path):
-    assert main(["train", "--model", "smollm2-135m", "--out", str(tmp_path / "r"), "--quiet"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == ("credo train: error: --model was removed: use --start (a credo checkpoint, a Hugging Face "
-                   "model directory or 'smollm2-135m')")
+def test_an_unknown_flag_is_refused_before_anything_is_written(capsys, tmp_path):
+    with pytest.raises(SystemExit) as stop:  # argparse's own refusal: usage, then the error line
+        main(["train", "--model", "smollm2-135m", "--out", str(tmp_path / "r"), "--quiet"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("error: unrecognized arguments: --model smollm2-135m")
     assert not os.path.exists(tmp_path / "r")
 
 

@@ -267,7 +267,6 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
                    "extends the run, never shortens it)")
     p.add_argument("--start", help="policy to start from: a credo checkpoint, a Hugging Face model directory or "
                    "'smollm2-135m' (default: the task's SFT start)")
-    p.add_argument("--model", help=argparse.SUPPRESS)  # removed: a one-line error pointing to --start
     p.add_argument("--task", help="task: arith (default), arith-long, gym:<reasoning-gym dataset>, jsonl:<path>; "
                    "the default --start is this task's SFT start")
     p.add_argument("--seed", type=int, help="random seed of the run, 0..2**32-1 (default 0)")

@@ -16,9 +16,6 @@ from credo.train.config import TrainConfig, config_from_run, resume_differences,
 
 def flag_settings(args: argparse.Namespace) -> dict:
     """The training fields named by shortcut flags (--method, --start, --seed, --task, --localiser)."""
-    if args.model is not None:
-        raise ConfigError("--model was removed: use --start (a credo checkpoint, a Hugging Face model directory "
-                          "or 'smollm2-135m')")
     extra = {k: v for k, v in flag_values(args, {"method": "method", "start": "start", "seed": "seed",
                                                  "task": "task", "device": "device"}).items() if v != ""}
     if args.localiser:

@@ -37,6 +37,17 @@ def sample_groups(policy: Policy, task: Task, problems: Sequence[Problem], group
                     completions=texts)
 
 
+def sample_scored(policy: Policy, task: Task, problems: Sequence[Problem], group_size: int,
+                  sampling: SamplingConfig, generator: torch.Generator) -> Rollouts:
+    """sample_groups, with old_logprobs[B, T] rescored by the policy's training forward (no grad), as the trainer's
+    prepare phase has them: the batch the audit and `credo show` measure credit on."""
+    rollouts = sample_groups(policy, task, problems, group_size, sampling, generator)
+    with torch.no_grad():
+        old, _ = policy.score(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids,
+                              rollouts.completion_mask)
+    return rollouts.with_fields(old_logprobs=old)
+
+
 def mixed_groups(rollouts: Rollouts) -> torch.Tensor:
     """[n_groups] bool over the sorted unique group ids: True where rewards differ inside the group."""
     return groups.mixed_group_mask(rollouts.group, rollouts.rewards)

@@ -62,7 +62,7 @@ from credo.lab.audit.report import (FLOORS, METRICS, Labels, fidelity, first_err
                                 split_half_spearman, random_expectation)
 from credo.lab.audit.premises import (conditions_on_solution, kl_argmax_hits, teacher_gain, teacher_table,
                                   teacher_warning, unprivileged_twins)
-from credo.strategies import sample_groups
+from credo.strategies.sampling import sample_scored
 from credo.tasks import make_task
 
 @dataclass(frozen=True)
@@ -196,10 +196,7 @@ def build_reference(config: AuditConfig, checkpoint: str, progress: bool = True)
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
     generator = torch.Generator().manual_seed(config.seed)
     problems = task.heldout_problems(config.n // config.group_size)
-    rollouts = sample_groups(policy, task, problems, config.group_size, sampling, generator)
-    with torch.no_grad():
-        old, _ = policy.score(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, rollouts.completion_mask)
-    rollouts = rollouts.with_fields(old_logprobs=old)
+    rollouts = sample_scored(policy, task, problems, config.group_size, sampling, generator)
     probe = Probe(policy, task, sampling, torch.Generator().manual_seed(config.seed + 1))
     with probe.metered() as spent:  # the segmenter's scoring (keyword_entropy) and the MC values
         segment_ids = probe.segment(rollouts, config.segmenter)

@@ -242,8 +242,10 @@ def check_method_specs(specs: tuple[str, ...], where: str) -> None:
     """Every spec names a known method (`name` or `name:key=value`); else a one-line ConfigError naming it."""
     for spec in specs:
         try:
-            method_registry.resolve(parse_spec(spec)[0])
-        except (KeyError, ValueError) as err:
+            method_registry.estimator_of(parse_spec(spec)[0], where)
+        except ValueError as err:  # a malformed option ('name:key'); an unknown name is estimator_of's ConfigError
+            if isinstance(err, ConfigError):
+                raise
             raise ConfigError(f"{where}: {err.args[0] if err.args else err}") from None
 
 

@@ -12,6 +12,7 @@ import statistics
 from typing import Any
 
 from credo.train import methods as method_registry
+from credo.core.config import ConfigError
 from credo.credit.registry import parse_spec
 from credo.lab.compare.eta import describe
 from credo.train.provenance import short
@@ -91,8 +92,8 @@ def _audit_row(results: dict[str, Any], name: str) -> dict[str, Any]:
     if name in audit:  # a spec with options ('shuffled:of=rredcot') is its own audit row
         return audit[name]
     try:
-        estimator = method_registry.resolve(parse_spec(name)[0]).estimator
-    except KeyError:  # a method this version no longer knows: its audit row cannot be matched
+        estimator = method_registry.estimator_of(parse_spec(name)[0]).name
+    except ConfigError:  # a method this version no longer knows: its audit row cannot be matched
         return {}
     # a recipe on GRPO advantages (dapo, gspo, rrpo, srpo) has no credit of its own to audit
     return audit.get(estimator, {}) if (estimator != "grpo" or name == "grpo") else {}

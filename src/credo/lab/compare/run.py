@@ -368,7 +368,7 @@ def audit_rows(preset: Preset, start: str, out_dir: str, progress: bool, device:
     estimators = []
     for spec in preset.methods:
         name, options = parse_spec(spec)
-        estimator = method_registry.resolve(name).estimator
+        estimator = method_registry.estimator_of(name).name
         row = spec if options else estimator  # 'shuffled:of=rredcot' is audited with its options
         if estimator in credit.names() and row not in estimators and estimator != "grpo":
             estimators.append(row)

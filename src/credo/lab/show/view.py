@@ -197,7 +197,7 @@ def collect(config: ShowConfig, progress: bool = True) -> Page:
     from credo.policy.base import SamplingConfig
     from credo.core.probe import Probe
     from credo.core.segment import default_segmenter
-    from credo.strategies import sample_groups
+    from credo.strategies.sampling import sample_scored
     from credo.tasks import make_task
     checkpoint = resolve_checkpoint(config.checkpoint, "show.checkpoint", task=config.task, progress=progress)
     task = make_task(config.task, config.task_options, prefix="show.task_options.")
@@ -206,13 +206,11 @@ def collect(config: ShowConfig, progress: bool = True) -> Page:
                        task, check_as="show.checkpoint", max_new_tokens=config.max_new_tokens)
     policy.model.eval()
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
-    rollouts = sample_groups(policy, task, task.heldout_problems(config.n), config.group_size, sampling,
+    rollouts = sample_scored(policy, task, task.heldout_problems(config.n), config.group_size, sampling,
                              torch.Generator().manual_seed(config.seed))
-    with torch.no_grad():
-        old, _ = policy.score(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, rollouts.completion_mask)
     probe = Probe(policy, task, sampling, torch.Generator().manual_seed(config.seed + 1))
-    segment_ids = probe.segment(rollouts.with_fields(old_logprobs=old), config.segmenter or default_segmenter(task))
-    rollouts = rollouts.with_fields(old_logprobs=old, segment_ids=segment_ids)
+    segment_ids = probe.segment(rollouts, config.segmenter or default_segmenter(task))
+    rollouts = rollouts.with_fields(segment_ids=segment_ids)
     runs = run_methods(config.methods, rollouts, policy, task, sampling, config.seed, progress)
     rows = pick_rows(rollouts, task, segment_ids, config.n)
     reference, reference_cost = None, None
