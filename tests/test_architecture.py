@@ -17,8 +17,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 SRC = os.path.join(os.path.dirname(__file__), "..", "src")
 PACKAGE = os.path.join(SRC, "credo")
 CREDIT_SHARED = {"credo.credit", "credo.credit.registry", "credo.credit.localiser"}

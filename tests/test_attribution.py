@@ -1,4 +1,3 @@
-import pytest
 import torch
 
 from builders import probe_for, two_group_batch

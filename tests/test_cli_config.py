@@ -11,7 +11,6 @@ import yaml
 
 from credo.cli.main import main
 from credo.core.config import ConfigError, describe, field_docs
-from credo.policy.base import SamplingConfig
 from credo.train.config import TrainConfig, config_from_run, load_train_config
 
 # command -> (config class, a field, its value in the YAML file, a flag naming it, the flag's value, --set value)

@@ -36,7 +36,7 @@ from credo.core.values import suffix_values
 from credo.policy.base import SamplingConfig
 from credo.core.probe import Probe
 from credo.core.rollouts import Rollouts
-from credo.core.segment import segment_bounds, segment_means
+from credo.core.segment import segment_bounds
 
 LOCALISERS = Registry("localiser")
 

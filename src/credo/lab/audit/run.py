@@ -38,14 +38,13 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 import torch
-from scipy import stats
 
 from credo import credit as credit_registry
 from credo.lab.audit.cache import load_cached, save_cached
-from credo.core.config import MAX_GROUP, MAX_HELD_OUT, MAX_SAMPLES, ConfigError, UserError, check, check_in, to_dict
+from credo.core.config import MAX_GROUP, MAX_HELD_OUT, MAX_SAMPLES, UserError, check, check_in, to_dict
 from credo.core.values import MCValues, mc_values
 from credo.policy import check_task_fits, load_policy
 from credo.train.starts import resolve_checkpoint
