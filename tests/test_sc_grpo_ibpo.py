@@ -21,7 +21,8 @@ def group_rollouts(policy, texts_by_group, problem=P):
     prompt_ids, prompt_mask = policy.encode_prompts([problem.prompt] * len(texts))
     ids, mask = policy.encode_completions(texts)
     rewards, correct = rewards_for(task, problems, texts)
-    return Rollouts(prompt_ids, prompt_mask, ids, mask, group, rewards, torch.zeros(ids.shape), correct, problems, texts)
+    return Rollouts(prompt_ids, prompt_mask, ids, mask, group, rewards, torch.zeros(ids.shape),
+                    correct, problems, texts)
 
 
 class Identity:
@@ -186,4 +187,5 @@ def test_sc_grpo_diversity_scores_equal_up_to_float_noise_give_no_advantage():
     assert (advantages == 0).all()
     f[2, 0] = 0.9  # one other differs: z-scores among the three, the reference at 0
     _diversity_advantages(advantages, f, [([0, 1, 3], 2)], torch.tensor([3, 3, 2, 3]), mask, 0.1)
-    assert abs(float(advantages[[0, 1, 3], 0].sum())) < 1e-6 and float(advantages[3, 0]) > 0 and (advantages[2] == 0).all()
+    assert (abs(float(advantages[[0, 1, 3], 0].sum())) < 1e-6 and float(advantages[3, 0]) > 0
+            and (advantages[2] == 0).all())

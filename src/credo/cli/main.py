@@ -270,7 +270,9 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", help="task: arith (default), arith-long, gym:<reasoning-gym dataset>, jsonl:<path>; "
                    "the default --start is this task's SFT start")
     p.add_argument("--seed", type=int, help="random seed of the run, 0..2**32-1 (default 0)")
-    p.add_argument("--localiser", help="reset localiser for rrpo/srpo: random, value, prompt, oracle or self (prompt where the task has a localisation request, else value)")
+    p.add_argument("--localiser",
+                   help="reset localiser for rrpo/srpo: random, value, prompt, oracle or self (prompt where the task "
+                   "has a localisation request, else value)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint (its "
                    "config.yaml holds the settings; only --steps may change)")
     p.add_argument("--accept-unrecorded-checkpoint", action="store_true",
@@ -306,7 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="credo", description="Credit assignment for RL with verifiable rewards.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("methods", help="list the registered estimators, recipes, rollout strategies (train.strategy) and "
+    p = sub.add_parser("methods",
+                       help="list the registered estimators, recipes, rollout strategies (train.strategy) and "
                        "reset localisers (train.reset.localiser), one per line: name, kind, description")
     p.set_defaults(fn=cmd_methods)
 

@@ -21,4 +21,5 @@ def make_task(name: str, options: dict[str, Any] | None = None, prefix: str = "t
     if name.startswith("jsonl:"):
         from credo.tasks.jsonl import JsonlOptions, JsonlTask
         return JsonlTask(name[6:], from_dict(JsonlOptions, options, prefix=prefix))
-    raise ConfigError(f"unknown task {name!r}; available: {', '.join(ARITH_PRESETS)}, gym:<reasoning-gym dataset>, jsonl:<path>")
+    raise ConfigError(f"unknown task {name!r}; available: {', '.join(ARITH_PRESETS)}, gym:<reasoning-gym "
+                      "dataset>, jsonl:<path>")

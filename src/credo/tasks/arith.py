@@ -68,10 +68,13 @@ class ArithConfig:
     problem text, so the two splits are disjoint by construction."""
 
     def __post_init__(self) -> None:
-        check(2 <= self.min_terms <= self.max_terms <= 12, f"task.min_terms/max_terms must satisfy 2 <= min <= max <= 12, got {self.min_terms}/{self.max_terms}")
+        check(2 <= self.min_terms <= self.max_terms <= 12,
+              f"task.min_terms/max_terms must satisfy 2 <= min <= max <= 12, got {self.min_terms}/{self.max_terms}")
         check(1 <= self.digits <= 4, f"task.digits must be in 1..4, got {self.digits}")
-        check(bool(self.ops) and set(self.ops) <= set("+-*"), f"task.ops must be a non-empty subset of '+-*', got {self.ops!r}")
-        check(1 <= self.heldout_permille <= 500, f"task.heldout_permille must be in 1..500, got {self.heldout_permille}")
+        check(bool(self.ops) and set(self.ops) <= set("+-*"),
+              f"task.ops must be a non-empty subset of '+-*', got {self.ops!r}")
+        check(1 <= self.heldout_permille <= 500,
+              f"task.heldout_permille must be in 1..500, got {self.heldout_permille}")
 
 
 # Task name -> its difficulty preset (user options override single fields of it).
@@ -158,8 +161,8 @@ class ArithTask:
                         self._heldout_exhausted = True
                         break
             if not out:
-                raise UserError(f"task {self.name}: its options leave no held-out problems (raise task.heldout_permille "
-                                "or widen task.digits/min_terms/max_terms/ops)")
+                raise UserError(f"task {self.name}: its options leave no held-out problems (raise "
+                                "task.heldout_permille or widen task.digits/min_terms/max_terms/ops)")
             self._heldout_cache = out
         return self._heldout_cache[:n]
 

@@ -112,10 +112,12 @@ class Trainer(TrainerStep):
             check_restartable(self.run_dir, self.config)
         if self.is_main:  # the checks passed: config.yaml describes the run (an extended --steps included)
             update_config_yaml(config_path, self.config)
-            self.trackers, self.log = open_trackers(self.config, self.tracking, self.step if resumed else None, self.log)
+            self.trackers, self.log = open_trackers(self.config, self.tracking,
+                                                    self.step if resumed else None, self.log)
         if not resumed:
             self.log.truncate_after(-1)
-            self.log.append({"step": 0, "tokens_generated": 0, "seconds": 0.0, "eval_accuracy": self.evaluate(self.config.eval_n)})
+            self.log.append({"step": 0, "tokens_generated": 0, "seconds": 0.0,
+                             "eval_accuracy": self.evaluate(self.config.eval_n)})
 
     def finish(self) -> dict[str, Any]:
         """The final evaluation, weights and summary.json."""

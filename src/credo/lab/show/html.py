@@ -72,7 +72,8 @@ def _legend(scale: float) -> str:
     return (f"<div class='legend'><span>credit −{scale:.3g}</span><span class='bar' style='background:linear-gradient("
             f"to right, {stops})'></span><span>+{scale:.3g}</span><span>(advantage × weight; one scale for the page, "
             f"clipped at the 98th percentile of |credit|)</span><span class='ok'>✓ step right</span>"
-            f"<span class='bad'>✗ step wrong</span><span style='border:2px solid #111;padding:0 3px'>labelled first error</span>"
+            "<span class='bad'>✗ step wrong</span><span style='border:2px solid #111;padding:0 "
+            "3px'>labelled first error</span>"
             f"<span class='ref drop'>MC value drop ≥ {DROP}</span></div>")
 
 
@@ -98,7 +99,8 @@ def _trace_rows(page: Any) -> str:
                      f"<pre>{html.escape(trace.prompt.strip())}</pre></div>")
         for label in page.methods:
             lines = "".join(_segment_line(trace, k, seg, label, page.scale) for k, seg in enumerate(trace.segments))
-            cells.append(f"<div class='cell' data-trace='{trace.index}' data-method='{html.escape(label)}'>{lines}</div>")
+            cells.append(f"<div class='cell' data-trace='{trace.index}' "
+                         f"data-method='{html.escape(label)}'>{lines}</div>")
         if page.has_reference:
             refs = "".join(f"<div class='seg ref{' drop' if seg.ref_diff <= -DROP else ''}'>V={seg.ref_value:.2f} "
                            f"Δ{seg.ref_diff:+.2f}</div>" for seg in trace.segments)
