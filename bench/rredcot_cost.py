@@ -71,7 +71,8 @@ def main() -> None:
                          "speedup": result[False][1] / result[True][1]})
             print(rows[-1], flush=True)
     write("rredcot_cost", rows, "Candidates per trace: 2 (the group's two distinct answers incl. gold), template '?'. "
-          "Reuse: one pass over the trace + |T+a| per (boundary, candidate); no reuse: every probe re-reads its prefix.")
+          "Reuse: one pass over the trace + |T+a| per (boundary, candidate); "
+          "no reuse: every probe re-reads its prefix.")
 
 
 if __name__ == "__main__":

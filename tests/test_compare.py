@@ -108,7 +108,8 @@ def test_goal_checks_follow_their_rules():
     summarise(results)
     checks = {g["goal"]: g["holds"] for g in goals(results)}
     assert checks[SC] is True          # +3.3 points, paired sd 0.6: interval [+1.9, +4.8]
-    assert checks[SRPO] is True        # 40k tokens vs rrpo 250k/150k/250k (never: 200k + one 50k interval) and grpo 100k
+    # 40k tokens vs rrpo 250k/150k/250k (never: 200k + one 50k interval) and grpo 100k
+    assert checks[SRPO] is True
     # srpo, the best of 3 credit methods: +8.7 points, its interval at 1 - 0.05/3 above 0; at 0.2x GRPO's 200k tokens
     assert checks[BEST] is True
     results["methods"]["sc_grpo"]["seeds"]["1"]["final_accuracy"] = 0.30  # one bad seed: spread swamps the mean
@@ -583,7 +584,8 @@ def test_the_report_sums_the_runs_own_clocks_which_survive_resumption():
         "grpo": {"seeds": {"0": {"seconds": 3 * 3600.0}, "1": {"seconds": 2 * 3600.0}}},
         "rredcot": {"seeds": {"0": {"seconds": 1800.0}}}}}
     assert run_clocks(results) == " · the runs' own clocks sum to 5.5 h, 2 at a time"
-    assert run_clocks({"methods": {"grpo": {"seeds": {"0": {"seconds": 600.0}}}}}) == " · the runs' own clocks sum to 10 min"
+    assert (run_clocks({"methods": {"grpo": {"seeds": {"0": {"seconds": 600.0}}}}})
+            == " · the runs' own clocks sum to 10 min")
 
 
 def test_equal_updates_add_the_first_count_where_grpo_is_measured():

@@ -118,4 +118,5 @@ def test_equal_updates_warn_where_grpo_is_interpolated_from_its_start():
         runs["curve"] = [dict(p, step=min(p["step"], 4)) for p in runs["curve"]]
     summarise(results)
     text = report(results)
-    assert "At 4 update(s) GRPO had not been evaluated yet on some seed (its first evaluation came at step 10-10)" in text
+    assert ("At 4 update(s) GRPO had not been evaluated yet on some seed "
+            "(its first evaluation came at step 10-10)") in text

@@ -71,7 +71,8 @@ def test_sc_grpo_routing_branches(policy):
     assert (out.advantages[~m] == 0).all()
     assert out.cost.tokens_scored > 0
     spec = credit.get("sc_grpo")
-    raw = spec(r, probe_for(policy, ArithTask()), spec.make_config({"normalise": False})).weights  # the paper's f in [0, 1)
+    # the paper's f in [0, 1)
+    raw = spec(r, probe_for(policy, ArithTask()), spec.make_config({"normalise": False})).weights
     assert ((raw[:4][m[:4]] >= 0) & (raw[:4][m[:4]] < 1)).all()
     assert torch.allclose(w[:4], raw[:4] / ((raw[:4] * m[:4]).sum(1, keepdim=True) / n[:, None]) * m[:4], atol=1e-5)
 
@@ -83,7 +84,8 @@ def test_sc_grpo_draws_new_references_every_step_and_repeats_with_the_seed(polic
     shared = probe_for(policy, ArithTask())
     first, second = spec(r, shared).weights, spec(r, shared).weights  # two steps of one run
     assert not torch.equal(first, second)
-    assert torch.equal(spec(r, probe_for(policy, ArithTask())).weights, first)  # a fresh run with the same seed repeats step 1
+    # a fresh run with the same seed repeats step 1
+    assert torch.equal(spec(r, probe_for(policy, ArithTask())).weights, first)
 
 
 def test_sc_grpo_traces_longer_than_half_the_context_truncate_the_teacher_reference(policy):

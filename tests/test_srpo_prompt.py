@@ -62,7 +62,8 @@ def test_prompt_localiser_sends_a_bare_user_turn_and_parses_the_reply(hf_policy,
         picks = localise("prompt", r, rows, probe, seg, random.Random(0), prompt_temperature=0.3,
                          prompt_max_new_tokens=77)
     assert picks == [1] * len(rows)  # \boxed{2}, 0-based
-    assert localise("self", r, rows, probe, seg, random.Random(0), 0.3, prompt_max_new_tokens=77) == picks  # the srpo recipe asks too
+    # the srpo recipe asks too
+    assert localise("self", r, rows, probe, seg, random.Random(0), 0.3, prompt_max_new_tokens=77) == picks
     asked = policy.formatted[-len(rows):]
     assert all("<|system|>" not in t and t.startswith("<|user|>") for t in asked)  # ...but not sent here
     assert all("Find the originating step, not just the symptom" in t and "\\boxed{N}" in t for t in asked)

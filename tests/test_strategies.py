@@ -145,7 +145,8 @@ def test_credo_methods_lists_strategies_and_localisers(capsys):
 
 
 def test_random_streams_are_named_seed_offsets_and_round_trip():
-    assert SEED_OFFSETS == {"sample": 0, "problem": 1, "minibatch": 2, "probe": 3, "reset": 4}  # fixed: runs depend on them
+    # fixed: runs depend on them
+    assert SEED_OFFSETS == {"sample": 0, "problem": 1, "minibatch": 2, "probe": 3, "reset": 4}
     streams = RandomStreams.seeded(10)
     assert torch.equal(streams.problem.get_state(), torch.Generator().manual_seed(11).get_state())
     assert streams.reset.random() == random.Random(14).random()

@@ -289,7 +289,8 @@ def test_a_teacher_prompt_that_puts_the_reference_before_the_problem_keeps_the_c
     policy, _, _ = probe_prompt_ids(trainer, rows)
     problem_text = rows[1]["prompt"][-1]["content"]
     teacher = policy.format_prompt("REFERENCE-42\n---\n" + problem_text)
-    assert teacher == f"<|system|>Think step by step.\n<|user|>1+1\n<|assistant|>2\n<|user|>REFERENCE-42\n---\n{problem_text}\n<|assistant|>"
+    assert teacher == ("<|system|>Think step by step.\n<|user|>1+1\n<|assistant|>2\n<|user|>REFERENCE-42\n---\n"
+                       f"{problem_text}\n<|assistant|>")
     with pytest.raises(ValueError, match="names no row of this batch"):
         policy.format_prompt("a question nobody asked")
     assert policy.format_prompt("Where is the first wrong step?", system=False) == \

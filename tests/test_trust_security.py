@@ -14,7 +14,8 @@ from credo.core.state_io import CorruptStateError, write_manifest
 from credo.tasks import make_task
 from credo.train.trainer import Trainer
 from conftest import tiny_policy
-from builders import audit_cache_entry, killed_run, malicious_pickle, one_line_error, payload_is_live, snapshot, train_config
+from builders import (audit_cache_entry, killed_run, malicious_pickle, one_line_error, payload_is_live, snapshot,
+                      train_config)
 
 
 def checkpoint_of(run_dir) -> str:

@@ -85,7 +85,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     task = ArithTask(config.task, args.task)
     result = evaluate(load_policy(args.out, device=device), task, task.heldout_problems(args.eval_n),
                       progress=not args.quiet)
-    print(f"SFT start in {args.out} (cache {path}); validation accuracy {summary.get('val_accuracy', float('nan')):.3f}")
+    print(f"SFT start in {args.out} (cache {path}); "
+          f"validation accuracy {summary.get('val_accuracy', float('nan')):.3f}")
     print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
     return 0
 
@@ -144,7 +145,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_dir = args.out
     if args.accept_unrecorded_checkpoint and not args.resume:
         raise ConfigError("--accept-unrecorded-checkpoint applies to --resume RUN_DIR only")
-    trainer = Trainer(config, run_dir, progress=not args.quiet,  # task, start and options checked before --out is touched
+    # task, start and options checked before --out is touched
+    trainer = Trainer(config, run_dir, progress=not args.quiet,
                       accept_unrecorded_checkpoint=args.accept_unrecorded_checkpoint)
     inputs = input_paths(args.config, config.start, config.task)
     from credo.train.resume_checks import claim_run

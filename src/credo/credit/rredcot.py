@@ -60,7 +60,8 @@ class RREDCoTConfig:
     the row's other group members)."""
     mode: str = "additive"
     """How the standardised segment credit z shapes GRPO's advantage A: 'additive' (A + lam * z), 'replace'
-    (z instead of A; a one-segment trace keeps A) or 'weight' (token weights 1 + lam * sign(A) * z, clipped to [0, w_max], mean 1 per trace)."""
+    (z instead of A; a one-segment trace keeps A) or 'weight' (token weights 1 + lam * sign(A) * z, clipped to
+    [0, w_max], mean 1 per trace)."""
     lam: float = 0.5
     """Strength of the redistribution, in [0, 100] (0: plain GRPO in additive and weight mode; unused by replace)."""
     w_max: float = 3.0

@@ -216,7 +216,8 @@ class ArithTask:
                 match = STEP_RE.match(line)
                 ok = False
                 if match:
-                    left, op, right, result = int(match.group(1)), match.group(2), int(match.group(3)), int(match.group(4))
+                    left, op, right, result = (int(match.group(1)), match.group(2), int(match.group(3)),
+                                               int(match.group(4)))
                     ok = (previous is None or left == previous) and op == ops[k] and right == terms[k + 1] \
                         and result == _apply(left, op, right)
                     previous = result

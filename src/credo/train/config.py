@@ -15,7 +15,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from credo.integrations import tracking
-from credo.core.config import MAX_EPOCHS, MAX_GROUP, MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_ROUNDS, MAX_STEP_COMPLETIONS, ConfigError, check, check_in, from_dict, merge, read_yaml, to_dict, user_settings
+from credo.core.config import (MAX_EPOCHS, MAX_GROUP, MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_ROUNDS,
+                               MAX_STEP_COMPLETIONS, ConfigError, check, check_in, from_dict, merge, read_yaml,
+                               to_dict, user_settings)
 from credo.policy.device import check_device_fields
 from credo.core.loss import LossConfig
 from credo.policy.base import SamplingConfig
@@ -170,8 +172,9 @@ class TrainConfig:
 def load_train_config(path: str | None = None, overrides: list[str] | None = None,
                       extra: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> TrainConfig:
     """Defaults <- `machine_defaults` (a Hugging Face start; its sizes on a CPU) <- `base` <- method
-    recipe <- YAML <- `extra` (the CLI's shortcut flags) <- overrides. The recipe is that of the method the user names (in the file, `extra` or the overrides); `base` holds
-    settings a recipe may override (a comparison's shared schedule)."""
+    recipe <- YAML <- `extra` (the CLI's shortcut flags) <- overrides. The recipe is that of the method the user
+    names (in the file, `extra` or the overrides); `base` holds settings a recipe may override (a comparison's
+    shared schedule)."""
     user = user_settings(path, overrides, extra)
     recipe = methods.recipe_of(str(user.get("method", TrainConfig.method)))
     sized = machine_defaults(str(user.get("start", TrainConfig.start)))

@@ -95,12 +95,12 @@ class SFTConfig:
         check(self.batch_size > 0, f"sft.batch_size must be > 0, got {self.batch_size}")
         check_in(self.batch_size, 1, MAX_STEP_COMPLETIONS, "sft.batch_size")
         check(self.lr > 0, f"sft.lr must be > 0, got {self.lr}")
-        check(0 <= self.early_answer_frac and 0 <= self.reference_frac and self.early_answer_frac
-              + self.reference_frac < 1,
+        check(0 <= self.early_answer_frac and 0 <= self.reference_frac
+              and self.early_answer_frac + self.reference_frac < 1,
               f"sft.early_answer_frac + sft.reference_frac must be in [0, 1), got {self.early_answer_frac} + "
               f"{self.reference_frac}")
-        check(0 <= self.localisation_frac < 1 and self.early_answer_frac + self.reference_frac
-              + self.localisation_frac < 1,
+        check(0 <= self.localisation_frac < 1
+              and self.early_answer_frac + self.reference_frac + self.localisation_frac < 1,
               "sft.localisation_frac must be in [0, 1) and leave room for plain examples (early_answer_frac + "
               f"reference_frac + localisation_frac < 1), got {self.localisation_frac}")
         check(0 <= self.localisation_right_frac <= 1,

@@ -127,7 +127,8 @@ class Trainer(TrainerStep):
             final["final_accuracy"] = self.evaluate(self.config.final_eval_n)
             final["final_eval_n"] = self.eval_size  # the task may hold fewer than asked for
         if self.longest_solution is not None:
-            final["overlong_buffer_used"], final["longest_worked_solution"] = self.overlong_buffer, self.longest_solution
+            final["overlong_buffer_used"] = self.overlong_buffer
+            final["longest_worked_solution"] = self.longest_solution
         if self.is_main:
             self.policy.save(os.path.join(self.run_dir, "final"))
             atomic_write_text(os.path.join(self.run_dir, "summary.json"), json.dumps(final, indent=2) + "\n")
@@ -178,7 +179,8 @@ class Trainer(TrainerStep):
             shutil.rmtree(os.path.join(self.run_dir, "checkpoints", old), ignore_errors=True)
 
     def restore(self) -> bool:
-        """Load the newest checkpoint of run_dir, if any, after verifying its manifest; returns whether one was found."""
+        """Load the newest checkpoint of run_dir, if any, after verifying its manifest; returns whether one was
+        found."""
         path = self.last_checkpoint()
         if path is None:
             return False

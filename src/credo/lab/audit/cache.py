@@ -91,4 +91,5 @@ def load_cached(stem: str, heldout: Sequence[Problem]) -> dict[str, Any] | None:
     except CorruptStateError as err:
         raise CorruptStateError(f"audit cache entry damaged: {err}; delete {stem}.* to rebuild it") from None
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
-        raise CorruptStateError(f"audit cache entry {stem}.json does not fit ({err}); delete {stem}.* to rebuild it") from None
+        raise CorruptStateError(f"audit cache entry {stem}.json does not fit ({err}); "
+                                f"delete {stem}.* to rebuild it") from None

@@ -238,7 +238,8 @@ def markdown_table(report: dict[str, Any]) -> str:
     if privileged:
         lines += ["",
                   "† privileged: reads the task's reference solution, step labels or gold answer beyond the reward. "
-                  "Weight Gini and effective-token ratio: of the token weights of methods that have them (— otherwise)."]
+                  "Weight Gini and effective-token ratio: of the token weights of methods that have them "
+                  "(— otherwise)."]
     return "\n".join(lines) + "\n"
 
 

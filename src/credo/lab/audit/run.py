@@ -230,7 +230,8 @@ def segment_credit_of(result: Any, segment_ids: torch.Tensor) -> list[torch.Tens
 
 
 def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[str, Any]:
-    """Run the audit and write audit.json, audit.md, audit.png and audit.html (with a `credo show` grid) into out_dir."""
+    """Run the audit and write audit.json, audit.md, audit.png and audit.html (with a `credo show` grid) into
+    out_dir."""
     methods = unprivileged_twins(checked_methods(config.methods))  # before the (slow) reference: a typo fails at once
     checkpoint = resolve_checkpoint(config.checkpoint, "audit.checkpoint", task=config.task, progress=progress)
     task = make_task(config.task, config.task_options, prefix="audit.task_options.")

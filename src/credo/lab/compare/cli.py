@@ -1,8 +1,8 @@
 """`credo compare` on the command line: its flags (sugar for CompareConfig fields) and the command.
 
 The command is configured like every other: CompareConfig defaults <- `--config` <- flags <- `--set`;
-`--out`, `--force`, `--yes`, `--report-only`, `--status`, `--export` and `--quiet` say where and how it runs, not what it
-compares.
+`--out`, `--force`, `--yes`, `--report-only`, `--status`, `--export` and `--quiet` say where and how it runs, not
+what it compares.
 """
 
 from __future__ import annotations

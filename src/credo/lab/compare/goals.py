@@ -123,8 +123,8 @@ def _srpo_sooner(results: dict[str, Any]) -> dict[str, Any]:
     vs_grpo = paired(paired_deltas(m["srpo"]["seeds"], m["grpo"]["seeds"], tokens))
 
     def k(iv: dict[str, Any]) -> str:
-        return f"{iv['mean'] / 1e3:+,.0f}k" + (f" [{iv['ci'][0] / 1e3:+,.0f}k, {iv['ci'][1] / 1e3:+,.0f}k]" if iv["ci"]
-                                               else "")
+        return f"{iv['mean'] / 1e3:+,.0f}k" + (f" [{iv['ci'][0] / 1e3:+,.0f}k, {iv['ci'][1] / 1e3:+,.0f}k]"
+                                               if iv["ci"] else "")
 
     return {"goal": SRPO, "holds": bool(excludes_zero(vs_rrpo, -1)) and bool(excludes_zero(vs_grpo, -1)),
             "evidence": f"generated tokens to GRPO's mean final (never reached: the run's tokens + one evaluation "

@@ -16,7 +16,8 @@ from typing import Any
 from credo.train import methods as method_registry
 from credo.credit.registry import parse_spec
 from credo.integrations import tracking
-from credo.core.config import MAX_EPOCHS, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigError, check, parse_yaml_value, to_dict
+from credo.core.config import (MAX_EPOCHS, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigError, check, parse_yaml_value,
+                               to_dict)
 from credo.policy.device import check_device_fields
 from credo.train.config import config_from_run, flatten_config, load_train_config
 
@@ -162,7 +163,8 @@ class CompareConfig:
 
     @property
     def schedule(self) -> dict[str, Any]:
-        """The shared-schedule fields given (epochs, minibatches, lr, grad_clip), as `compare(schedule=...)` takes them."""
+        """The shared-schedule fields given (epochs, minibatches, lr, grad_clip), as `compare(schedule=...)` takes
+        them."""
         return {k: getattr(self, k) for k in SCHEDULE if getattr(self, k) is not None}
 
 

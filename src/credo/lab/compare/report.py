@@ -17,9 +17,8 @@ from credo.lab.compare.eta import describe
 from credo.train.provenance import short
 from credo.lab.compare.plots import plot_curves  # noqa: F401  (re-exported)
 from credo.lab.compare.goals import goals, points  # noqa: F401  (re-exported)
-from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, control_pairs,
-                                     equal_updates, grpo_first_evaluations,
-                                 method_clipping, paired, paired_deltas)
+from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, control_pairs, equal_updates,
+                                     grpo_first_evaluations, method_clipping, paired, paired_deltas)
 
 
 def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
@@ -120,7 +119,8 @@ def main_table(results: dict[str, Any]) -> list[str]:
             final = f"{entry['final_mean']:.3f} ± {entry['final_std']:.3f} ({n} seed{'s' if n != 1 else ''})"
             delta = "—" if name == "grpo" else points(entry.get("delta_vs_grpo"))
             needed = "—" if name == "grpo" else _seeds_needed(entry.get("delta_vs_grpo"))
-            reach = f"{_fmt(entry.get('tokens_to_grpo_final_ratio'), '{:.2f}')} ({entry['seeds_reaching_grpo_final']}/{n})"
+            reach = (f"{_fmt(entry.get('tokens_to_grpo_final_ratio'), '{:.2f}')} "
+                     f"({entry['seeds_reaching_grpo_final']}/{n})")
         spread = entry.get("step_time_ratio_range")
         step = _fmt(entry.get("step_time_ratio"), "{:.2f}") + (
             f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread and name != "grpo" and len(entry["seeds"]) > 1 else "")
