@@ -230,8 +230,7 @@ def segment_credit_of(result: Any, segment_ids: torch.Tensor) -> list[torch.Tens
 
 
 def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[str, Any]:
-    """Run the audit and write audit.json, audit.md, audit.png and audit.html (with a `credo show` grid) into
-    out_dir."""
+    """Run the audit and write audit.json, audit.md, audit.png and audit.html (with a `credo show` grid) to out_dir."""
     methods = unprivileged_twins(checked_methods(config.methods))  # before the (slow) reference: a typo fails at once
     checkpoint = resolve_checkpoint(config.checkpoint, "audit.checkpoint", task=config.task, progress=progress)
     task = make_task(config.task, config.task_options, prefix="audit.task_options.")
@@ -357,13 +356,11 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
     from credo.strategies.localisers import LOCALISERS, localise
     first = labels.first
     rows = [i for i, f in enumerate(first) if f is not None and f < len(reference.values[i]) - 1]
-    out: dict[str, Any] = {"traces": len(rows),
-                           "oracle_step1_share": sum(first[i] == 0 for i in rows) / max(len(rows), 1),
-                           "random_top1_expectation":
-                               sum(1 / (len(reference.values[i]) - 1) for i in rows) / max(len(rows), 1),
-                           "localisers": {}, "failures": {},
-                           "privileged_localisers": [n for n in config.localisers
-                                                     if LOCALISERS.get(n).reads_privileged()]}
+    out: dict[str, Any] = {
+        "traces": len(rows), "oracle_step1_share": sum(first[i] == 0 for i in rows) / max(len(rows), 1),
+        "random_top1_expectation": sum(1 / (len(reference.values[i]) - 1) for i in rows) / max(len(rows), 1),
+        "localisers": {}, "failures": {},
+        "privileged_localisers": [n for n in config.localisers if LOCALISERS.get(n).reads_privileged()]}
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
     for name in config.localisers:
         if progress:
