@@ -19,6 +19,7 @@ demo: $(STAMP)
 	$(BIN)/python -m credo.cli.demo
 
 test: $(STAMP)
+	$(BIN)/ruff check src tests bench scripts examples
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)

@@ -97,9 +97,9 @@ def markdown(result: dict, command: str) -> str:
     r = result
     lines = [f"# Calibration of `{r['task']}` on its SFT start", "", f"`{command}`", "",
              f"start `{r['checkpoint']}`: SFT {r['sft_minutes']:.1f} min ({r['sft_step']} steps, validation greedy "
-             f"{r['sft_val_accuracy']}); reference: {r['n']} sampled traces (T={r['temperature']}, groups of 8), K_ref={r['k_ref']}, "
-             f"{r['mean_segments_per_trace']:.1f} segments per trace, {r['reference_generated_tokens_per_trace']:.0f} "
-             f"tokens generated per trace.", "",
+             f"{r['sft_val_accuracy']}); reference: {r['n']} sampled traces (T={r['temperature']}, groups of 8), "
+             f"K_ref={r['k_ref']}, {r['mean_segments_per_trace']:.1f} segments per trace, "
+             f"{r['reference_generated_tokens_per_trace']:.0f} tokens generated per trace.", "",
              "| figure | measured | goal | met |", "|---|---|---|---|",
              f"| held-out greedy accuracy (n={r['eval_n']}) | {r['heldout_greedy_accuracy']:.3f} | 0.25-0.45 | "
              f"{r['goals']['greedy accuracy in [0.25, 0.45]']} |",
@@ -158,7 +158,8 @@ def main() -> None:
     sft = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
     sharp = reference_sharpness(data, first_errors)
     result = {
-        "task": args.task, "temperature": args.temperature, "task_config": vars(task.config), "checkpoint": checkpoint, "n": args.n, "k_ref": args.k_ref,
+        "task": args.task, "temperature": args.temperature, "task_config": vars(task.config), "checkpoint": checkpoint,
+        "n": args.n, "k_ref": args.k_ref,
         "sft_minutes": sft.get("seconds", float("nan")) / 60, "sft_step": sft.get("step"),
         "sft_val_accuracy": sft.get("val_accuracy"),
         "heldout_greedy_accuracy": greedy_accuracy, "eval_n": len(problems),
@@ -171,7 +172,8 @@ def main() -> None:
     }
     result["goals"] = {
         "greedy accuracy in [0.25, 0.45]": 0.25 <= greedy_accuracy <= 0.45,
-        "no first-error position > 25% (sampled)": max(result["sampled_first_error_shares"].values(), default=1) <= 0.25,
+        "no first-error position > 25% (sampled)": max(result["sampled_first_error_shares"].values(),
+                                                       default=1) <= 0.25,
         "split-half Spearman >= 0.85": sharp["split_half_spearman"] >= 0.85,
         "localisable share >= 0.60": sharp["localisable_share"] >= 0.60,
     }
@@ -181,7 +183,8 @@ def main() -> None:
     command = "python bench/calibrate_arith_long.py " + " ".join(sys.argv[1:])
     with open(os.path.join(args.out, "calibration.md"), "w") as f:
         f.write(markdown(result, command.strip()))
-    plot({f"sampled (T={args.temperature})": result["sampled_first_error_shares"], "greedy": result["greedy_first_error_shares"]},
+    plot({f"sampled (T={args.temperature})": result["sampled_first_error_shares"],
+          "greedy": result["greedy_first_error_shares"]},
          os.path.join(args.out, "first_errors.png"))
     print(json.dumps(result, indent=2))
 

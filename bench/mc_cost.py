@@ -35,7 +35,8 @@ def main() -> None:
     rows = []
     for terms in (3, 5):
         task = ArithTask(ArithConfig(min_terms=terms, max_terms=terms))
-        r = sample_groups(policy, task, task.heldout_problems(args.traces // 4), 4, sampling, torch.Generator().manual_seed(0))
+        r = sample_groups(policy, task, task.heldout_problems(args.traces // 4), 4, sampling,
+                          torch.Generator().manual_seed(0))
         length = float(r.completion_mask.sum(1).float().mean())
         for k in (4, 8, 16, 32):
             probe = Probe(policy, task, sampling, torch.Generator().manual_seed(1))

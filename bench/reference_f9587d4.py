@@ -109,7 +109,8 @@ def reference_generate(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor
         token = reference_pick_tokens(logits, sampling, generator)
         token = torch.where(finished, torch.full_like(token, pad_id), token)
         tokens.append(token)
-        logps.append(torch.where(finished, torch.zeros(B, device=device), raw_logp.gather(1, token[:, None]).squeeze(1)))
+        logps.append(torch.where(finished, torch.zeros(B, device=device),
+                                 raw_logp.gather(1, token[:, None]).squeeze(1)))
         live = ~finished
         finished = finished | (token == eos_id)
         if bool(finished.all()):

@@ -61,7 +61,8 @@ def main() -> None:
                 seg_ids = probe.segment(r, seg)
                 start = time.perf_counter()
                 with probe.metered() as spent:
-                    probe_values(r, probe, seg_ids, RREDCoTConfig(candidates="answers", segmenter=seg, reuse_prefix=reuse))
+                    probe_values(r, probe, seg_ids,
+                                 RREDCoTConfig(candidates="answers", segmenter=seg, reuse_prefix=reuse))
                 result[reuse] = (spent.tokens_scored / args.traces, time.perf_counter() - start)
             rows.append({"trace_tokens": length, "segments": segments,
                          "scored_per_trace_reuse": result[True][0], "scored_per_trace_no_reuse": result[False][0],
@@ -70,7 +71,8 @@ def main() -> None:
                          "speedup": result[False][1] / result[True][1]})
             print(rows[-1], flush=True)
     write("rredcot_cost", rows, "Candidates per trace: 2 (the group's two distinct answers incl. gold), template '?'. "
-          "Reuse: one pass over the trace + |T+a| per (boundary, candidate); no reuse: every probe re-reads its prefix.")
+          "Reuse: one pass over the trace + |T+a| per (boundary, candidate); "
+          "no reuse: every probe re-reads its prefix.")
 
 
 if __name__ == "__main__":

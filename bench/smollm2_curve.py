@@ -33,7 +33,8 @@ def curve(run_dir: str) -> tuple[list[int], list[float], tuple[int, float] | Non
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "..", "docs", "results", "smollm2"))
+    parser.add_argument("--results",
+                        default=os.path.join(os.path.dirname(__file__), "..", "docs", "results", "smollm2"))
     args = parser.parse_args()
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for name, label in RUNS.items():

@@ -23,7 +23,8 @@ policy = bind_task(HFPolicy(model, tokenizer, chat=True), task)
 r = tv.rollouts(policy, task)
 order = tv.shuffled(r.batch_size)
 b = tv.apply_credit(tv.to_dataproto(r, task, order), "grpo", module=model, tokenizer=tokenizer, task=task)
-exp, _ = core_algos.compute_grpo_outcome_advantage(b.batch["token_level_rewards"], b.batch["response_mask"], b.non_tensor_batch["uid"])
+exp, _ = core_algos.compute_grpo_outcome_advantage(b.batch["token_level_rewards"], b.batch["response_mask"],
+                                                   b.non_tensor_batch["uid"])
 print("grpo vs verl GRPO max|diff|", float((b.batch["advantages"]-exp).abs().max()))
 tmp = pathlib.Path(tempfile.mkdtemp())
 for m in ["rredcot", "sc_grpo"]:
@@ -34,6 +35,8 @@ for m in ["rredcot", "sc_grpo"]:
     print(m, "vs credo trainer max|diff|", float((b.batch["advantages"]-e).abs().max()), "max|A|", float(e.abs().max()))
 for m in ["grpo", "rredcot", "sc_grpo"]:
     o = tv.shuffled(r.batch_size, seed=3)
-    one = tv.credit_on_shards(tv.to_dataproto(r, task, o), {"estimator": m}, tv.dispatch(policy, task, 1), 1).batch["advantages"]
-    two = tv.credit_on_shards(tv.to_dataproto(r, task, o), {"estimator": m}, tv.dispatch(policy, task, 2), 2).batch["advantages"]
+    one = tv.credit_on_shards(tv.to_dataproto(r, task, o), {"estimator": m},
+                              tv.dispatch(policy, task, 1), 1).batch["advantages"]
+    two = tv.credit_on_shards(tv.to_dataproto(r, task, o), {"estimator": m},
+                              tv.dispatch(policy, task, 2), 2).batch["advantages"]
     print(m, "2 shards vs 1 max|diff|", float((one-two).abs().max()))

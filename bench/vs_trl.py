@@ -63,13 +63,15 @@ def trl_step_seconds(model_dir: str, steps: int) -> float:
     # the prompt credo sends: with a chat template, the task's system prompt and the question as the user turn
     chat = bool(getattr(tokenizer, "chat_template", None))
     rows = [{"prompt": [{"role": "system", "content": task.system_prompt}, {"role": "user", "content": p.prompt}]
-             if chat else p.prompt, "answer": p.answer} for p in task.train_problems(64, torch.Generator().manual_seed(0))]
+             if chat else p.prompt, "answer": p.answer}
+             for p in task.train_problems(64, torch.Generator().manual_seed(0))]
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
-                          max_completion_length=LENGTH, max_steps=steps + 1, learning_rate=LR, report_to=[], use_cpu=True,
-                          bf16=False, save_strategy="no", logging_steps=1000)
+                          max_completion_length=LENGTH, max_steps=steps + 1, learning_rate=LR,
+                          report_to=[], use_cpu=True, bf16=False, save_strategy="no", logging_steps=1000)
         trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), processing_class=tokenizer,
-                              reward_funcs=lambda completions, **kw: [float(len(c) % 2) for c in completions], args=args,
+                              reward_funcs=lambda completions, **kw: [float(len(c) % 2)
+                                                                      for c in completions], args=args,
                               train_dataset=Dataset.from_list(rows))
         times: list[float] = []
         from transformers import TrainerCallback

@@ -29,7 +29,8 @@ def tiny_model_and_tokenizer():
                             trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<pad>", "<eos>"],
                                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64,
+                                      intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=4, pad_token_id=tokenizer.pad_token_id,
                                       eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(0)
@@ -48,7 +49,8 @@ def main() -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from credo.policy.smollm import ALIASES, ensure_smollm2
         path = ensure_smollm2() if args.model in ALIASES else args.model
-        model, tokenizer = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32), AutoTokenizer.from_pretrained(path)
+        model, tokenizer = (AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32),
+                            AutoTokenizer.from_pretrained(path))
     else:
         model, tokenizer = tiny_model_and_tokenizer()
 
@@ -58,8 +60,8 @@ def main() -> None:
     rows = [{"prompt": task.system_prompt + "\n\n" + p.prompt, "answer": p.answer}
             for p in task.train_problems(64, torch.Generator().manual_seed(0))]
     config = GRPOConfig(output_dir=args.out, per_device_train_batch_size=8, num_generations=4, max_completion_length=32,
-                        max_steps=args.steps, logging_steps=1, report_to=[], use_cpu=True, bf16=False, save_strategy="no",
-                        learning_rate=1e-5)
+                        max_steps=args.steps, logging_steps=1, report_to=[], use_cpu=True,
+                        bf16=False, save_strategy="no", learning_rate=1e-5)
     trainer = CreditGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward, args=config,
                                 train_dataset=Dataset.from_list(rows), credit=args.credit, task=task)
     trainer.train()

@@ -104,7 +104,8 @@ def run(per_device: int, credit: str, out: str, deal_split: bool = False) -> Non
             json.dump({"advantages": seen, "processes": trainer.accelerator.num_processes}, f)
         model = trainer.accelerator.unwrap_model(trainer.model)
         after = model.state_dict()
-        save_file({k: v.detach().cpu().contiguous() for k, v in after.items()}, os.path.join(out, f"{credit}.safetensors"))
+        save_file({k: v.detach().cpu().contiguous() for k, v in after.items()},
+                  os.path.join(out, f"{credit}.safetensors"))
         save_file({k: (after[k].detach().cpu() - initial[k].cpu()).contiguous() for k in after},
                   os.path.join(out, f"{credit}.update.safetensors"))
 
@@ -115,12 +116,14 @@ def compare(a: str, b: str, credits: list[str]) -> dict[str, dict[str, float]]:
     out = {}
     for credit in credits:
         ra, rb = (json.load(open(os.path.join(d, f"{credit}.json"))) for d in (a, b))
-        adv = max(abs(x - y) for ra_row, rb_row in zip(ra["advantages"], rb["advantages"]) for x, y in zip(ra_row, rb_row))
+        adv = max(abs(x - y) for ra_row, rb_row in zip(ra["advantages"], rb["advantages"])
+                  for x, y in zip(ra_row, rb_row))
         same_shape = [len(r) for r in ra["advantages"]] == [len(r) for r in rb["advantages"]]
         wa, wb = (load_file(os.path.join(d, f"{credit}.safetensors")) for d in (a, b))
         ua, ub = (load_file(os.path.join(d, f"{credit}.update.safetensors")) for d in (a, b))
         weights = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
-        relative = float(sum(((ua[k] - ub[k]) ** 2).sum() for k in ua) ** 0.5 / sum((ua[k] ** 2).sum() for k in ua) ** 0.5)
+        relative = float(sum(((ua[k] - ub[k]) ** 2).sum()
+                             for k in ua) ** 0.5 / sum((ua[k] ** 2).sum() for k in ua) ** 0.5)
         out[credit] = {"advantages_max_abs_diff": adv if same_shape else float("inf"), "weights_max_abs_diff": weights,
                        "update_max_abs": max(float(ua[k].abs().max()) for k in ua), "update_relative_l2_diff": relative,
                        "max_abs_advantage": max(abs(x) for r in ra["advantages"] for x in r)}

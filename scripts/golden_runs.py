@@ -94,7 +94,8 @@ def data_parallel(out):
     worker = os.path.join(here, "..", "tests", "dp_worker.py")
     start = ""  # the task's SFT start
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533", worker, out, start]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           "--master_port=29533", worker, out, start]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"data-parallel golden run failed\n{result.stderr[-2000:]}")

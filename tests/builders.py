@@ -171,7 +171,8 @@ def audit_cache_entry(tmp_path):
     problems = task.heldout_problems(2)
     B, T = 4, 5
     rollouts = Rollouts(prompt_ids=torch.ones(B, 3, dtype=torch.long), prompt_mask=torch.ones(B, 3, dtype=torch.bool),
-                        completion_ids=torch.arange(B * T).view(B, T), completion_mask=torch.ones(B, T, dtype=torch.bool),
+                        completion_ids=torch.arange(B * T).view(B, T),
+                        completion_mask=torch.ones(B, T, dtype=torch.bool),
                         group=torch.tensor([0, 0, 1, 1]), rewards=torch.tensor([1.0, 0.0, 0.0, 1.0]),
                         old_logprobs=torch.randn(B, T), correct=torch.tensor([True, False, False, True]),
                         problems=[problems[g] for g in (0, 0, 1, 1)], completions=["a", "b", "c", "d"])

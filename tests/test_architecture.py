@@ -17,8 +17,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 SRC = os.path.join(os.path.dirname(__file__), "..", "src")
 PACKAGE = os.path.join(SRC, "credo")
 CREDIT_SHARED = {"credo.credit", "credo.credit.registry", "credo.credit.localiser"}
@@ -126,7 +124,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_rules_see_a_break_and_a_cycle() -> None:
     """The checks themselves: planted breaks and a planted cycle are found."""
-    graph = {"credo.credit.mc": {"credo.credit.rredcot", "credo.train.trainer"}, "credo.policy.hf": {"credo.tasks.chat"},
+    graph = {"credo.credit.mc": {"credo.credit.rredcot", "credo.train.trainer"},
+             "credo.policy.hf": {"credo.tasks.chat"},
              "credo.strategies.resets": {"credo.credit.registry"}, "credo.core.probe": {"credo.lab.audit.run"},
              "credo.credit.rredcot": {"credo.core.values", "credo.strategies.localisers"},
              "credo.train.trainer": {"credo.lab.compare.run"}, "credo.lab.show.view": {"credo.cli.options"},

@@ -42,5 +42,6 @@ def test_sft_preset_follows_the_task():
 def test_default_start_of_arith_long_is_its_packaged_start():
     from credo.train.sft import ensure_sft
     path = ensure_sft(task="arith-long", progress=False)  # the test cache is empty: the packaged copy
-    assert path == packaged_start(sft_config_for("arith-long")) and path.endswith("sft-" + config_hash(sft_config_for("arith-long")))
+    assert (path == packaged_start(sft_config_for("arith-long"))
+            and path.endswith("sft-" + config_hash(sft_config_for("arith-long"))))
     assert ensure_sft(task="arith", progress=False) != path

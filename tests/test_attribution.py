@@ -1,4 +1,3 @@
-import pytest
 import torch
 
 from builders import probe_for, two_group_batch
@@ -47,7 +46,8 @@ def test_loo_matches_direct_removal_and_coarse_to_fine_costs_less(policy):
     full, without = score_contexts(r, pr, [(row, pl.tokens[row], target),
                                           (row, pl.tokens[row][:9] + pl.tokens[row][18:], target)], 8)
     assert torch.isclose(out.segment_credit[row][1], full - without, atol=1e-5)
-    coarse = spec(r, probe_for(policy, task, max_new_tokens=8), spec.make_config({"coarse_to_fine": 2, "refine_top": 1}))
+    coarse = spec(r, probe_for(policy, task, max_new_tokens=8),
+                  spec.make_config({"coarse_to_fine": 2, "refine_top": 1}))
     assert coarse.cost.tokens_scored <= out.cost.tokens_scored + 1
 
 

@@ -237,7 +237,8 @@ def test_credit_localiser_picks_the_estimators_most_negative_segment():
     segments = probe.segment(r, "lines")
     rows = [1, 2, 4, 5]
     picks = localise("credit", r, rows, probe, segments, None, credit_method="tempo:at=segments")
-    means = segment_means(run_estimator("tempo", r.with_fields(segment_ids=segments), at="segments").advantages, segments)
+    means = segment_means(run_estimator("tempo", r.with_fields(segment_ids=segments),
+                                        at="segments").advantages, segments)
     assert picks == [int(torch.argmin(means[i])) for i in rows]
     assert picks[1] == 1 and picks[2] == 1  # the answer line of row 2, the wrong second line of row 4
 

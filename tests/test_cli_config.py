@@ -11,7 +11,6 @@ import yaml
 
 from credo.cli.main import main
 from credo.core.config import ConfigError, describe, field_docs
-from credo.policy.base import SamplingConfig
 from credo.train.config import TrainConfig, config_from_run, load_train_config
 
 # command -> (config class, a field, its value in the YAML file, a flag naming it, the flag's value, --set value)
@@ -30,7 +29,8 @@ def help_config(capsys, argv: list[str]) -> dict[str, str]:
     capsys.readouterr()
     assert main([*argv, "--help-config"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    return {line.split(" = ", 1)[0]: line.split(" = ", 1)[1] for line in lines if " = " in line and not line.startswith(" ")}
+    return {line.split(" = ", 1)[0]: line.split(" = ", 1)[1] for line in lines if " = " in line
+            and not line.startswith(" ")}
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -105,7 +105,8 @@ def test_the_config_holds_the_credit_options_as_data_and_the_plan_resolves_them_
     plan = make_plan(config)
     assert plan.credit == RREDCoTConfig(lam=0.25) and plan.estimator.name == "rredcot" and plan.strategy.name == "plain"
     srpo = make_plan(load_train_config(None, ["method=srpo"]))
-    assert srpo.estimator.name == "grpo" and srpo.credit == GRPOConfig(std="population") and srpo.strategy.name == "resets"
+    assert (srpo.estimator.name == "grpo" and srpo.credit == GRPOConfig(std="population")
+            and srpo.strategy.name == "resets")
     assert make_plan(TrainConfig(method="rloo")).estimator.name == "rloo"
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.credit.lam = 1.0

@@ -31,7 +31,8 @@ def test_compare_smoke_writes_results_report_and_plots(saved_policy, tmp_path):
     assert set(on_disk["estimate"]["per_method"]) == {"grpo", "rredcot"} and on_disk["estimate"]["seconds"] > 0
     assert json.load(open(os.path.join(out, "estimate.json"))) == on_disk["estimate"]  # --status reads it
     assert not [d for d in os.listdir(out) if "timing" in d]  # the timing runs were not written here
-    assert on_disk["equal_updates"]["updates"] and "## At equal policy updates" in open(os.path.join(out, "report.md")).read()
+    assert (on_disk["equal_updates"]["updates"]
+            and "## At equal policy updates" in open(os.path.join(out, "report.md")).read())
     report = open(os.path.join(out, "report.md")).read()
     assert "| grpo |" in report and "| rredcot |" in report
     for name in ("curves.png", "curves_by_update.png", "audit.png"):
@@ -100,13 +101,15 @@ def _synthetic(finals: dict[str, list[float]], reach_at: dict[str, list[int | No
 def test_goal_checks_follow_their_rules():
     from credo.lab.compare.run import goals, summarise
     results = _synthetic(
-        {"grpo": [0.40, 0.42, 0.44], "sc_grpo": [0.43, 0.46, 0.47], "rrpo": [0.41, 0.43, 0.45], "srpo": [0.50, 0.52, 0.51]},
+        {"grpo": [0.40, 0.42, 0.44], "sc_grpo": [0.43, 0.46, 0.47], "rrpo": [0.41, 0.43, 0.45],
+         "srpo": [0.50, 0.52, 0.51]},
         {"grpo": [100_000, 100_000, 100_000], "sc_grpo": [None, None, None], "rrpo": [None, 150_000, None],
          "srpo": [40_000, 40_000, 40_000]})
     summarise(results)
     checks = {g["goal"]: g["holds"] for g in goals(results)}
     assert checks[SC] is True          # +3.3 points, paired sd 0.6: interval [+1.9, +4.8]
-    assert checks[SRPO] is True        # 40k tokens vs rrpo 250k/150k/250k (never: 200k + one 50k interval) and grpo 100k
+    # 40k tokens vs rrpo 250k/150k/250k (never: 200k + one 50k interval) and grpo 100k
+    assert checks[SRPO] is True
     # srpo, the best of 3 credit methods: +8.7 points, its interval at 1 - 0.05/3 above 0; at 0.2x GRPO's 200k tokens
     assert checks[BEST] is True
     results["methods"]["sc_grpo"]["seeds"]["1"]["final_accuracy"] = 0.30  # one bad seed: spread swamps the mean
@@ -208,7 +211,8 @@ def test_each_control_is_paired_with_its_method_and_judged():
     assert pairs["shuffled:of=vineppo"]["delta"] is None  # its method is not in the grid
     check = {g["goal"]: g for g in goals(results)}[CONTROLS]
     # sc_grpo is not above its control; shuffled:of=vineppo has no method to be above, and is named, not judged
-    assert check["holds"] is False and "(controls without their method, left out: shuffled:of=vineppo)" in check["evidence"]
+    assert (check["holds"] is False
+            and "(controls without their method, left out: shuffled:of=vineppo)" in check["evidence"])
     text = report(results)
     assert "| rredcot | shuffled:of=rredcot | +5.3 [+3.9, +6.8] | 3 |" in text
     assert "| vineppo | shuffled:of=vineppo | method not in this comparison | — |" in text
@@ -270,7 +274,8 @@ def test_a_method_spec_becomes_credit_options_and_the_task_comes_from_the_preset
     from credo.credit.rredcot import RREDCoTConfig
     config = run_config("rredcot:lam=0.25", 0, replace(PRESETS["smoke"], task="arith-long"), saved_policy)
     # the credit options are stored as data: the estimator's every option, checked, defaults filled in
-    assert config.method == "rredcot" and config.credit == to_dict(RREDCoTConfig(lam=0.25)) and config.task == "arith-long"
+    assert (config.method == "rredcot" and config.credit == to_dict(RREDCoTConfig(lam=0.25))
+            and config.task == "arith-long")
     assert run_dir_name("shuffled:of=rredcot", 2) == "shuffled_of=rredcot-s2"
 
 
@@ -315,7 +320,8 @@ def test_the_estimate_adds_steps_and_evaluations_and_divides_by_jobs():
     assert out["seconds"] == 27 and out["untimed"] == ["ibpo"]
 
 
-def test_a_resumed_comparison_costs_a_method_from_its_finished_runs_not_from_a_timed_step(monkeypatch, tmp_path, saved_policy):
+def test_a_resumed_comparison_costs_a_method_from_its_finished_runs_not_from_a_timed_step(monkeypatch,
+                                                                                          tmp_path, saved_policy):
     """grpo-s0 finished (10 steps, 20 s of its own clock, 1500 tokens): grpo's remaining run is costed at 2 s and
     150 tokens a step and grpo is not timed again; rredcot, with no finished run, is."""
     import json
@@ -326,15 +332,18 @@ def test_a_resumed_comparison_costs_a_method_from_its_finished_runs_not_from_a_t
     plan = [(m, s, str(tmp_path / "runs" / f"{m}-s{s}")) for s in (0, 1) for m in ("grpo", "rredcot")]
     done = tmp_path / "runs" / "grpo-s0"
     done.mkdir(parents=True)
-    (done / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "tokens_generated": 150 * i, "seconds": 2.0 * i}) + "\n"
+    (done / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "tokens_generated": 150 * i,
+                                                            "seconds": 2.0 * i}) + "\n"
                                                 for i in range(1, 11)))
-    (done / "summary.json").write_text(json.dumps({"step": 10, "tokens_generated": 1500, "seconds": 20.0, "final_accuracy": 0.5}))
+    (done / "summary.json").write_text(json.dumps({"step": 10, "tokens_generated": 1500, "seconds": 20.0,
+                                                   "final_accuracy": 0.5}))
     timed = []
     monkeypatch.setattr(eta, "time_methods", lambda specs, *a, **k: (timed.extend(specs) or
                                                                      {s: eta.Timing(9.0, 300) for s, _ in specs}, 1.0))
     out = estimate_wall_time(plan, preset, saved_policy, jobs=1)
     assert timed == [("rredcot", 0)]
-    assert out["per_method"]["grpo"]["from"] == "finished runs" and out["per_method"]["rredcot"]["from"] == "one timed step"
+    assert (out["per_method"]["grpo"]["from"] == "finished runs"
+            and out["per_method"]["rredcot"]["from"] == "one timed step")
     assert (out["per_method"]["grpo"]["seconds_per_step"], out["per_method"]["grpo"]["tokens_per_step"]) == (2.0, 150)
     # 1500 tokens at 150 a step = 10 steps x 2 s, plus its evaluations at the timed 1 s each
     evaluations = preset.token_budget // preset.eval_every_tokens + 1 + preset.final_eval_n / preset.eval_n
@@ -378,7 +387,8 @@ def test_the_cli_refuses_a_long_comparison_without_yes_before_training(monkeypat
     import sys
     import credo.lab.compare.eta as eta
     from credo.cli.main import main
-    monkeypatch.setattr(eta, "time_methods", lambda specs, *a, **k: ({s: eta.Timing(1000.0, 100) for s, _ in specs}, 1.0))
+    monkeypatch.setattr(eta, "time_methods",
+                        lambda specs, *a, **k: ({s: eta.Timing(1000.0, 100) for s, _ in specs}, 1.0))
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a terminal
     out = str(tmp_path / "cmp")
     assert main(["compare", "--preset", "smoke", "--start", saved_policy, "--out", out, "--quiet"]) == 2
@@ -442,7 +452,8 @@ def test_an_exported_comparison_holds_only_finished_runs_records_and_resumes_wit
     said = capsys.readouterr().out
     assert "exported 1 finished run(s)" in said and "left out 1 part-way (rredcot-s0)" in said
     assert sorted(os.listdir(dest / "runs")) == ["grpo-s0"]
-    assert sorted(os.listdir(dest / "runs" / "grpo-s0")) == [".credo-kind", "config.yaml", "metrics.jsonl", "summary.json"]
+    assert sorted(os.listdir(dest / "runs" / "grpo-s0")) == [".credo-kind", "config.yaml",
+                                                             "metrics.jsonl", "summary.json"]
     assert (dest / "report.md").read_text() == (tmp_path / "a" / "report.md").read_text()
     assert (dest / "estimate.json").read_text() == (tmp_path / "a" / "estimate.json").read_text()  # for --status
     assert (dest / "audit" / "audit.json").is_file()
@@ -573,7 +584,8 @@ def test_the_report_sums_the_runs_own_clocks_which_survive_resumption():
         "grpo": {"seeds": {"0": {"seconds": 3 * 3600.0}, "1": {"seconds": 2 * 3600.0}}},
         "rredcot": {"seeds": {"0": {"seconds": 1800.0}}}}}
     assert run_clocks(results) == " · the runs' own clocks sum to 5.5 h, 2 at a time"
-    assert run_clocks({"methods": {"grpo": {"seeds": {"0": {"seconds": 600.0}}}}}) == " · the runs' own clocks sum to 10 min"
+    assert (run_clocks({"methods": {"grpo": {"seeds": {"0": {"seconds": 600.0}}}}})
+            == " · the runs' own clocks sum to 10 min")
 
 
 def test_equal_updates_add_the_first_count_where_grpo_is_measured():
@@ -584,7 +596,8 @@ def test_equal_updates_add_the_first_count_where_grpo_is_measured():
     grpo = {"0": _curve_run([(0, 0.30), (10, 0.40), (20, 0.50)], 0.9),
             "1": _curve_run([(0, 0.30), (12, 0.44), (21, 0.52)], 0.9)}
     vine = {"0": _curve_run([(0, 0.30), (4, 0.50)], 0.1), "1": _curve_run([(0, 0.30), (4, 0.52)], 0.1)}
-    dapo = {"0": _curve_run([(0, 0.30), (8, 0.40), (15, 0.46)], 0.5), "1": _curve_run([(0, 0.30), (9, 0.41), (16, 0.47)], 0.5)}
+    dapo = {"0": _curve_run([(0, 0.30), (8, 0.40), (15, 0.46)], 0.5),
+            "1": _curve_run([(0, 0.30), (9, 0.41), (16, 0.47)], 0.5)}
     results = {"methods": {"grpo": {"seeds": grpo}, "vineppo": {"seeds": vine}, "dapo": {"seeds": dapo}},
                "token_budget": 30_000, "failures": {}, "preset": "t", "start": "s", "commit": "c", "date": "d",
                "machine": "m"}

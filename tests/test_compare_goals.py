@@ -83,7 +83,8 @@ def test_a_goal_whose_methods_share_under_2_seeds_reads_not_judged_and_other_goa
     sc = _goal(results, SC)
     assert sc["holds"] is None and "sc_grpo and grpo share 0 finished seed(s)" in sc["evidence"]
     controls = _goal(results, CONTROLS)
-    assert controls["holds"] is None and "rredcot and shuffled:of=rredcot share 1 finished seed(s)" in controls["evidence"]
+    assert (controls["holds"] is None
+            and "rredcot and shuffled:of=rredcot share 1 finished seed(s)" in controls["evidence"])
     best = _goal(results, BEST)  # rredcot and GRPO share 3 seeds: judged, whatever the control did
     assert best["holds"] is True and "sc_grpo" in best["evidence"]  # left out, fewer than 2 seeds
     assert "| SC-GRPO ends above GRPO (interval above 0) | not judged |" in report(results)
@@ -117,4 +118,5 @@ def test_equal_updates_warn_where_grpo_is_interpolated_from_its_start():
         runs["curve"] = [dict(p, step=min(p["step"], 4)) for p in runs["curve"]]
     summarise(results)
     text = report(results)
-    assert "At 4 update(s) GRPO had not been evaluated yet on some seed (its first evaluation came at step 10-10)" in text
+    assert ("At 4 update(s) GRPO had not been evaluated yet on some seed "
+            "(its first evaluation came at step 10-10)") in text

@@ -69,7 +69,8 @@ def test_a_stalled_step_is_left_out_of_the_run_clock_and_the_step_time(tmp_path)
     run = tmp_path / "dapo-s0"
     run.mkdir()
     rows = [{"step": 0, "tokens_generated": 0, "seconds": 0.0, "eval_accuracy": 0.3}]
-    rows += [{"step": i, "tokens_generated": 100 * i, "seconds": s} for i, s in enumerate((5.0, 10.0, 15.0, 6150.0, 6155.0), 1)]
+    rows += [{"step": i, "tokens_generated": 100 * i, "seconds": s}
+             for i, s in enumerate((5.0, 10.0, 15.0, 6150.0, 6155.0), 1)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run / "summary.json").write_text(json.dumps({"step": 5, "tokens_generated": 500, "seconds": 6155.0,
                                                   "final_accuracy": 0.4}))
@@ -89,7 +90,8 @@ def test_a_failed_run_being_retried_is_part_way_and_another_budget_is_refused(tm
     os.utime(tmp_path / "cmp" / "failure-rredcot-s0.txt", (1, 1))  # failed long ago; the retry is logging now
     run = tmp_path / "cmp" / "runs" / "rredcot-s0"
     run.mkdir()
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "tokens_generated": 100 * i, "seconds": 2.0 * i}) + "\n"
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "tokens_generated": 100 * i,
+                                                           "seconds": 2.0 * i}) + "\n"
                                                for i in (1, 2, 3)))
     text = status_text(resolve_preset("smoke", None, None, None, None), out)
     assert "1 of 2 runs finished, 1 part-way, 0 failed" in text and "(20%)" in text
@@ -98,7 +100,8 @@ def test_a_failed_run_being_retried_is_part_way_and_another_budget_is_refused(tm
     from credo.lab.compare.presets import run_config
     from credo.core.config import dump_yaml
     other_budget = resolve_preset("smoke", None, None, 9000, None)
-    (tmp_path / "cmp" / "runs" / "grpo-s0" / "config.yaml").write_text(dump_yaml(run_config("grpo", 0, other_budget, "")))
+    (tmp_path / "cmp" / "runs" / "grpo-s0" / "config.yaml").write_text(dump_yaml(run_config("grpo", 0, other_budget,
+                                                                                            "")))
     assert main(["compare", "--preset", "smoke", "--status", "--out", out]) == 2
     err = capsys.readouterr().err
     assert "runs/grpo-s0 was run with a budget of 9,000 generated tokens, not 1,500" in err and "Traceback" not in err

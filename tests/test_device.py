@@ -103,9 +103,10 @@ class _Reached(Exception):
     """Raised by the load_policy spy: the command got as far as placing its model."""
 
 
-@pytest.mark.parametrize("command,where", [("train", "credo.train.trainer.load_policy"), ("eval", "credo.policy.load_policy"),
-                                           ("audit", "credo.lab.audit.run.load_policy"), ("show", "credo.policy.load_policy"),
-                                           ("sft", "credo.policy.load_policy")])
+@pytest.mark.parametrize("command,where",
+                         [("train", "credo.train.trainer.load_policy"), ("eval", "credo.policy.load_policy"),
+                                           ("audit", "credo.lab.audit.run.load_policy"),
+                                           ("show", "credo.policy.load_policy"), ("sft", "credo.policy.load_policy")])
 @pytest.mark.parametrize("flag", [[], ["--device", "cuda:1"]])
 def test_each_command_places_its_model_on_the_device_auto_or_named(command, where, flag, tmp_path, saved_policy,
                                                                    monkeypatch):

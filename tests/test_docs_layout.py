@@ -42,7 +42,8 @@ def test_every_file_the_page_names_exists():
     files = {os.path.relpath(os.path.join(d, f), ROOT) for top in ("src", "tests", "docs", "bench", "scripts")
              for d, _, names in os.walk(os.path.join(ROOT, top)) for f in names}
     for path in paths:  # relative to the package or to the row's folder (`tiny.py` under policy/)
-        assert any(f == path or f.endswith("/" + path) for f in files), f"docs/architecture.md names {path}, which does not exist"
+        assert any(f == path or f.endswith("/" + path)
+                   for f in files), f"docs/architecture.md names {path}, which does not exist"
 
 
 def enforced_layers() -> list[list[str]]:

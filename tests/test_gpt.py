@@ -74,5 +74,6 @@ def test_branch_scoring_with_prefix_reuse_equals_rescoring_each_prefix(policy):
     # reuse: each row forwarded once plus every branch token; no reuse: each branch re-reads its prefix
     real = int(prompt_mask.sum() + comp_mask.sum())
     assert cost_fast == real + sum(len(t) for _, _, t in branches)
-    prefix = lambda r, c: int(prompt_mask[r].sum()) + c
+    def prefix(r, c):
+        return int(prompt_mask[r].sum()) + c
     assert cost_slow == sum(prefix(r, c) + len(t) for r, c, t in branches)

@@ -15,7 +15,8 @@ from credo.tasks.base import rewards_for  # noqa: E402
 
 
 def test_sampling_matches_scoring_with_left_padding_and_cache(hf_policy):
-    ids, mask = hf_policy.encode_prompts(["2 + 3 =", "State the final answer to the following arithmetic problem: 4 - 1 ="])
+    ids, mask = hf_policy.encode_prompts(["2 + 3 =",
+                                          "State the final answer to the following arithmetic problem: 4 - 1 ="])
     assert not mask[0, 0] and mask[0, -1]  # left-padded
     out = hf_policy.sample(ids, mask, SamplingConfig(max_new_tokens=12), torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -150,7 +151,8 @@ def test_rows_sharing_a_prompt_read_it_once_with_the_same_logits_and_gradients(h
 
 
 def test_sampling_a_group_reads_its_prompt_once_and_samples_the_same_tokens(hf_policy):
-    prompt_ids, prompt_mask = hf_policy.encode_prompts(["3 + 4 =", "3 + 4 =", "State the final answer: 4 - 1 - 7 ="] * 2)
+    prompt_ids, prompt_mask = hf_policy.encode_prompts(["3 + 4 =", "3 + 4 =",
+                                                        "State the final answer: 4 - 1 - 7 ="] * 2)
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=12)
     outs = []
     for share in (True, False):

@@ -44,8 +44,8 @@ def kill_at_random_point(argv: list[str], run_dir: str, steps: int, rng: random.
 def check_kill_resume(start: str, tmp_path, method: str, extra: list[str], steps: int, kills: int, seed: int) -> None:
     rng = random.Random(seed)
     reference, killed = str(tmp_path / "reference"), str(tmp_path / "killed")
-    done = subprocess.run(train_command(start, reference, method, steps, extra), env=SUBPROCESS_ENV, capture_output=True,
-                          text=True)
+    done = subprocess.run(train_command(start, reference, method, steps, extra),
+                          env=SUBPROCESS_ENV, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     argv = train_command(start, killed, method, steps, extra)
     for _ in range(kills):
@@ -61,7 +61,8 @@ def check_kill_resume(start: str, tmp_path, method: str, extra: list[str], steps
 
 
 def test_grpo_killed_at_a_random_point_resumes_bit_identical(saved_policy, tmp_path):
-    check_kill_resume(saved_policy, tmp_path, "grpo", [], steps=4, kills=1, seed=int(os.environ.get("CREDO_KILL_SEED", "0")))
+    check_kill_resume(saved_policy, tmp_path, "grpo", [], steps=4, kills=1,
+                      seed=int(os.environ.get("CREDO_KILL_SEED", "0")))
 
 
 @pytest.mark.slow

@@ -7,7 +7,8 @@ import torch
 
 from builders import SHIPPED_START, probe_for, rollouts_of
 from credo import credit
-from credo.lab.audit.run import (AuditConfig, fidelity, first_error_top1, floor_credit, most_frequent_position, pairwise_rank,
+from credo.lab.audit.run import (AuditConfig, fidelity, first_error_top1, floor_credit,
+                                 most_frequent_position, pairwise_rank,
                          run_audit, score_methods, METRICS)
 from credo.core.config import ConfigError
 from credo.credit.registry import register
@@ -44,7 +45,8 @@ def test_mc_cost_counts_every_continuation(policy):
     with probe.metered() as spent:
         mc_values(probe, r, seg, k=k)
     boundaries = 2 + 2 + 1  # s_0 and s_1 for two-line traces, s_0 for the one-segment trace
-    prefix_tokens = sum(int(r.prompt_mask[i].sum()) + cut for i, cuts in enumerate([[0, 9], [0, 9], [0]]) for cut in cuts)
+    prefix_tokens = sum(int(r.prompt_mask[i].sum()) + cut
+                        for i, cuts in enumerate([[0, 9], [0, 9], [0]]) for cut in cuts)
     assert spent.tokens_scored == k * prefix_tokens
     assert 0 < spent.tokens_generated <= k * boundaries * 12
 
@@ -150,7 +152,8 @@ def test_audit_scores_a_weight_only_method_differently_from_grpo(policy):
     seg = probe_for(policy, task).segment(r, "lines")
     from credo.lab.audit.run import checked_methods
     rows = {}
-    failures = score_methods(AuditConfig(), checked_methods(["grpo:std=sample", "weights_only_for_test"]), r, seg, policy, task,
+    failures = score_methods(AuditConfig(),
+                             checked_methods(["grpo:std=sample", "weights_only_for_test"]), r, seg, policy, task,
                              False, lambda label, credit_, cost: rows.__setitem__(label, credit_))
     assert not failures
     for grpo_credit, weighted in zip(rows["grpo:std=sample"], rows["weights_only_for_test"]):

@@ -144,7 +144,8 @@ def test_self_asks_a_policy_that_can_read_the_request_and_values_otherwise(polic
 
 def test_rredcot_with_the_reference_gets_its_twin_without_it():
     methods = [parse_method("rredcot"), parse_method("rredcot:candidates=answers"), parse_method("grpo")]
-    twins = unprivileged_twins([(label, name, credit.get(name).make_config(options)) for label, name, options in methods])
+    twins = unprivileged_twins([(label, name, credit.get(name).make_config(options))
+                                for label, name, options in methods])
     labels = [label for label, _, _ in twins]
     assert labels == ["rredcot", "rredcot:include_reference=false", "rredcot:candidates=answers", "grpo"]
     assert twins[1][2].include_reference is False and credit.get("rredcot").reads_privileged(twins[0][2])

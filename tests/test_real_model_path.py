@@ -51,11 +51,13 @@ def test_is_hf_start_tells_models_apart_without_loading(hf_dir, tmp_path):
 def test_hf_start_on_cpu_gets_machine_sized_defaults_that_settings_override(hf_dir):
     sized = load_train_config(extra={"start": hf_dir})
     assert (sized.prompts_per_step, sized.group_size, sized.sampling.max_new_tokens) == (
-        CPU_HF_DEFAULTS["prompts_per_step"], CPU_HF_DEFAULTS["group_size"], CPU_HF_DEFAULTS["sampling"]["max_new_tokens"])
+        CPU_HF_DEFAULTS["prompts_per_step"], CPU_HF_DEFAULTS["group_size"],
+        CPU_HF_DEFAULTS["sampling"]["max_new_tokens"])
     assert (sized.eval_n, sized.final_eval_n) == (CPU_HF_DEFAULTS["eval_n"], CPU_HF_DEFAULTS["final_eval_n"])
     mine = load_train_config(overrides=["eval_n=7", "sampling.max_new_tokens=20"], extra={"start": hf_dir})
     assert (mine.eval_n, mine.sampling.max_new_tokens, mine.group_size) == (7, 20, CPU_HF_DEFAULTS["group_size"])
-    assert sized.lr == HF_DEFAULTS["lr"] and load_train_config(overrides=["lr=1e-4"], extra={"start": hf_dir}).lr == 1e-4
+    assert (sized.lr == HF_DEFAULTS["lr"]
+            and load_train_config(overrides=["lr=1e-4"], extra={"start": hf_dir}).lr == 1e-4)
     tiny = load_train_config()
     assert (tiny.prompts_per_step, tiny.eval_n, tiny.lr) == (8, 200, 2e-5)  # the tiny GPT keeps the field defaults
 
@@ -132,7 +134,8 @@ def test_eta_arithmetic():
     assert steps_within(1_000_000, tokens_left=1000, tokens_per_step=64, budgeted=True) == 16
     assert steps_within(5, tokens_left=1000, tokens_per_step=64, budgeted=True) == 5
     assert steps_within(7, tokens_left=0, tokens_per_step=64, budgeted=False) == 7
-    assert evaluations_left(step=0, steps=10, eval_every=5) == 2 and evaluations_left(step=5, steps=12, eval_every=5) == 1
+    assert (evaluations_left(step=0, steps=10, eval_every=5) == 2
+            and evaluations_left(step=5, steps=12, eval_every=5) == 1)
     assert [format_seconds(s) for s in (45, 200, 3900)] == ["45s", "3m20s", "1h05m"]
 
 

@@ -149,7 +149,8 @@ def test_oracle_localiser_is_exact_and_value_localiser_in_range(policy):
     with pytest.raises(ValueError, match="localisation_prompt"):
         localise("prompt", r, rows, probe, seg, random.Random(0))
     # SRPO's "self": the value localiser on a task with no localisation request (tiny arith)
-    assert localise("self", r, rows, probe, seg, random.Random(0)) == localise("value", r, rows, probe, seg, random.Random(0))
+    assert localise("self", r, rows, probe, seg, random.Random(0)) == localise("value", r, rows,
+                                                                               probe, seg, random.Random(0))
 
 
 def test_prompt_localiser_parser_reads_like_the_public_code():
@@ -167,13 +168,16 @@ def test_prompt_localiser_parser_reads_like_the_public_code():
     assert parse_step_index("Step 3 looks wrong... no wait, it is step 2.", 5) == 1
     assert parse_step_index("the error is in step 99", 4) == 0           # out of range: step 1
     assert parse_step_index("**Step 4**: 12+5=18", 6) == 3               # a number that is not a step is ignored
-    assert [parse_step(r, 5)[1] for r in ("\\boxed{2}", "it is Step 2", "", "\\boxed{7}")] == ["boxed", "prose", "fallback", "fallback"]
+    assert [parse_step(r, 5)[1] for r in ("\\boxed{2}", "it is Step 2", "", "\\boxed{7}")] == ["boxed",
+                                                                                               "prose", "fallback",
+                                                                                               "fallback"]
 
 
 def test_pg_loss_has_no_ratio_or_clip():
     lp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     old = torch.tensor([[-5.0, 0.0, 0.0]])  # far off-policy: a ratio would be clipped
-    loss, _ = policy_loss(lp, old, torch.full((1, 3), 2.0), torch.tensor([[True, True, False]]), LossConfig(kind="pg"), 3)
+    loss, _ = policy_loss(lp, old, torch.full((1, 3), 2.0), torch.tensor([[True, True, False]]),
+                          LossConfig(kind="pg"), 3)
     loss.backward()
     assert torch.allclose(lp.grad, torch.tensor([[-1.0, -1.0, 0.0]]))
 
@@ -200,5 +204,6 @@ def test_reset_collection_repeats_with_the_seed(policy):
                               torch.Generator().manual_seed(0), probe, random.Random(0))
 
     a, b = collect(), collect()
-    assert torch.equal(a.rollouts.completion_ids, b.rollouts.completion_ids) and a.tokens_generated == b.tokens_generated
+    assert (torch.equal(a.rollouts.completion_ids, b.rollouts.completion_ids)
+            and a.tokens_generated == b.tokens_generated)
     assert torch.equal(a.rollouts.loss_mask, b.rollouts.loss_mask) and a.details == b.details

@@ -21,7 +21,8 @@ def group_rollouts(policy, texts_by_group, problem=P):
     prompt_ids, prompt_mask = policy.encode_prompts([problem.prompt] * len(texts))
     ids, mask = policy.encode_completions(texts)
     rewards, correct = rewards_for(task, problems, texts)
-    return Rollouts(prompt_ids, prompt_mask, ids, mask, group, rewards, torch.zeros(ids.shape), correct, problems, texts)
+    return Rollouts(prompt_ids, prompt_mask, ids, mask, group, rewards, torch.zeros(ids.shape),
+                    correct, problems, texts)
 
 
 class Identity:
@@ -70,7 +71,8 @@ def test_sc_grpo_routing_branches(policy):
     assert (out.advantages[~m] == 0).all()
     assert out.cost.tokens_scored > 0
     spec = credit.get("sc_grpo")
-    raw = spec(r, probe_for(policy, ArithTask()), spec.make_config({"normalise": False})).weights  # the paper's f in [0, 1)
+    # the paper's f in [0, 1)
+    raw = spec(r, probe_for(policy, ArithTask()), spec.make_config({"normalise": False})).weights
     assert ((raw[:4][m[:4]] >= 0) & (raw[:4][m[:4]] < 1)).all()
     assert torch.allclose(w[:4], raw[:4] / ((raw[:4] * m[:4]).sum(1, keepdim=True) / n[:, None]) * m[:4], atol=1e-5)
 
@@ -82,7 +84,8 @@ def test_sc_grpo_draws_new_references_every_step_and_repeats_with_the_seed(polic
     shared = probe_for(policy, ArithTask())
     first, second = spec(r, shared).weights, spec(r, shared).weights  # two steps of one run
     assert not torch.equal(first, second)
-    assert torch.equal(spec(r, probe_for(policy, ArithTask())).weights, first)  # a fresh run with the same seed repeats step 1
+    # a fresh run with the same seed repeats step 1
+    assert torch.equal(spec(r, probe_for(policy, ArithTask())).weights, first)
 
 
 def test_sc_grpo_traces_longer_than_half_the_context_truncate_the_teacher_reference(policy):
@@ -186,4 +189,5 @@ def test_sc_grpo_diversity_scores_equal_up_to_float_noise_give_no_advantage():
     assert (advantages == 0).all()
     f[2, 0] = 0.9  # one other differs: z-scores among the three, the reference at 0
     _diversity_advantages(advantages, f, [([0, 1, 3], 2)], torch.tensor([3, 3, 2, 3]), mask, 0.1)
-    assert abs(float(advantages[[0, 1, 3], 0].sum())) < 1e-6 and float(advantages[3, 0]) > 0 and (advantages[2] == 0).all()
+    assert (abs(float(advantages[[0, 1, 3], 0].sum())) < 1e-6 and float(advantages[3, 0]) > 0
+            and (advantages[2] == 0).all())

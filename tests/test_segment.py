@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from credo.core.segment import SegmentInputs, SegmenterConfig, broadcast_segments, segment, segment_bounds, segment_means
+from credo.core.segment import (SegmentInputs, SegmenterConfig, broadcast_segments, segment, segment_bounds,
+                                segment_means)
 
 
 def inputs(texts, eos=True, logprobs=None, entropies=None):

@@ -44,7 +44,8 @@ def test_page_structure_marks_and_first_error(policy):
         elif tag == "div" and "first" in a.get("class", "").split():
             assert a["data-ok"] == "0"
             firsts.add((cell[0], cell[1], a["data-step"]))
-    assert firsts == {(t, m, s) for t, s in (("2", "1"), ("3", "3"), ("4", "2")) for m in ("grpo", "rredcot:mode=replace")}
+    assert firsts == {(t, m, s) for t, s in (("2", "1"), ("3", "3"), ("4", "2"))
+                      for m in ("grpo", "rredcot:mode=replace")}
     # trace 1 is right throughout: five steps marked ok
     assert page.traces[0].correct and [s.ok for s in page.traces[0].segments] == [True] * 5
     # self-contained: no scripts, no links, no remote resources

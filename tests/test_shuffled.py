@@ -45,7 +45,8 @@ def test_weights_move_with_their_advantages(policy):
     assert original.weights is not None
     for row in range(len(CHAIN_TEXTS)):
         def pairs(c):  # (advantage, weight) of each segment, ordered by weight
-            table = torch.stack([segment_means(c.advantages, segment_ids)[row], segment_means(c.weights, segment_ids)[row]], 1)
+            table = torch.stack([segment_means(c.advantages, segment_ids)[row],
+                                 segment_means(c.weights, segment_ids)[row]], 1)
             return table[table[:, 1].argsort()]
         assert torch.allclose(pairs(original), pairs(control), atol=1e-5)
     assert not torch.allclose(original.weights, control.weights)
@@ -56,7 +57,8 @@ def test_one_segment_trace_is_unchanged_and_credit_is_moved(policy):
     _, _, control = run("shuffled:of=rredcot:mode=replace", policy)
     assert torch.equal(control.advantages[3], original.advantages[3])  # '#### 25': one segment
     # credit is actually moved: some trace whose segments differ gets a different token layout
-    varied = [r for r, m in enumerate(segment_means(original.advantages, segment_ids)) if float(m.max() - m.min()) > 1e-3]
+    varied = [r for r, m in enumerate(segment_means(original.advantages, segment_ids))
+              if float(m.max() - m.min()) > 1e-3]
     assert varied and any(not torch.allclose(control.advantages[r], original.advantages[r]) for r in varied)
 
 

@@ -45,11 +45,13 @@ def wrong_three_step_rollouts(policy, task):
     ids, mask = policy.encode_completions(texts)
     rewards, correct = rewards_for(task, problems, texts)
     assert not correct.any()
-    return Rollouts(p_ids, p_mask, ids, mask, torch.arange(2), rewards, torch.zeros(ids.shape), correct, problems, texts)
+    return Rollouts(p_ids, p_mask, ids, mask, torch.arange(2), rewards, torch.zeros(ids.shape),
+                    correct, problems, texts)
 
 
 def test_prompt_localiser_sends_a_bare_user_turn_and_parses_the_reply(hf_policy, gym_task):
-    policy = Recorder(bind_task(hf_policy.copy(), gym_task), reply="Step 3 is where it shows, but Step 2 starts it.\n\\boxed{2}")
+    policy = Recorder(bind_task(hf_policy.copy(), gym_task),
+                      reply="Step 3 is where it shows, but Step 2 starts it.\n\\boxed{2}")
     assert policy.system_prompt  # the task's answer-format system prompt is bound...
     r = wrong_three_step_rollouts(policy.inner, gym_task)
     probe = Probe(policy, gym_task, SamplingConfig(top_p=0.9, max_new_tokens=6), torch.Generator().manual_seed(0))
@@ -57,9 +59,11 @@ def test_prompt_localiser_sends_a_bare_user_turn_and_parses_the_reply(hf_policy,
     rows = list(range(r.batch_size))
     assert [int(seg[i].max()) + 1 for i in rows] == [3, 3]
     with probe.metered() as spent:
-        picks = localise("prompt", r, rows, probe, seg, random.Random(0), prompt_temperature=0.3, prompt_max_new_tokens=77)
+        picks = localise("prompt", r, rows, probe, seg, random.Random(0), prompt_temperature=0.3,
+                         prompt_max_new_tokens=77)
     assert picks == [1] * len(rows)  # \boxed{2}, 0-based
-    assert localise("self", r, rows, probe, seg, random.Random(0), 0.3, prompt_max_new_tokens=77) == picks  # the srpo recipe asks too
+    # the srpo recipe asks too
+    assert localise("self", r, rows, probe, seg, random.Random(0), 0.3, prompt_max_new_tokens=77) == picks
     asked = policy.formatted[-len(rows):]
     assert all("<|system|>" not in t and t.startswith("<|user|>") for t in asked)  # ...but not sent here
     assert all("Find the originating step, not just the symptom" in t and "\\boxed{N}" in t for t in asked)
@@ -72,9 +76,10 @@ def test_srpo_with_the_prompt_localiser_collects_resets_on_a_tiny_chat_model(hf_
     sampling = SamplingConfig(max_new_tokens=8)
     probe = Probe(policy, gym_task, sampling, torch.Generator().manual_seed(0))
     g = torch.Generator().manual_seed(0)
-    config = ResetConfig(localiser="prompt", segmenter="keyword_entropy", prompt_max_new_tokens=12, max_fresh_attempts=6)
-    ctx = SamplingContext(policy, gym_task, lambda n: gym_task.train_problems(n, g), sampling, torch.Generator().manual_seed(1),
-                          probe, random.Random(0))
+    config = ResetConfig(localiser="prompt", segmenter="keyword_entropy",
+                         prompt_max_new_tokens=12, max_fresh_attempts=6)
+    ctx = SamplingContext(policy, gym_task, lambda n: gym_task.train_problems(n, g), sampling,
+                          torch.Generator().manual_seed(1), probe, random.Random(0))
     out = strategies.make("resets", config).collect(ctx, 2)
     assert out.details["parents"]  # a random model fails: every prompt finds a parent
     assert any(s.max_new_tokens == 12 and s.temperature == 0.3 for s in policy.samplings)

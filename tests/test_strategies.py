@@ -26,8 +26,8 @@ SAMPLING = SamplingConfig(max_new_tokens=12)
 def context(policy, task, seed=0, step=0, group_size=3):
     g = torch.Generator().manual_seed(seed)
     probe = Probe(policy, task, SAMPLING, torch.Generator().manual_seed(seed + 3))
-    return SamplingContext(policy, task, lambda n: task.train_problems(n, g), SAMPLING, torch.Generator().manual_seed(seed),
-                           probe, random.Random(seed), group_size, step)
+    return SamplingContext(policy, task, lambda n: task.train_problems(n, g), SAMPLING,
+                           torch.Generator().manual_seed(seed), probe, random.Random(seed), group_size, step)
 
 
 def test_unknown_names_are_errors_naming_them():
@@ -55,10 +55,12 @@ def test_a_registered_strategy_is_the_one_the_trainer_calls(saved_policy, tmp_pa
     def first_prompt_only(ctx, n_prompts, config):
         seen.append((ctx.step, n_prompts, ctx.group_size))
         problem = ctx.draw(n_prompts)[0]
-        rollouts = sample_groups(ctx.policy, ctx.task, [problem] * n_prompts, ctx.group_size, ctx.sampling, ctx.generator)
+        rollouts = sample_groups(ctx.policy, ctx.task, [problem] * n_prompts, ctx.group_size,
+                                 ctx.sampling, ctx.generator)
         return strategies.Collected(rollouts, int(rollouts.completion_mask.sum()), {"distinct_prompts": 1.0})
 
-    config = load_train_config(None, [f"start={saved_policy}", "strategy=first_prompt_only", "steps=2", "prompts_per_step=2",
+    config = load_train_config(None,
+                               [f"start={saved_policy}", "strategy=first_prompt_only", "steps=2", "prompts_per_step=2",
                                       "group_size=3", "sampling.max_new_tokens=8", "eval_n=2", "final_eval_n=0"])
     trainer = Trainer(config, str(tmp_path / "run"), progress=False)
     trainer.train()
@@ -102,14 +104,16 @@ def test_sharding_wraps_any_strategy_and_keeps_each_prompts_groups_apart(policy)
     problems = task.train_problems(3, torch.Generator().manual_seed(0))
     alone = sample_groups(policy, task, [problems[1]], 3, SAMPLING, group_generator(7, 5, 1))
     assert torch.equal(plain.rollouts.completion_ids[3:6, :alone.completion_ids.shape[1]], alone.completion_ids)
-    resets = Sharded(strategies.make("resets", ResetConfig(n_fresh=2, n_reset=2)), dp, seed=7).collect(context(policy, task), 3)
+    resets = Sharded(strategies.make("resets", ResetConfig(n_fresh=2, n_reset=2)), dp,
+                     seed=7).collect(context(policy, task), 3)
     groups = resets.rollouts.group
     for i in range(3):  # prompt i's Group 1 is i, its Group 2 (when it found a parent) i + 3
         rows = [j for j, p in enumerate(resets.rollouts.problems) if p.prompt == problems[i].prompt]
         assert set(groups[rows].tolist()) <= {i, i + 3} and i in groups[rows].tolist()
     assert {"reset_fallbacks", "fresh_draws_per_prompt", "mixed_groups"} <= set(resets.info)
     with pytest.raises(ValueError, match="draw only the prompt"):
-        Sharded(strategies.make("dynamic", {"max_rounds": 3}), dp, seed=7).collect(context(policy, task, group_size=2), 2)
+        Sharded(strategies.make("dynamic", {"max_rounds": 3}), dp,
+                seed=7).collect(context(policy, task, group_size=2), 2)
 
 
 def test_localisers_are_registered_and_found_by_name(policy, monkeypatch):
@@ -132,14 +136,17 @@ def test_localisers_are_registered_and_found_by_name(policy, monkeypatch):
 def test_credo_methods_lists_strategies_and_localisers(capsys):
     assert main(["methods"]) == 0
     kinds = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.strip().splitlines()}
-    assert {name: kinds.get(name) for name in STRATEGIES.names()} == {name: "strategy" for name in ("plain", "dynamic", "resets")}
+    assert {name: kinds.get(name) for name in STRATEGIES.names()} == {name: "strategy"
+                                                                      for name in ("plain", "dynamic", "resets")}
     assert {name: kinds.get(name) for name in LOCALISERS.names()} == {name: "localiser" for name in
-                                                                      ("random", "value", "prompt", "oracle", "self", "credit")}
+                                                                      ("random", "value", "prompt",
+                                                                       "oracle", "self", "credit")}
     assert kinds["grpo"] == "estimator" and kinds["srpo"] == "recipe"
 
 
 def test_random_streams_are_named_seed_offsets_and_round_trip():
-    assert SEED_OFFSETS == {"sample": 0, "problem": 1, "minibatch": 2, "probe": 3, "reset": 4}  # fixed: runs depend on them
+    # fixed: runs depend on them
+    assert SEED_OFFSETS == {"sample": 0, "problem": 1, "minibatch": 2, "probe": 3, "reset": 4}
     streams = RandomStreams.seeded(10)
     assert torch.equal(streams.problem.get_state(), torch.Generator().manual_seed(11).get_state())
     assert streams.reset.random() == random.Random(14).random()

@@ -28,7 +28,8 @@ def test_jsonl_malformed_row_names_its_line_and_can_be_skipped(tmp_path, capsys)
 
 
 def test_boxed_extraction_and_math_verify_on_and_off_the_main_thread(tmp_path):
-    path = write(tmp_path, ['{"question": "half of 1?", "answer": "\\\\frac{1}{2}"}', '{"question": "1+1?", "answer": "2"}'])
+    path = write(tmp_path,
+                 ['{"question": "half of 1?", "answer": "\\\\frac{1}{2}"}', '{"question": "1+1?", "answer": "2"}'])
     task = make_task(f"jsonl:{path}", {"heldout_permille": 0})
     p = task.heldout_problems(1)[0]
     assert last_boxed("so \\boxed{3} no, \\boxed{\\frac{1}{2}}.") == "\\frac{1}{2}"

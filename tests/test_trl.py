@@ -28,7 +28,8 @@ def make_trainer(tmp_path, credit, **extra):
                       max_completion_length=8, max_steps=2, logging_steps=1, report_to=[], use_cpu=True,
                       bf16=False, seed=0, save_strategy="no", learning_rate=1e-3)
     return CreditGRPOTrainer(model=tiny_model(tokenizer), processing_class=tokenizer, reward_funcs=reward_len,
-                             args=args, train_dataset=datasets.Dataset.from_list(rows), credit=credit, task=task, **extra)
+                             args=args, train_dataset=datasets.Dataset.from_list(rows),
+                             credit=credit, task=task, **extra)
 
 
 @pytest.mark.parametrize("credit", ["grpo", "rredcot", "lambda_grpo", "entropy_mask"])
@@ -131,10 +132,11 @@ def test_a_dataset_without_answers_is_refused_not_scored_as_all_wrong(tmp_path):
 def test_the_probe_samples_with_trls_temperature_and_top_p(tmp_path):
     from trl import GRPOConfig
     tokenizer = build_tokenizer()
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
-                      report_to=[], use_cpu=True, bf16=False, temperature=0.7, top_p=0.9)
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=8, report_to=[], use_cpu=True, bf16=False, temperature=0.7, top_p=0.9)
     trainer = CreditGRPOTrainer(model=tiny_model(tokenizer), processing_class=tokenizer, reward_funcs=reward_len,
-                                args=args, train_dataset=datasets.Dataset.from_list([{"prompt": "1+1", "answer": "2"}] * 4),
+                                args=args,
+                                train_dataset=datasets.Dataset.from_list([{"prompt": "1+1", "answer": "2"}] * 4),
                                 credit="vineppo", task=make_task("gym:chain_sum"))
     assert (trainer.credit_sampling.temperature, trainer.credit_sampling.top_p) == (0.7, 0.9)
 
@@ -154,7 +156,8 @@ def test_a_loss_mask_reaches_trls_loss_as_its_tool_mask(tmp_path):
     assert int(out["num_items_in_batch"]) == kept and torch.equal(out["tool_mask"], mask.int())
     # a masked token's advantage, however large, does not move the loss
     trainer.current_gradient_accumulation_steps = 1  # set by TRL's training_step, which this test bypasses
-    out["advantages"] = torch.where(mask.bool(), torch.full_like(out["advantages"], 0.5), torch.zeros_like(out["advantages"]))
+    out["advantages"] = torch.where(mask.bool(), torch.full_like(out["advantages"], 0.5),
+                                    torch.zeros_like(out["advantages"]))
     base = trainer.compute_loss(trainer.model, dict(out))
     out["advantages"] = torch.where(mask.bool(), out["advantages"], torch.full_like(out["advantages"], 1e3))
     assert torch.allclose(trainer.compute_loss(trainer.model, dict(out)), base)
@@ -286,7 +289,8 @@ def test_a_teacher_prompt_that_puts_the_reference_before_the_problem_keeps_the_c
     policy, _, _ = probe_prompt_ids(trainer, rows)
     problem_text = rows[1]["prompt"][-1]["content"]
     teacher = policy.format_prompt("REFERENCE-42\n---\n" + problem_text)
-    assert teacher == f"<|system|>Think step by step.\n<|user|>1+1\n<|assistant|>2\n<|user|>REFERENCE-42\n---\n{problem_text}\n<|assistant|>"
+    assert teacher == ("<|system|>Think step by step.\n<|user|>1+1\n<|assistant|>2\n<|user|>REFERENCE-42\n---\n"
+                       f"{problem_text}\n<|assistant|>")
     with pytest.raises(ValueError, match="names no row of this batch"):
         policy.format_prompt("a question nobody asked")
     assert policy.format_prompt("Where is the first wrong step?", system=False) == \

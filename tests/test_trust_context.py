@@ -5,7 +5,6 @@ truncate_prompts cuts it to fit instead; and a batch's memory is bounded by its 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch

@@ -50,7 +50,9 @@ def test_a_run_before_its_first_checkpoint_is_replaced_only_when_it_holds_nothin
     assert not (out / "checkpoints").exists()
     (out / "notes.txt").write_text("mine")
     before = snapshot(str(out))
-    line = one_line_error(capsys, ["train", "--steps", "1", "--start", saved_policy, "--out", str(out), "--quiet", *TRUST_FAST_SET])
+    line = one_line_error(capsys,
+                          ["train", "--steps", "1", "--start", saved_policy, "--out", str(out),
+                           "--quiet", *TRUST_FAST_SET])
     assert "files credo did not write" in line
     assert snapshot(str(out)) == before
     os.remove(out / "notes.txt")
@@ -297,7 +299,8 @@ def test_a_file_system_without_locks_trains_unlocked_with_a_warning(tmp_path, mo
     claim_output(run, "train", force=True)  # no lock to ask for: replaced as before locks existed
 
 
-def test_a_readme_or_desktop_file_beside_an_old_output_does_not_hide_it_but_is_never_deleted(tmp_path, capsys, saved_policy):
+def test_a_readme_or_desktop_file_beside_an_old_output_does_not_hide_it_but_is_never_deleted(tmp_path, capsys,
+                                                                                             saved_policy):
     out = tmp_path / "run"
     killed_run(saved_policy, str(out), stop_after=1)  # no checkpoint yet
     os.remove(out / ".credo-kind")  # as written before the marker existed
@@ -305,7 +308,9 @@ def test_a_readme_or_desktop_file_beside_an_old_output_does_not_hide_it_but_is_n
     assert run_kind(str(out)) == "train"
     (out / "README.md").write_text("how I made this")
     assert run_kind(str(out)) == "train"  # still recognised...
-    line = one_line_error(capsys, ["train", "--steps", "1", "--start", saved_policy, "--out", str(out), "--quiet", *TRUST_FAST_SET])
+    line = one_line_error(capsys,
+                          ["train", "--steps", "1", "--start", saved_policy, "--out", str(out),
+                           "--quiet", *TRUST_FAST_SET])
     assert "files credo did not write" in line  # ...but not replaced with the README in it
     assert (out / "README.md").read_text() == "how I made this"
 
@@ -316,7 +321,8 @@ def test_a_new_run_into_a_run_whose_checkpoints_were_removed_is_refused(tmp_path
     killed_run(saved_policy, run, stop_after=3)  # logged step 3, past the checkpoint of step 2
     shutil.rmtree(os.path.join(run, "checkpoints"))
     before = snapshot(run)
-    line = one_line_error(capsys, ["train", "--steps", "4", "--start", saved_policy, "--out", run, "--quiet", *TRUST_FAST_SET])
+    line = one_line_error(capsys,
+                          ["train", "--steps", "4", "--start", saved_policy, "--out", run, "--quiet", *TRUST_FAST_SET])
     assert "nothing to resume from" in line
     assert snapshot(run) == before
 
@@ -398,7 +404,9 @@ def test_a_full_disk_mid_training_says_how_to_resume(tmp_path, capsys, saved_pol
         real(state, path)
     monkeypatch.setattr(tiny, "save_file", full_on_the_second_checkpoint)
     out = str(tmp_path / "run")
-    line = one_line_error(capsys, ["train", "--method", "grpo", "--start", saved_policy, "--steps", "4", "--out", out, "--quiet",
+    line = one_line_error(capsys,
+                          ["train", "--method", "grpo", "--start", saved_policy, "--steps", "4",
+                           "--out", out, "--quiet",
                                    *TRUST_FAST_SET])
     assert f"No space left on device: {out}/checkpoints/step-000004; free space there (once fixed, continue with " \
            f"--resume {out}" in line

@@ -70,7 +70,9 @@ def test_run_that_failed_before_its_first_checkpoint_is_restartable(tmp_path, ca
     original = ArithTask.reward
     ArithTask.reward = lambda self, problem, completion: float("inf")
     try:
-        line = one_line_error(capsys, ["train", "--start", saved_policy, "--steps", "2", "--out", out, "--quiet", *TRUST_FAST_SET])
+        line = one_line_error(capsys,
+                              ["train", "--start", saved_policy, "--steps", "2", "--out", out,
+                               "--quiet", *TRUST_FAST_SET])
     finally:
         ArithTask.reward = original
     assert "reward of row 0" in line and "inf" in line and "never reached a checkpoint" in line
@@ -121,7 +123,8 @@ def test_resume_with_different_settings_lists_them(tmp_path, capsys, saved_polic
     assert main(["train", "--resume", run, "--set", "lr=1e-3", "--quiet"]) == 0
 
 
-@pytest.mark.parametrize("content,expect", [("", "is empty"), ("method: grpo\nsteps: 4\nprompts_per_step: 2\n", "lacks train.seed"),
+@pytest.mark.parametrize("content,expect",
+                         [("", "is empty"), ("method: grpo\nsteps: 4\nprompts_per_step: 2\n", "lacks train.seed"),
                                             ("method: [grpo\n", "not valid YAML")])
 def test_empty_or_truncated_config_yaml_is_an_error(tmp_path, capsys, saved_policy, content, expect):
     run = str(tmp_path / "run")

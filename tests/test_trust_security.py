@@ -14,7 +14,8 @@ from credo.core.state_io import CorruptStateError, write_manifest
 from credo.tasks import make_task
 from credo.train.trainer import Trainer
 from conftest import tiny_policy
-from builders import audit_cache_entry, killed_run, malicious_pickle, one_line_error, payload_is_live, snapshot, train_config
+from builders import (audit_cache_entry, killed_run, malicious_pickle, one_line_error, payload_is_live, snapshot,
+                      train_config)
 
 
 def checkpoint_of(run_dir) -> str:
@@ -39,7 +40,8 @@ def killed(killed_template, tmp_path):
     return run
 
 
-@pytest.mark.parametrize("where", ["trainer_state.pt", "trainer_state.safetensors", "model.safetensors", "adapter_state.pt",
+@pytest.mark.parametrize("where",
+                         ["trainer_state.pt", "trainer_state.safetensors", "model.safetensors", "adapter_state.pt",
                                    "trainer_state.json"])
 def test_planted_pickle_in_a_checkpoint_is_refused_and_never_run(killed, saved_policy, tmp_path, capsys, where):
     assert payload_is_live(tmp_path)
@@ -118,9 +120,11 @@ def test_audit_cache_pickle_is_refused_and_never_run(tmp_path):
 
 def test_oversized_question_is_refused_with_the_limit_before_parsing(tmp_path):
     path = tmp_path / "big.jsonl"
-    path.write_text('{"question": "1+1?", "answer": "2"}\n' + json.dumps({"question": "x" * 5_000_000, "answer": "1"}) + "\n")
+    path.write_text('{"question": "1+1?", "answer": "2"}\n'
+                    + json.dumps({"question": "x" * 5_000_000, "answer": "1"}) + "\n")
     with pytest.raises(ValueError, match=r"big.jsonl:2: row is \d+ bytes, over the limit max_question_chars=16000"):
         make_task(f"jsonl:{path}")
     path.write_text('{"question": "1+1?", "answer": "2"}\n' + json.dumps({"question": "y" * 300, "answer": "1"}) + "\n")
-    with pytest.raises(ValueError, match=r"big.jsonl:2: question is 300 characters, over the limit max_question_chars=100"):
+    with pytest.raises(ValueError,
+                       match=r"big.jsonl:2: question is 300 characters, over the limit max_question_chars=100"):
         make_task(f"jsonl:{path}", {"max_question_chars": 100})

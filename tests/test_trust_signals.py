@@ -192,11 +192,11 @@ def test_ctrl_c_at_a_random_moment_of_a_train_process_resumes_bit_identical(tmp_
     import random
     rng = random.Random(int(os.environ.get("CREDO_KILL_SEED", "0")))
     reference, run = str(tmp_path / "reference"), str(tmp_path / "run")
-    done = subprocess.run(train_command(saved_policy, reference, "grpo", 6, []), env=SUBPROCESS_ENV, capture_output=True,
-                          text=True)
+    done = subprocess.run(train_command(saved_policy, reference, "grpo", 6, []),
+                          env=SUBPROCESS_ENV, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    process = subprocess.Popen(train_command(saved_policy, run, "grpo", 6, []), env=SUBPROCESS_ENV, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(train_command(saved_policy, run, "grpo", 6, []), env=SUBPROCESS_ENV,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     target, deadline = rng.randint(2, 5), time.time() + 300
     while steps_logged(run) < target and process.poll() is None and time.time() < deadline:
         time.sleep(0.01)

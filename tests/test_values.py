@@ -98,7 +98,8 @@ def test_groups_do_not_leak_and_absolute_scores_only_useful_tails(policy):
     with probe.metered() as spent:
         suffix_values(r, probe, seg, "absolute", include_reference=False)
     # absolute: only the correct row's own tails (s_0, s_1, s_2 of row 2) are scored after its trace
-    tails = sum(len(policy.encode_completions([GROUP[0][len(p):]])[0][0]) for p in ("", "12+13=25\n", "12+13=25\n25+14=39\n"))
+    tails = sum(len(policy.encode_completions([GROUP[0][len(p):]])[0][0])
+                for p in ("", "12+13=25\n", "12+13=25\n25+14=39\n"))
     assert spent.tokens_scored == int(r.prompt_mask[2].sum() + r.completion_mask[2].sum()) + tails
 
 

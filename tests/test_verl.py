@@ -61,7 +61,8 @@ def credo_trainer_credit(policy, task, r, method, tmp_path):
 def test_apply_credit_grpo_equals_verls_grpo(hf_setup):
     policy, task, r = hf_setup
     order = shuffled_order(r.batch_size)
-    batch = apply_credit(to_dataproto(r, task, order), "grpo", module=policy.model, tokenizer=policy.tokenizer, task=task)
+    batch = apply_credit(to_dataproto(r, task, order), "grpo", module=policy.model,
+                         tokenizer=policy.tokenizer, task=task)
     t = batch.batch
     expected, _ = core_algos.compute_grpo_outcome_advantage(t["token_level_rewards"], t["response_mask"],
                                                             batch.non_tensor_batch["uid"])
@@ -78,8 +79,8 @@ def test_apply_credit_equals_credo_trainers_credit(hf_setup, method, tmp_path):
     expected = credo_trainer_credit(policy, task, r, method, tmp_path)[order]
     # seed 3 = the trainer's probe generator at its first step (run seed + 3): SC-GRPO draws its per-step
     # reference seed from it
-    batch = apply_credit(to_dataproto(r, task, order), method, module=policy.model, tokenizer=policy.tokenizer, task=task,
-                         seed=3)
+    batch = apply_credit(to_dataproto(r, task, order), method, module=policy.model,
+                         tokenizer=policy.tokenizer, task=task, seed=3)
     ours = batch.batch["advantages"]
     grpo_only = credo_trainer_credit(policy, task, r, "grpo", tmp_path)[order]
     assert (expected - grpo_only).abs().max() > 1e-3  # the estimator moved credit: the comparison has teeth
@@ -136,7 +137,8 @@ def test_two_shards_give_the_same_advantages_as_one(hf_setup, method):
 def test_uneven_groups_over_shards_fail_with_one_line(hf_setup):
     policy, task, r = hf_setup
     with pytest.raises(ValueError, match="group count divisible by 3"):
-        credit_on_shards(to_dataproto(r, task, shuffled_order(r.batch_size)), {"estimator": "grpo"}, dispatch(policy, task, 3), 3)
+        credit_on_shards(to_dataproto(r, task, shuffled_order(r.batch_size)), {"estimator": "grpo"},
+                         dispatch(policy, task, 3), 3)
 
 
 def test_worker_mixin_is_registered_with_verls_dispatch():
@@ -171,7 +173,8 @@ def test_worker_mixin_scores_with_a_streamed_copy_of_the_actor(hf_setup):
 
     worker = Worker()
     worker.actor = SimpleNamespace(engine=FakeEngine(policy.model),
-                                   model_config=SimpleNamespace(tokenizer=policy.tokenizer, hf_config=policy.model.config))
+                                   model_config=SimpleNamespace(tokenizer=policy.tokenizer,
+                                                                hf_config=policy.model.config))
     data = to_dataproto(r, task, torch.arange(r.batch_size))
     data.meta_info["credo"] = {"estimator": "rredcot", "task": "gym:chain_sum", "task_options": CHAIN_SUM_OPTIONS}
     out = CredoCreditWorkerMixin.credo_compute_advantage.__wrapped__(worker, data)
@@ -195,7 +198,8 @@ def test_a_weight_stream_whose_names_do_not_match_is_refused_not_scored_with_ran
 
     worker = Worker()
     worker.actor = SimpleNamespace(engine=Prefixed(policy.model),
-                                   model_config=SimpleNamespace(tokenizer=policy.tokenizer, hf_config=policy.model.config))
+                                   model_config=SimpleNamespace(tokenizer=policy.tokenizer,
+                                                                hf_config=policy.model.config))
     with pytest.raises(RuntimeError, match="got no streamed weights"):
         worker._credo_synced_module()
     worker.actor.engine = FakeEngine(policy.model)

@@ -47,7 +47,8 @@ def run_one(args: argparse.Namespace, credit: str | None) -> dict[str, float]:
                 for q, c, a in zip(prompts, completions, answer)]
 
     rows = [{"prompt": [{"role": "system", "content": task.system_prompt}, {"role": "user", "content": p.prompt}],
-             "answer": p.answer} for p in task.train_problems(args.prompts * args.steps, torch.Generator().manual_seed(0))]
+             "answer": p.answer}
+             for p in task.train_problems(args.prompts * args.steps, torch.Generator().manual_seed(0))]
     gpu = torch.cuda.is_available() and not args.dry_run
     config = GRPOConfig(output_dir=os.path.join(args.out, credit or "trl"), per_device_train_batch_size=args.batch,
                         num_generations=args.group, max_completion_length=args.max_tokens, max_steps=args.steps,
@@ -84,8 +85,10 @@ def main() -> None:
         args.steps, args.batch, args.group, args.prompts, args.max_tokens = 2, 8, 4, 2, 16
     base = run_one(args, None)
     ours = run_one(args, args.credit)
-    print(f"TRL GRPO:        {base['generated_tokens_per_s']:.1f} generated tokens/s, {base['seconds_per_step']:.3f} s/step")
-    print(f"credo {args.credit}: {ours['generated_tokens_per_s']:.1f} generated tokens/s, {ours['seconds_per_step']:.3f} s/step")
+    print(f"TRL GRPO:        {base['generated_tokens_per_s']:.1f} generated tokens/s, "
+          f"{base['seconds_per_step']:.3f} s/step")
+    print(f"credo {args.credit}: {ours['generated_tokens_per_s']:.1f} generated tokens/s, "
+          f"{ours['seconds_per_step']:.3f} s/step")
     print(f"credit overhead: step time x{ours['seconds_per_step'] / base['seconds_per_step']:.2f} vs TRL; "
           f"credit step = {ours['credit_seconds'] / (ours['seconds_per_step'] * args.steps):.1%} of credo's run")
 

@@ -86,7 +86,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     task = ArithTask(config.task, args.task)
     result = evaluate(load_policy(args.out, device=device), task, task.heldout_problems(args.eval_n),
                       progress=not args.quiet)
-    print(f"SFT start in {args.out} (cache {path}); validation accuracy {summary.get('val_accuracy', float('nan')):.3f}")
+    print(f"SFT start in {args.out} (cache {path}); "
+          f"validation accuracy {summary.get('val_accuracy', float('nan')):.3f}")
     print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
     return 0
 
@@ -127,7 +128,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     from credo.train.trainer import Trainer
     from credo.train.config import load_train_config
     if args.help_config:  # the estimator's options listed field by field, with their docs: its config in `credit`
-        from dataclasses import replace
         from credo.train.plan import make_plan
         config = load_train_config(args.config, args.set, {**flag_settings(args), **_steps(args)})
         return show_config(replace(config, credit=make_plan(config).credit), "train")
@@ -145,7 +145,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_dir = args.out
     if args.accept_unrecorded_checkpoint and not args.resume:
         raise ConfigError("--accept-unrecorded-checkpoint applies to --resume RUN_DIR only")
-    trainer = Trainer(config, run_dir, progress=not args.quiet,  # task, start and options checked before --out is touched
+    # task, start and options checked before --out is touched
+    trainer = Trainer(config, run_dir, progress=not args.quiet,
                       accept_unrecorded_checkpoint=args.accept_unrecorded_checkpoint)
     inputs = input_paths(args.config, config.start, config.task)
     from credo.train.resume_checks import claim_run
@@ -235,7 +236,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from dataclasses import replace
     from credo.lab.audit.run import AuditConfig, audit_device, checked_methods, run_audit
     from credo.core.config import load_config
     from credo.core.files import claim_output
@@ -270,7 +270,8 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", help="task: arith (default), arith-long, gym:<reasoning-gym dataset>, jsonl:<path>; "
                    "the default --start is this task's SFT start")
     p.add_argument("--seed", type=int, help="random seed of the run, 0..2**32-1 (default 0)")
-    p.add_argument("--localiser", help="reset localiser for rrpo/srpo: random, value, prompt, oracle or self (prompt where the task has a localisation request, else value)")
+    p.add_argument("--localiser", help="reset localiser for rrpo/srpo: random, value, prompt, oracle or self (prompt "
+                   "where the task has a localisation request, else value)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint (its "
                    "config.yaml holds the settings; only --steps may change)")
     p.add_argument("--accept-unrecorded-checkpoint", action="store_true",
@@ -306,8 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="credo", description="Credit assignment for RL with verifiable rewards.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("methods", help="list the registered estimators, recipes, rollout strategies (train.strategy) and "
-                       "reset localisers (train.reset.localiser), one per line: name, kind, description")
+    p = sub.add_parser("methods", help="list the registered estimators, recipes, rollout strategies (train.strategy) "
+                       "and reset localisers (train.reset.localiser), one per line: name, kind, description")
     p.set_defaults(fn=cmd_methods)
 
     _add_sft_parser(sub)

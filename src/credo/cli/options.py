@@ -56,7 +56,8 @@ def require_out(args: argparse.Namespace) -> str:
 
 
 def add_force_option(parser: argparse.ArgumentParser, replaces: str) -> None:
-    """`--force` as every command that writes an --out has it (credo.core.files.replace_refusal says what it refuses)."""
+    """`--force` as every command that writes an --out has it (credo.core.files.replace_refusal says what it
+    refuses)."""
     parser.add_argument("--force", action="store_true", help=f"replace a non-empty --out that holds {replaces}; "
                         "never a folder holding files credo did not write, the home directory, one holding the "
                         "current directory, an input or the cache, nor a mount point")

@@ -200,7 +200,8 @@ def run_kind(path: str) -> str | None:
         with open(marker) as f:
             return f.read().strip() or None
     for kind, files in _SIGNATURES.items():
-        if all(os.path.exists(os.path.join(path, name)) for name in files) and holds_only_own_files(path, kind, notes=True):
+        if (all(os.path.exists(os.path.join(path, name)) for name in files)
+                and holds_only_own_files(path, kind, notes=True)):
             return kind
     runs = os.path.join(path, "runs")  # a comparison stopped before its first result
     if (os.path.isdir(runs) and os.listdir(runs) and holds_only_own_files(path, "compare", notes=True)
@@ -331,7 +332,8 @@ def run_lock(run_dir: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UserError(f"{run_dir} is being written by another credo process; wait for it or stop it first") from None
+            raise UserError(f"{run_dir} is being written by another credo process; "
+                            "wait for it or stop it first") from None
         except OSError as err:
             if err.errno not in _NO_LOCKS:
                 raise

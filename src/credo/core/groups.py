@@ -36,7 +36,8 @@ def group_rows(group: torch.Tensor) -> dict[int, list[int]]:
     return out
 
 
-def group_mean_std(values: torch.Tensor, group: torch.Tensor, unbiased: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def group_mean_std(values: torch.Tensor, group: torch.Tensor,
+                   unbiased: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """values[B], group[B] -> (mean[B], std[B]) of each row's group, broadcast back to rows.
 
     unbiased=True is the Bessel-corrected sample std (TRL, verl); a group of one has std 0.

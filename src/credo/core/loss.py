@@ -33,8 +33,10 @@ class LossConfig:
         check(self.kind in ("clip", "pg"), f"train.loss.kind must be 'clip' or 'pg', got {self.kind!r}")
         check(0 <= self.eps_low < 1, f"train.loss.eps_low must be in [0, 1), got {self.eps_low}")
         check(self.eps_high >= 0, f"train.loss.eps_high must be >= 0, got {self.eps_high}")
-        check(self.ratio in ("token", "sequence"), f"train.loss.ratio must be 'token' or 'sequence', got {self.ratio!r}")
-        check(self.aggregation in AGGREGATIONS, f"train.loss.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        check(self.ratio in ("token", "sequence"),
+              f"train.loss.ratio must be 'token' or 'sequence', got {self.ratio!r}")
+        check(self.aggregation in AGGREGATIONS,
+              f"train.loss.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
         check(self.kl_coef >= 0, f"train.loss.kl_coef must be >= 0, got {self.kl_coef}")
 
 

@@ -81,7 +81,8 @@ class Probe:
         return out
 
     @torch.no_grad()
-    def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingConfig | None = None) -> Samples:
+    def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+               sampling: SamplingConfig | None = None) -> Samples:
         """Continuations of (left-padded) prefixes; counts prefix tokens as scored and new tokens as generated."""
         if self.no_sampling is not None:
             raise ValueError(self.no_sampling)

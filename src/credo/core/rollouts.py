@@ -95,7 +95,8 @@ class Rollouts:
             raise ValueError(f"Rollouts.prompt_ids has {self.prompt_ids.shape[0]} rows, completion_ids has {B}")
         for name, ok in checks.items():
             if ok is False:
-                raise ValueError(f"Rollouts.{name} has shape {tuple(getattr(self, name).shape)}; expected batch {B}, length {T}")
+                raise ValueError(f"Rollouts.{name} has shape {tuple(getattr(self, name).shape)}; expected "
+                                 f"batch {B}, length {T}")
         for name in ("segment_ids", "loss_mask", "ref_logprobs"):
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != (B, T):

@@ -59,9 +59,11 @@ class SegmenterConfig:
         check(self.n > 0, f"segmenter.n must be > 0, got {self.n}")
         check(0 < self.p <= 1, f"segmenter.p must be in (0, 1], got {self.p}")
         check(self.every > 0, f"segmenter.every must be > 0, got {self.every}")
-        check(0 < self.min_len <= self.max_len, f"segmenter.min_len/max_len must satisfy 0 < min <= max, got {self.min_len}/{self.max_len}")
+        check(0 < self.min_len <= self.max_len,
+              f"segmenter.min_len/max_len must satisfy 0 < min <= max, got {self.min_len}/{self.max_len}")
         check(self.max_segments > 0, f"segmenter.max_segments must be > 0, got {self.max_segments}")
-        check(0 < self.entropy_quantile <= 1, f"segmenter.entropy_quantile must be in (0, 1], got {self.entropy_quantile}")
+        check(0 < self.entropy_quantile <= 1,
+              f"segmenter.entropy_quantile must be in (0, 1], got {self.entropy_quantile}")
 
 
 def segmenter_config(value: Any) -> SegmenterConfig:

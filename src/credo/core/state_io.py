@@ -31,7 +31,8 @@ class CorruptStateError(UserError):
 
 def save_state(directory: str, name: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
     """Write `name.safetensors` and `name.json` into `directory` (which the caller renames into place)."""
-    save_file({k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()}, os.path.join(directory, name + ".safetensors"))
+    save_file({k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()},
+              os.path.join(directory, name + ".safetensors"))
     with open(os.path.join(directory, name + ".json"), "w") as f:
         json.dump(meta, f)
 
@@ -117,7 +118,8 @@ def _files(directory: str) -> list[str]:
 
 def write_manifest(directory: str) -> None:
     """sha256 of every file in `directory`, written atomically as the last file."""
-    atomic_write_json(os.path.join(directory, MANIFEST), {"sha256": {f: _sha256(os.path.join(directory, f)) for f in _files(directory)}})
+    atomic_write_json(os.path.join(directory, MANIFEST),
+                      {"sha256": {f: _sha256(os.path.join(directory, f)) for f in _files(directory)}})
 
 
 def verify_manifest(directory: str) -> None:
@@ -149,7 +151,8 @@ def verify_manifest(directory: str) -> None:
         if name not in present:
             raise CorruptStateError(f"{file} is listed in the checkpoint's manifest but missing")
         if _sha256(file) != digest:
-            raise CorruptStateError(f"{file} does not match its sha256 in {path} (changed or corrupted since it was saved)")
+            raise CorruptStateError(f"{file} does not match its sha256 in {path} (changed or "
+                                    "corrupted since it was saved)")
 
 
 def check_safetensors(directory: str) -> None:

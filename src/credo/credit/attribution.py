@@ -71,7 +71,8 @@ class AttributionConfig:
         check_segmenter_option(self.segmenter)
         check(self.target in ("gold", "own"), f"credit.target must be 'gold' or 'own', got {self.target!r}")
         check(self.batch_size > 0, f"credit.batch_size must be > 0, got {self.batch_size}")
-        check(self.coarse_to_fine >= 0 and self.refine_top >= 1, "credit.coarse_to_fine must be >= 0 and credit.refine_top >= 1")
+        check(self.coarse_to_fine >= 0 and self.refine_top >= 1,
+              "credit.coarse_to_fine must be >= 0 and credit.refine_top >= 1")
         check(self.permutations >= 1, f"credit.permutations must be >= 1, got {self.permutations}")
         check(self.unit in ("token", "segment"), f"credit.unit must be 'token' or 'segment', got {self.unit!r}")
 
@@ -115,7 +116,8 @@ def score_contexts(rollouts: Rollouts, probe: Probe, jobs: Sequence[tuple[int, l
     pad = probe.policy.pad_id
     for start in range(0, len(jobs), batch_size):
         chunk = jobs[start:start + batch_size]
-        p_ids, p_mask = left_pad([prompt_tokens(rollouts.prompt_ids, rollouts.prompt_mask, r) + ctx for r, ctx, _ in chunk],
+        p_ids, p_mask = left_pad([prompt_tokens(rollouts.prompt_ids, rollouts.prompt_mask, r) + ctx
+                                  for r, ctx, _ in chunk],
                                  pad, rollouts.prompt_ids.device)
         c_ids, c_mask = right_pad([cont for _, _, cont in chunk], pad, rollouts.prompt_ids.device)
         logprobs, _ = probe.score(p_ids, p_mask, c_ids, c_mask)
@@ -175,7 +177,8 @@ def loo_scores(rollouts: Rollouts, probe: Probe, pl: Players, config: Attributio
             top = sorted(items, key=lambda x: -abs(x[1]))[:config.refine_top]
             for unit, _ in top:
                 for k in unit:
-                    refine.append((row, context_without(pl.tokens[row], pl.spans[row], {k}), target_tokens(rollouts, probe, row, config.target), k))
+                    refine.append((row, context_without(pl.tokens[row], pl.spans[row], {k}),
+                                   target_tokens(rollouts, probe, row, config.target), k))
     if refine:
         fine = score_contexts(rollouts, probe, [(r, c, t) for r, c, t, _ in refine], config.batch_size)
         for v, (row, _, _, k) in zip(fine.tolist(), refine):
@@ -193,11 +196,13 @@ def reads_gold(config: AttributionConfig) -> bool:
 def loo(rollouts: Rollouts, probe: Probe, config: AttributionConfig) -> Credit:
     """Needs: the answer template and target answer. Cost: (segments + 1) forwards per trace."""
     segment_ids, pl = players(rollouts, probe, config)
-    advantages, per_segment = _segment_scores_to_credit(rollouts, segment_ids, pl, loo_scores(rollouts, probe, pl, config))
+    advantages, per_segment = _segment_scores_to_credit(rollouts, segment_ids, pl,
+                                                        loo_scores(rollouts, probe, pl, config))
     return Credit(advantages=advantages, segment_credit=per_segment)
 
 
-def shapley_values(rollouts: Rollouts, probe: Probe, pl: Players, config: AttributionConfig) -> tuple[list[torch.Tensor], list[tuple[float, float]]]:
+def shapley_values(rollouts: Rollouts, probe: Probe, pl: Players,
+                   config: AttributionConfig) -> tuple[list[torch.Tensor], list[tuple[float, float]]]:
     """Per row: Shapley estimates [n_players] and (f(empty), f(all))."""
     rng = random.Random(config.seed)
     jobs, plan = [], []
@@ -230,7 +235,8 @@ def shapley_values(rollouts: Rollouts, probe: Probe, pl: Players, config: Attrib
     return [s / max(c, 1) for s, c in zip(sums, counts)], ends
 
 
-@register("shapley", "Permutation-sampling Shapley values of segments for the answer log-likelihood (sum to f(all) - f(empty))",
+@register("shapley",
+          "Permutation-sampling Shapley values of segments for the answer log-likelihood (sum to f(all) - f(empty))",
           AttributionConfig, uses_model=True, needs_segments=True, privileged=reads_gold)
 def shapley(rollouts: Rollouts, probe: Probe, config: AttributionConfig) -> Credit:
     """Needs: the answer template and target. Cost: permutations x (segments + 1) forwards per trace."""
@@ -240,7 +246,8 @@ def shapley(rollouts: Rollouts, probe: Probe, config: AttributionConfig) -> Cred
     return Credit(advantages=advantages, segment_credit=per_segment)
 
 
-@register("counterfactual", "Causal credit: drop in answer log-prob when a segment is removed, as token weights in [0.5, 2] on GRPO",
+@register("counterfactual",
+          "Causal credit: drop in answer log-prob when a segment is removed, as token weights in [0.5, 2] on GRPO",
           AttributionConfig, uses_model=True, needs_segments=True, privileged=reads_gold)
 def counterfactual(rollouts: Rollouts, probe: Probe, config: AttributionConfig) -> Credit:
     """Needs: the answer template and target. Cost: (segments + 1) forwards per trace."""
@@ -267,7 +274,9 @@ def oar_weights(u: torch.Tensor) -> torch.Tensor:
     return torch.where(u < 0.25, (u / 0.25).clamp(min=0.1), 1 + (u - 0.25) / 0.75)
 
 
-@register("oar", "Outcome-grounded reshaping: KL of the answer distribution with/without each token -> bi-level weights on GRPO",
+@register("oar",
+          "Outcome-grounded reshaping: KL of the answer distribution with/without each token -> "
+          "bi-level weights on GRPO",
           AttributionConfig, uses_model=True, needs_segments=True, privileged=reads_gold)
 def oar(rollouts: Rollouts, probe: Probe, config: AttributionConfig) -> Credit:
     """Needs: the group's candidate answers and the template. Cost: (units + 1) x candidates forwards

@@ -111,4 +111,5 @@ def spo_chain(rollouts: Rollouts, probe: Probe, config: SPOChainConfig) -> Credi
     advantages = broadcast_segments(diffs, segment_ids) * rollouts.trainable_mask()
     probability_mask = (rollouts.old_logprobs.exp() < config.p) & rollouts.completion_mask
     return Credit(advantages=advantages, loss_mask=probability_mask, segment_credit=diffs,
-                  info={"masked_token_share": float(probability_mask.sum() / rollouts.completion_mask.sum().clamp(min=1))})
+                  info={"masked_token_share":
+                        float(probability_mask.sum() / rollouts.completion_mask.sum().clamp(min=1))})

@@ -60,7 +60,8 @@ class RREDCoTConfig:
     the row's other group members)."""
     mode: str = "additive"
     """How the standardised segment credit z shapes GRPO's advantage A: 'additive' (A + lam * z), 'replace'
-    (z instead of A; a one-segment trace keeps A) or 'weight' (token weights 1 + lam * sign(A) * z, clipped to [0, w_max], mean 1 per trace)."""
+    (z instead of A; a one-segment trace keeps A) or 'weight' (token weights 1 + lam * sign(A) * z, clipped to
+    [0, w_max], mean 1 per trace)."""
     lam: float = 0.5
     """Strength of the redistribution, in [0, 100] (0: plain GRPO in additive and weight mode; unused by replace)."""
     w_max: float = 3.0
@@ -77,10 +78,12 @@ class RREDCoTConfig:
     """Score all candidates of a trace off one KV cache (false re-reads every prefix: same values, more cost)."""
 
     def __post_init__(self) -> None:
-        check(self.candidates in ("suffixes", "answers"), f"credit.candidates must be 'suffixes' or 'answers', got {self.candidates!r}")
+        check(self.candidates in ("suffixes", "answers"),
+              f"credit.candidates must be 'suffixes' or 'answers', got {self.candidates!r}")
         check(self.probe in ("", *VALUE_MODES), f"credit.probe must be 'normalized' or 'absolute', got {self.probe!r}")
         check(self.v0 in ("probe", "group_mean"), f"credit.v0 must be 'probe' or 'group_mean', got {self.v0!r}")
-        check(self.mode in ("additive", "replace", "weight"), f"credit.mode must be additive|replace|weight, got {self.mode!r}")
+        check(self.mode in ("additive", "replace", "weight"),
+              f"credit.mode must be additive|replace|weight, got {self.mode!r}")
         check(0 <= self.lam <= 100, f"credit.lam must be in [0, 100], got {self.lam}")
         check(1 <= self.w_max <= 100, f"credit.w_max must be in [1, 100], got {self.w_max}")
         check_segmenter_option(self.segmenter)
@@ -98,13 +101,15 @@ def reads_solution(config: RREDCoTConfig) -> bool:
     return config.include_reference if config.candidates == "suffixes" else config.include_gold
 
 
-def probe_values(rollouts: Rollouts, probe: Probe, segment_ids: torch.Tensor, config: RREDCoTConfig) -> list[torch.Tensor]:
+def probe_values(rollouts: Rollouts, probe: Probe, segment_ids: torch.Tensor,
+                 config: RREDCoTConfig) -> list[torch.Tensor]:
     """Per row, V(s_0..s_K) (K = its segment count; V(s_K) = r) by the configured value probe."""
     if config.candidates == "suffixes":
         values = suffix_values(rollouts, probe, segment_ids, config.value_mode, config.include_reference,
                                config.reuse_prefix)
     else:
-        values = answer_values(rollouts, probe, segment_ids, config.value_mode, config.include_gold, config.reuse_prefix)
+        values = answer_values(rollouts, probe, segment_ids, config.value_mode,
+                               config.include_gold, config.reuse_prefix)
     if config.v0 == "group_mean":  # leave-one-out: the row's own reward must not leak into R_1
         loo = rloo_advantages(rollouts.rewards, rollouts.group)
         for v, r, a in zip(values, rollouts.rewards, loo):
@@ -125,7 +130,8 @@ def advantages_from_redistribution(rollouts: Rollouts, segment_ids: torch.Tensor
     mask = rollouts.trainable_mask().float()
     a_row = a_grpo.cpu()  # beside the per-segment values, which are on the CPU (broadcast_segments places them)
     if config.mode == "additive":
-        shaped = [a_row[i] + config.lam * ((zi - zi.mean()) if config.center and zi.numel() else zi) for i, zi in enumerate(z)]
+        shaped = [a_row[i] + config.lam * ((zi - zi.mean()) if config.center and zi.numel() else zi)
+                  for i, zi in enumerate(z)]
         return broadcast_segments(shaped, segment_ids) * mask
     if config.mode == "replace":
         shaped = [zi if zi.numel() > 1 and live[i] else a_row[i].expand(zi.numel()) for i, zi in enumerate(z)]
@@ -143,7 +149,9 @@ def _standardise(R: list[torch.Tensor], gather: Any = None) -> list[torch.Tensor
     return [zscore(r, over=flat) for r in R]
 
 
-@register("rredcot", "RREDCoT: segment credit V(s_k) - V(s_{k-1}), V the policy's own IS value over its group's tails (+ reference), no generation",
+@register("rredcot",
+          "RREDCoT: segment credit V(s_k) - V(s_{k-1}), V the policy's own IS value over its group's tails (+ "
+          "reference), no generation",
           RREDCoTConfig, uses_model=True, needs_segments=True, privileged=reads_solution)
 def rredcot(rollouts: Rollouts, probe: Probe, config: RREDCoTConfig) -> Credit:
     segment_ids = segments_for(rollouts, probe, config.segmenter)

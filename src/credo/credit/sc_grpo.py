@@ -78,7 +78,8 @@ def self_conditioned_kl(rollouts: Rollouts, probe: Probe, rows: list[int], refer
                                           truncated, i) for i, r in zip(chunk, refs)]
         t_ids, t_mask = policy.encode_prompts(teacher_prompts)
         teacher = probe.completion_logits(t_ids, t_mask, comp_ids, comp_mask).float()
-        student = probe.completion_logits(rollouts.prompt_ids[chunk], rollouts.prompt_mask[chunk], comp_ids, comp_mask).float()
+        student = probe.completion_logits(rollouts.prompt_ids[chunk], rollouts.prompt_mask[chunk],
+                                          comp_ids, comp_mask).float()
         log_t, log_s = F.log_softmax(teacher, -1), F.log_softmax(student, -1)
         kl = (log_t.exp() * (log_t - log_s)).sum(-1).clamp(min=0)
         out[start:start + len(chunk)] = kl * comp_mask
@@ -151,7 +152,9 @@ def route(rollouts: Rollouts, seed: str) -> tuple[list[int], list[int], list[tup
     return weighted_rows, weighted_refs, diversity
 
 
-@register("sc_grpo", "SC-GRPO: GRPO with token weights f = D/(D+c), D = KL(policy conditioned on its own verified solution || policy)",
+@register("sc_grpo",
+          "SC-GRPO: GRPO with token weights f = D/(D+c), D = KL(policy conditioned on its own "
+          "verified solution || policy)",
           SCGRPOConfig, uses_model=True)
 def sc_grpo(rollouts: Rollouts, probe: Probe, config: SCGRPOConfig) -> Credit:
     step_seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=probe.generator))  # the same on every shard

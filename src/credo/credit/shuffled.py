@@ -114,7 +114,8 @@ def wrapped_privileged(config: ShuffledConfig) -> bool:
     return inner.reads_privileged(inner.make_config(config.options))
 
 
-@register("shuffled", "control: a method's own segment credit permuted among each trace's segments (shuffled:of=<method>; "
+@register("shuffled",
+          "control: a method's own segment credit permuted among each trace's segments (shuffled:of=<method>; "
           "level=token: over its tokens)",
           ShuffledConfig, needs_segments=True, privileged=wrapped_privileged)
 def shuffled(rollouts: Rollouts, probe: Any, config: ShuffledConfig) -> Credit:

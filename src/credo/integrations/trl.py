@@ -134,7 +134,8 @@ class CreditGRPOTrainer(GRPOTrainer):
             return output
         started = time.perf_counter()
         gather = process_group_gather() if self.accelerator.num_processes > 1 else None
-        probe = Probe(self._probe_policy(), self.credit_task, self.credit_sampling, self.credit_generator, gather=gather)
+        probe = Probe(self._probe_policy(), self.credit_task, self.credit_sampling,
+                      self.credit_generator, gather=gather)
         rollouts = self._rollouts(output, probe)
         where = self._check_where(len(rollouts.rewards)) if self.credit_checks else None
         if where is not None:
@@ -211,8 +212,8 @@ class CreditGRPOTrainer(GRPOTrainer):
         completion_ids, completion_mask = output["completion_ids"], output["completion_mask"].bool()
         B = completion_ids.shape[0]
         if B % self.num_generations:
-            raise ValueError(f"credo credit needs whole groups on each process: the per-process batch ({B} rows) must be "
-                             f"a multiple of num_generations ({self.num_generations})")
+            raise ValueError("credo credit needs whole groups on each process: the per-process "
+                             f"batch ({B} rows) must be a multiple of num_generations ({self.num_generations})")
         all_rewards, start = self._local_rewards(B)
         rewards = all_rewards[start:start + B].float().cpu()
         # rows are grouped in blocks of num_generations in TRL's global order; ids stay global
@@ -306,7 +307,8 @@ class TRLPromptPolicy(HFPolicy):
     (messages, tools); see `conversation` for how a built prompt finds its row.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, conversations: dict[str, tuple[list[dict], list | None]],
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *,
+                 conversations: dict[str, tuple[list[dict], list | None]],
                  chat: bool, chat_template: str | None = None, template_options: dict | None = None) -> None:
         super().__init__(model, tokenizer, device=model.device, chat=chat, cast=False)
         self.chat = chat  # TRL's rule (the rows' form), not whether the tokenizer has a template
@@ -326,7 +328,8 @@ class TRLPromptPolicy(HFPolicy):
             key = prompt.user if prompt.user in self.conversations else max(
                 (k for k in self.conversations if prompt.user.endswith(k)), key=len, default=None)
             if key is None:
-                raise ValueError(f"credo's probe built a prompt that names no row of this batch ({prompt.user[:60]!r}); "
+                raise ValueError("credo's probe built a prompt that names no row of this batch "
+                                 f"({prompt.user[:60]!r}); "
                                  "its conversation is unknown")
             row_messages, tools = self.conversations[key]
             messages = [dict(m) for m in row_messages]
@@ -362,7 +365,8 @@ class TRLPromptPolicy(HFPolicy):
 def _check_trl_settings(args: Any, credit: str) -> None:
     """Refuse TRL advantage settings that credo's estimator would silently replace: credo computes the
     advantages itself, so TRL's reward scaling and multi-reward aggregation never reach them."""
-    scale = {True: "group", False: "none"}.get(getattr(args, "scale_rewards", "group"), getattr(args, "scale_rewards", "group"))
+    scale = {True: "group", False: "none"}.get(getattr(args, "scale_rewards", "group"),
+                                               getattr(args, "scale_rewards", "group"))
     if scale != "group":
         hint = " (credit='dr_grpo' does not divide by the std)" if scale == "none" else ""
         raise ValueError(f"GRPOConfig.scale_rewards={scale!r}: credo's {credit!r} estimator computes the advantages, "
@@ -370,5 +374,6 @@ def _check_trl_settings(args: Any, credit: str) -> None:
                          f"normalisation with credit/credit_config{hint}")
     aggregation = getattr(args, "multi_objective_aggregation", "sum_then_normalize")
     if aggregation != "sum_then_normalize":
-        raise ValueError(f"GRPOConfig.multi_objective_aggregation={aggregation!r}: credo's estimators read the weighted "
-                         "sum of the rewards (sum_then_normalize); other aggregations would be ignored")
+        raise ValueError(f"GRPOConfig.multi_objective_aggregation={aggregation!r}: credo's "
+                         "estimators read the weighted sum of the rewards (sum_then_normalize); other "
+                         "aggregations would be ignored")

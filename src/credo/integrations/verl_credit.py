@@ -52,7 +52,8 @@ def dataset_row(task: Any, problem: Problem, data_source: str = "credo") -> dict
     prompt (as credo's HF backend formats it), gold answer for verl's reward, the Problem as JSON and the
     task's name and options (JSON) for `compute_score`."""
     system = getattr(task, "system_prompt", None)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": problem.prompt}]
+    messages = ([{"role": "system", "content": system}] if system
+                else []) + [{"role": "user", "content": problem.prompt}]
     encoded = json.dumps({"key": problem.key, "prompt": problem.prompt, "answer": problem.answer, "data": problem.data},
                          default=str)
     options = json.dumps(getattr(task, "options", {}) or {}, default=str)
@@ -119,7 +120,8 @@ def rollouts_from_batch(batch: Any, policy: Any, task: Any) -> Rollouts:
     correct = rewards_for(task, problems, texts)[1] if task is not None else rewards >= 1.0
     old = t["old_log_probs"].float().cpu() if "old_log_probs" in t.keys() else torch.zeros(responses.shape)
     device = policy.device
-    return Rollouts(prompt_ids=prompts.to(device), prompt_mask=prompt_mask.to(device), completion_ids=responses.to(device),
+    return Rollouts(prompt_ids=prompts.to(device), prompt_mask=prompt_mask.to(device),
+                    completion_ids=responses.to(device),
                     completion_mask=completion_mask.to(device), group=group, rewards=rewards,
                     old_logprobs=(old * completion_mask.cpu()).to(device), correct=correct, problems=problems,
                     completions=texts, loss_mask=loss_mask.to(device))

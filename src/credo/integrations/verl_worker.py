@@ -67,7 +67,8 @@ class CredoCreditWorkerMixin:
         if self._credo_module is None:
             from transformers import AutoModelForCausalLM
             hf_config = self.actor.model_config.hf_config
-            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+            device = torch.device("cuda",
+                                  torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
             with torch.device(device):
                 self._credo_module = AutoModelForCausalLM.from_config(hf_config, torch_dtype=self.credo_module_dtype)
             self._credo_module.eval().requires_grad_(False)

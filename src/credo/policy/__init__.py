@@ -36,7 +36,8 @@ def load_policy(path: str, device: str | torch.device = "cpu", lora_r: int = 0, 
         if lora_r:
             policy.add_lora(lora_r, lora_alpha, lora_targets)
         return policy
-    raise FileNotFoundError(f"{path} is neither a credo checkpoint (policy.json) nor a Hugging Face model (config.json)")
+    raise FileNotFoundError(f"{path} is neither a credo checkpoint (policy.json) "
+                            "nor a Hugging Face model (config.json)")
 
 
 def _checked_load(load, path: str, device: str) -> "Policy":

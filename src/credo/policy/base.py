@@ -50,7 +50,8 @@ class Policy(Protocol):
     eos_id: int
     system_prompt: str | None  # a chat backend's system turn before every prompt (the bound task's); others: None
 
-    def encode_prompts(self, texts: Sequence[str | Prompt], system: bool = True) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def encode_prompts(self, texts: Sequence[str | Prompt],
+                       system: bool = True) -> tuple[torch.Tensor, torch.Tensor]: ...
     def encode_completions(self, texts: Sequence[str], eos: bool = True) -> tuple[torch.Tensor, torch.Tensor]: ...
     def encode_continuation(self, text: str, eos: bool = False) -> list[int]: ...
     def decode(self, ids: torch.Tensor) -> str: ...
@@ -70,7 +71,8 @@ class Policy(Protocol):
     def copy(self) -> "Policy": ...
 
 
-def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int,
+             device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Lists of ids -> (ids[B, L] left-padded, mask[B, L] bool)."""
     width = max((len(r) for r in rows), default=0)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -266,7 +268,8 @@ class CompletionScoring:
                           completion_mask: torch.Tensor) -> torch.Tensor:
         """logits[B, T, V] predicting each completion token (grad follows torch.is_grad_enabled)."""
         P, T = prompt_ids.shape[1], completion_ids.shape[1]
-        logits = self.forward_logits(torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1))
+        logits = self.forward_logits(torch.cat([prompt_ids, completion_ids], 1),
+                                     torch.cat([prompt_mask, completion_mask], 1))
         return logits[:, P - 1:P + T - 1]
 
     def score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,

@@ -64,7 +64,8 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
         self.proj = nn.Linear(config.d_model, config.d_model)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, layer: int, cache: KVCache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, layer: int,
+                cache: KVCache | None) -> torch.Tensor:
         B, L, D = x.shape
         q, k, v = self.qkv(x).split(D, dim=2)
         q, k, v = (t.view(B, L, self.n_head, D // self.n_head).transpose(1, 2) for t in (q, k, v))
@@ -108,7 +109,8 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(config.d_model, 4 * config.d_model), nn.GELU(),
                                  nn.Linear(4 * config.d_model, config.d_model))
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, layer: int, cache: KVCache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, layer: int,
+                cache: KVCache | None) -> torch.Tensor:
         x = x + self.attn(self.ln1(x), attn_mask, layer, cache)
         return x + self.mlp(self.ln2(x))
 

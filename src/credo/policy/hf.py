@@ -126,7 +126,8 @@ class HFPolicy(CompletionScoring):
             return render_plain(text)
         prompt = as_prompt(text)
         system_text = "\n\n".join(x for x in ((self.system_prompt if system else None), prompt.system) if x)
-        messages = ([{"role": "system", "content": system_text}] if system_text else []) + [{"role": "user", "content": prompt.user}]
+        messages = (([{"role": "system", "content": system_text}] if system_text else [])
+                    + [{"role": "user", "content": prompt.user}])
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     @property
@@ -255,7 +256,8 @@ class HFPolicy(CompletionScoring):
         """Activation checkpointing is on: transformers then turns the KV cache off."""
         return bool(getattr(self.model, "is_activation_checkpointing", False))
 
-    def distinct_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def distinct_prompts(self, ids: torch.Tensor,
+                         mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(ids[U, P], mask[U, P], rows[B]) of the U < B distinct left-padded prompts of ids[B, P], rows[i]
         naming row i's prompt; None when prompt sharing is off or every row's prompt differs."""
         if not self.share_prompts:
@@ -278,7 +280,8 @@ class HFPolicy(CompletionScoring):
         if distinct is None or T == 0:
             return None
         unique_ids, unique_mask, inverse = distinct
-        out = self.model(input_ids=unique_ids, attention_mask=unique_mask.long(), position_ids=self._positions(unique_mask),
+        out = self.model(input_ids=unique_ids, attention_mask=unique_mask.long(),
+                         position_ids=self._positions(unique_mask),
                          cache=DynamicCache(), use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         if cache is None:  # a model without a KV cache: read every row in full

@@ -45,7 +45,8 @@ class TinyPolicy(CompletionScoring):
     @classmethod
     def create(cls, config: GPTConfig, tokenizer: CharTokenizer, seed: int = 0, device: str = "cpu") -> "TinyPolicy":
         if config.vocab_size != tokenizer.vocab_size:
-            raise ValueError(f"model.vocab_size={config.vocab_size} but the tokenizer has {tokenizer.vocab_size} tokens")
+            raise ValueError(f"model.vocab_size={config.vocab_size} "
+                             f"but the tokenizer has {tokenizer.vocab_size} tokens")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = GPT(config)

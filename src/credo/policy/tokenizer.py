@@ -35,7 +35,8 @@ class CharTokenizer:
         try:
             ids = [self.char_to_id[c] for c in text]
         except KeyError as err:
-            raise ValueError(f"character {err.args[0]!r} in {text!r} is not in the tokenizer alphabet {self.alphabet!r}") from None
+            raise ValueError(f"character {err.args[0]!r} in {text!r} "
+                             f"is not in the tokenizer alphabet {self.alphabet!r}") from None
         return ([BOS] if bos else []) + ids + ([EOS] if eos else [])
 
     def decode(self, ids: list[int] | torch.Tensor) -> str:

@@ -36,7 +36,7 @@ from credo.core.values import suffix_values
 from credo.policy.base import SamplingConfig
 from credo.core.probe import Probe
 from credo.core.rollouts import Rollouts
-from credo.core.segment import segment_bounds, segment_means
+from credo.core.segment import segment_bounds
 
 LOCALISERS = Registry("localiser")
 
@@ -143,7 +143,8 @@ def unreadable(policy, texts: Sequence[str]) -> str:  # noqa: ANN001
     return "".join(sorted(set("".join(texts)) - set(alphabet)))
 
 
-def localisation_requests(rollouts: Rollouts, rows: Sequence[int], probe: Probe, segment_ids: torch.Tensor) -> list[str]:
+def localisation_requests(rollouts: Rollouts, rows: Sequence[int], probe: Probe,
+                          segment_ids: torch.Tensor) -> list[str]:
     """The task's localisation request about each row in `rows`: its problem and its steps (segments)."""
     builder, policy = probe.task.localisation_prompt, probe.policy
     prompts = []

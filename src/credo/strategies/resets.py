@@ -61,7 +61,8 @@ class ResetConfig:
     """The value localiser's threshold on a step's value drop."""
 
     def __post_init__(self) -> None:
-        check(self.n_fresh >= 2 and self.n_reset >= 2, f"reset.n_fresh and reset.n_reset must be >= 2, got {self.n_fresh}/{self.n_reset}")
+        check(self.n_fresh >= 2 and self.n_reset >= 2,
+              f"reset.n_fresh and reset.n_reset must be >= 2, got {self.n_fresh}/{self.n_reset}")
         check(self.max_fresh_attempts >= 1, f"reset.max_fresh_attempts must be >= 1, got {self.max_fresh_attempts}")
         check_in(self.n_fresh, 2, MAX_GROUP, "reset.n_fresh")
         check_in(self.n_reset, 2, MAX_GROUP, "reset.n_reset")
@@ -70,7 +71,8 @@ class ResetConfig:
         check(self.localiser in names, f"reset.localiser must be one of {names}, got {self.localiser!r}")
         check(self.backoff >= 0, f"reset.backoff must be >= 0, got {self.backoff}")
         check(self.prompt_temperature >= 0, f"reset.prompt_temperature must be >= 0, got {self.prompt_temperature}")
-        check(self.prompt_max_new_tokens >= 1, f"reset.prompt_max_new_tokens must be >= 1, got {self.prompt_max_new_tokens}")
+        check(self.prompt_max_new_tokens >= 1,
+              f"reset.prompt_max_new_tokens must be >= 1, got {self.prompt_max_new_tokens}")
         check(0 < self.value_drop < 1, f"reset.value_drop must be in (0, 1), got {self.value_drop}")
         segmenter_config(self.segmenter)
 

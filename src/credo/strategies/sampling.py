@@ -74,7 +74,8 @@ class DynamicConfig:
         check(self.max_rounds >= 1, f"dynamic_max_rounds must be >= 1, got {self.max_rounds}")
 
 
-@register("dynamic", "DAPO dynamic sampling: drop groups whose rewards are all equal, refill with new prompts", DynamicConfig)
+@register("dynamic",
+          "DAPO dynamic sampling: drop groups whose rewards are all equal, refill with new prompts", DynamicConfig)
 def collect_dynamic(ctx: SamplingContext, n_prompts: int, config: DynamicConfig) -> Collected:
     kept: list[Rollouts] = []
     spare: list[Rollouts] = []

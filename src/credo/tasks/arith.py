@@ -68,10 +68,13 @@ class ArithConfig:
     problem text, so the two splits are disjoint by construction."""
 
     def __post_init__(self) -> None:
-        check(2 <= self.min_terms <= self.max_terms <= 12, f"task.min_terms/max_terms must satisfy 2 <= min <= max <= 12, got {self.min_terms}/{self.max_terms}")
+        check(2 <= self.min_terms <= self.max_terms <= 12,
+              f"task.min_terms/max_terms must satisfy 2 <= min <= max <= 12, got {self.min_terms}/{self.max_terms}")
         check(1 <= self.digits <= 4, f"task.digits must be in 1..4, got {self.digits}")
-        check(bool(self.ops) and set(self.ops) <= set("+-*"), f"task.ops must be a non-empty subset of '+-*', got {self.ops!r}")
-        check(1 <= self.heldout_permille <= 500, f"task.heldout_permille must be in 1..500, got {self.heldout_permille}")
+        check(bool(self.ops) and set(self.ops) <= set("+-*"),
+              f"task.ops must be a non-empty subset of '+-*', got {self.ops!r}")
+        check(1 <= self.heldout_permille <= 500,
+              f"task.heldout_permille must be in 1..500, got {self.heldout_permille}")
 
 
 # Task name -> its difficulty preset (user options override single fields of it).
@@ -158,8 +161,8 @@ class ArithTask:
                         self._heldout_exhausted = True
                         break
             if not out:
-                raise UserError(f"task {self.name}: its options leave no held-out problems (raise task.heldout_permille "
-                                "or widen task.digits/min_terms/max_terms/ops)")
+                raise UserError(f"task {self.name}: its options leave no held-out problems (raise "
+                                "task.heldout_permille or widen task.digits/min_terms/max_terms/ops)")
             self._heldout_cache = out
         return self._heldout_cache[:n]
 
@@ -213,7 +216,8 @@ class ArithTask:
                 match = STEP_RE.match(line)
                 ok = False
                 if match:
-                    left, op, right, result = int(match.group(1)), match.group(2), int(match.group(3)), int(match.group(4))
+                    left, op, right, result = (int(match.group(1)), match.group(2), int(match.group(3)),
+                                               int(match.group(4)))
                     ok = (previous is None or left == previous) and op == ops[k] and right == terms[k + 1] \
                         and result == _apply(left, op, right)
                     previous = result

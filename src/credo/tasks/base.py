@@ -66,7 +66,8 @@ class Task(Protocol):
     # a str is a user turn; a Prompt also carries system-turn text (the policy renders either)
 
 
-def rewards_for(task: Task, problems: Sequence[Problem], completions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def rewards_for(task: Task, problems: Sequence[Problem],
+                completions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """(rewards[B] float, correct[B] bool) from the task's verifier."""
     correct = torch.tensor([task.is_correct(p, c) for p, c in zip(problems, completions)], dtype=torch.bool)
     rewards = torch.tensor([task.reward(p, c) for p, c in zip(problems, completions)], dtype=torch.float32)

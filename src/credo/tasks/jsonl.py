@@ -54,12 +54,14 @@ def _parse_row(raw: bytes, max_question_chars: int) -> Problem:
     row = json.loads(text)
     if not isinstance(row, dict):
         raise ValueError("a row must be a JSON object")
-    missing = [k for k in ("question", "answer") if not isinstance(row.get(k), (str, int, float)) or isinstance(row.get(k), bool)]
+    missing = [k for k in ("question", "answer") if not isinstance(row.get(k), (str, int, float))
+               or isinstance(row.get(k), bool)]
     if missing:
         raise ValueError(f"missing or non-text field(s): {', '.join(missing)}")
     question = str(row["question"])
     if len(question) > max_question_chars:
-        raise ValueError(f"question is {len(question)} characters, over the limit max_question_chars={max_question_chars}")
+        raise ValueError(f"question is {len(question)} characters, over the limit "
+                         f"max_question_chars={max_question_chars}")
     if not question.strip():
         raise ValueError("empty question")
     data = {"solution": row["solution"]} if isinstance(row.get("solution"), str) else {}  # RREDCoT's reference tail

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from credo.integrations import tracking
-from credo.core.config import MAX_EPOCHS, MAX_GROUP, MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_ROUNDS, MAX_STEP_COMPLETIONS, ConfigError, check, check_in, from_dict, merge, read_yaml, to_dict, user_settings
+from credo.core.config import (MAX_EPOCHS, MAX_GROUP, MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_ROUNDS,
+                               MAX_STEP_COMPLETIONS, ConfigError, check, check_in, from_dict, merge, read_yaml,
+                               to_dict, user_settings)
 from credo.policy.device import check_device_fields
 from credo.core.loss import LossConfig
 from credo.policy.base import SamplingConfig
@@ -120,7 +122,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_device_fields(self.device, self.dtype, "train.")
         check(self.prompts_per_step > 0, f"train.prompts_per_step must be > 0, got {self.prompts_per_step}")
-        check(self.group_size >= 2, f"train.group_size must be >= 2 (group baselines need two samples), got {self.group_size}")
+        check(self.group_size >= 2,
+              f"train.group_size must be >= 2 (group baselines need two samples), got {self.group_size}")
         check_in(self.group_size, 2, MAX_GROUP, "train.group_size")
         check(self.prompts_per_step * self.group_size <= MAX_STEP_COMPLETIONS,
               f"train.prompts_per_step x train.group_size must be <= {MAX_STEP_COMPLETIONS:,} completions a step, "
@@ -137,7 +140,8 @@ class TrainConfig:
               f"got {self.lora_r}/{self.lora_alpha}")
         check_in(self.lora_r, 0, MAX_LORA_RANK, "train.lora_r")
         check(self.overlong_penalty >= 0, f"train.overlong_penalty must be >= 0, got {self.overlong_penalty}")
-        check(self.reset.prompt_temperature > 0, f"train.reset.prompt_temperature must be > 0, got {self.reset.prompt_temperature}")
+        check(self.reset.prompt_temperature > 0,
+              f"train.reset.prompt_temperature must be > 0, got {self.reset.prompt_temperature}")
         check(self.epochs > 0 and self.minibatches > 0,
               f"train.epochs and train.minibatches must be > 0, got {self.epochs} and {self.minibatches}")
         check_in(self.epochs, 1, MAX_EPOCHS, "train.epochs")
@@ -168,8 +172,9 @@ class TrainConfig:
 def load_train_config(path: str | None = None, overrides: list[str] | None = None,
                       extra: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> TrainConfig:
     """Defaults <- `machine_defaults` (a Hugging Face start; its sizes on a CPU) <- `base` <- method
-    recipe <- YAML <- `extra` (the CLI's shortcut flags) <- overrides. The recipe is that of the method the user names (in the file, `extra` or the overrides); `base` holds
-    settings a recipe may override (a comparison's shared schedule)."""
+    recipe <- YAML <- `extra` (the CLI's shortcut flags) <- overrides. The recipe is that of the method the user
+    names (in the file, `extra` or the overrides); `base` holds settings a recipe may override (a comparison's
+    shared schedule)."""
     user = user_settings(path, overrides, extra)
     recipe = methods.recipe_of(str(user.get("method", TrainConfig.method)))
     sized = machine_defaults(str(user.get("start", TrainConfig.start)))
@@ -246,7 +251,8 @@ def config_from_run(run_dir: str) -> TrainConfig:
     # credo writes every field in order, `method` first and `seed` last: a file cut short lacks `seed`
     missing = [k for k in ("method", "seed") if k not in data]
     if missing:
-        raise ConfigError(f"{path} lacks {', '.join('train.' + m for m in missing)} (truncated?); the run cannot be resumed")
+        raise ConfigError(f"{path} lacks {', '.join('train.' + m for m in missing)} (truncated?); the "
+                          "run cannot be resumed")
     # a run recorded before `device` existed trained on the CPU (credo ran nowhere else): it continues there
     return train_config_from_dict(nest_sampling({**data, "device": data.get("device", RECORDED_BEFORE_DEVICES)}))
 

@@ -5,7 +5,8 @@ Launch with `accelerate launch --num_processes N -m credo.cli train ... --set da
 own generator seeded by (seed, step, i), so the completions do not depend on how prompts are split across
 ranks, and a run on N processes sees the same global batch as a run on one. Each rank takes prompts rank::N
 (whole groups, so group statistics stay local), computes credit for its rows, and gradients are averaged
-across ranks before the optimiser step; the token-mean loss is rescaled by the global token count so the average is the global loss.
+across ranks before the optimiser step; the token-mean loss is rescaled by the global token count so the average
+is the global loss.
 Batch-wide credit statistics (RREDCoT's z, SC-GRPO's quantile) are gathered over all ranks (Probe.gather).
 With `minibatches=1` an N-process run ends with the weights of a one-process run (tests/test_distributed.py);
 with more minibatches each rank draws its minibatches from its own rows, so the optimiser takes the same number

@@ -39,7 +39,8 @@ RECIPES: dict[str, Recipe] = {
                    {"strategy": "resets", "reset": {"localiser": "random"}, "credit": {"std": "population"},
                     "loss": {"kind": "pg"}}),
     "srpo": Recipe("grpo", "SRPO: reset where the model itself localises the first error (asked, as the paper; "
-                   "its own value where the policy cannot read a localisation request, e.g. the earlier tiny arith starts)",
+                   "its own value where the policy cannot read a localisation request, e.g. the "
+                   "earlier tiny arith starts)",
                    {"strategy": "resets", "reset": {"localiser": "self"}, "credit": {"std": "population"},
                     "loss": {"kind": "pg"}}),
     "gspo": Recipe("grpo", "GSPO: sequence-level importance ratio (pi/pi_old)^(1/|o|), clipped per sequence",

@@ -1,4 +1,5 @@
-"""A run's plan: what its settings name, resolved once, when the run is set up (config: a credo.train.config.TrainConfig).
+"""A run's plan: what its settings name, resolved once, when the run is set up (config: a
+credo.train.config.TrainConfig).
 
 `TrainConfig` holds settings only (the method's name, the estimator's options as a mapping, the strategy's name
 and options). `make_plan` looks them up in the registries: the estimator the method resolves to, its frozen

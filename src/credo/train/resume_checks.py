@@ -16,7 +16,8 @@ import os
 from typing import Any
 
 from credo.core.config import ConfigError, UserError, dump_yaml, to_dict
-from credo.core.files import atomic_write_text, claim_output, holds_only_own_files, is_locked, last_checkpoint, read_jsonl
+from credo.core.files import (atomic_write_text, claim_output, holds_only_own_files, is_locked, last_checkpoint,
+                              read_jsonl)
 from credo.core.state_io import CorruptStateError
 from credo.train.config import TrainConfig, config_from_run, flatten_config
 

@@ -95,9 +95,12 @@ class SFTConfig:
         check(self.batch_size > 0, f"sft.batch_size must be > 0, got {self.batch_size}")
         check_in(self.batch_size, 1, MAX_STEP_COMPLETIONS, "sft.batch_size")
         check(self.lr > 0, f"sft.lr must be > 0, got {self.lr}")
-        check(0 <= self.early_answer_frac and 0 <= self.reference_frac and self.early_answer_frac + self.reference_frac < 1,
-              f"sft.early_answer_frac + sft.reference_frac must be in [0, 1), got {self.early_answer_frac} + {self.reference_frac}")
-        check(0 <= self.localisation_frac < 1 and self.early_answer_frac + self.reference_frac + self.localisation_frac < 1,
+        check(0 <= self.early_answer_frac and 0 <= self.reference_frac
+              and self.early_answer_frac + self.reference_frac < 1,
+              f"sft.early_answer_frac + sft.reference_frac must be in [0, 1), got {self.early_answer_frac} + "
+              f"{self.reference_frac}")
+        check(0 <= self.localisation_frac < 1
+              and self.early_answer_frac + self.reference_frac + self.localisation_frac < 1,
               "sft.localisation_frac must be in [0, 1) and leave room for plain examples (early_answer_frac + "
               f"reference_frac + localisation_frac < 1), got {self.localisation_frac}")
         check(0 <= self.localisation_right_frac <= 1,
@@ -105,7 +108,8 @@ class SFTConfig:
         check(0 < self.target_accuracy <= 1, f"sft.target_accuracy must be in (0, 1], got {self.target_accuracy}")
         check(self.eval_every > 0 and self.eval_n > 0, "sft.eval_every and sft.eval_n must be > 0")
         check_in(self.eval_n, 1, MAX_HELD_OUT, "sft.eval_n")
-        check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"sft.beta1/beta2 must be in [0, 1), got {self.beta1}/{self.beta2}")
+        check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
+              f"sft.beta1/beta2 must be in [0, 1), got {self.beta1}/{self.beta2}")
         check(self.weight_decay >= 0, f"sft.weight_decay must be >= 0, got {self.weight_decay}")
         check(self.grad_clip > 0, f"sft.grad_clip must be > 0, got {self.grad_clip}")
         check(self.init == "" or self.init in SFT_PRESETS, f"sft.init must be '' or an SFT preset "
@@ -138,8 +142,8 @@ SFT_PRESETS: dict[str, dict] = {
                            "target_accuracy": 0.35, "init": "arith-long-skilled-1", "lr": 5e-4,
                            "early_answer_frac": 0.1, "reference_frac": 0.3, "localisation_frac": 0.2},
 }
-PRESET_TASKS: dict[str, str] = {"arith": "arith", "arith-long-first": "arith-long", "arith-long-skilled-1": "arith-long",
-                                "arith-long-skilled": "arith-long"}
+PRESET_TASKS: dict[str, str] = {"arith": "arith", "arith-long-first": "arith-long",
+                                "arith-long-skilled-1": "arith-long", "arith-long-skilled": "arith-long"}
 """The task whose problems each SFT preset trains on."""
 DEFAULT_PRESETS: dict[str, str] = {"arith": "arith", "arith-long": "arith-long-first"}
 """Each arithmetic task's default start (its SFT preset); the others are selected by name ('sft:<preset>')."""
@@ -172,7 +176,8 @@ def make_tokenizer(config: SFTConfig | None = None) -> CharTokenizer:
     """The tiny policy's tokenizer: the task's alphabet, plus the localisation request's letters when `config`
     trains localisation (a start without them keeps the alphabet, and the weights' shape, it always had)."""
     localises = config is not None and config.localisation_frac > 0
-    return CharTokenizer(ArithTask.alphabet + (LOCALISATION_ALPHABET if localises else ""), ArithTask.banned_in_sampling)
+    return CharTokenizer(ArithTask.alphabet + (LOCALISATION_ALPHABET if localises else ""),
+                         ArithTask.banned_in_sampling)
 
 
 def sft_example(task: ArithTask, problem: Problem, kind: str, rng: random.Random,
@@ -265,7 +270,8 @@ def train_sft(config: SFTConfig, out_dir: str, progress: bool = True) -> dict:
         if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
             model.eval()
             acc = evaluate(policy, task, val).accuracy
-            history.append({"step": step + 1, "loss": float(loss.detach()), "val_accuracy": acc, "seconds": time.time() - start})
+            history.append({"step": step + 1, "loss": float(loss.detach()), "val_accuracy": acc,
+                            "seconds": time.time() - start})
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", val_acc=f"{acc:.3f}")
             if acc > best[0]:
                 best = (acc, step + 1, {k: v.clone() for k, v in model.state_dict().items()})
@@ -273,7 +279,8 @@ def train_sft(config: SFTConfig, out_dir: str, progress: bool = True) -> dict:
                 break
     bar.close()
     model.load_state_dict(best[2])
-    summary = {"val_accuracy": best[0], "step": best[1], "seconds": time.time() - start, "config_hash": config_hash(config)}
+    summary = {"val_accuracy": best[0], "step": best[1], "seconds": time.time() - start,
+               "config_hash": config_hash(config)}
     with atomic_directory(out_dir) as tmp:
         policy.save_into(tmp)
         atomic_write_text(os.path.join(tmp, "sft_config.yaml"), dump_yaml(config))
@@ -292,9 +299,11 @@ def initialise_from(policy: TinyPolicy, directory: str) -> None:
     shape = ("n_layer", "d_model", "n_head", "max_len")
     if any(getattr(mine, f) != getattr(theirs, f) for f in shape) or \
             not policy.tokenizer.alphabet.startswith(source.tokenizer.alphabet):
-        raise ConfigError(f"sft.init: the start in {directory} ({', '.join(f'{f}={getattr(theirs, f)}' for f in shape)}, "
-                          f"alphabet {source.tokenizer.alphabet!r}) does not fit sft.model "
-                          f"({', '.join(f'{f}={getattr(mine, f)}' for f in shape)}, alphabet {policy.tokenizer.alphabet!r})")
+        raise ConfigError(f"sft.init: the start in {directory} "
+                          f"({', '.join(f'{f}={getattr(theirs, f)}' for f in shape)}, alphabet "
+                          f"{source.tokenizer.alphabet!r}) does not fit sft.model "
+                          f"({', '.join(f'{f}={getattr(mine, f)}' for f in shape)}, alphabet "
+                          f"{policy.tokenizer.alphabet!r})")
     state = policy.model.state_dict()
     for name, value in source.model.state_dict().items():
         rows = value.shape[0]

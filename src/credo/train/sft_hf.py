@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from credo.core.config import MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_STEP_COMPLETIONS, ConfigError, check, check_in, dump_yaml
+from credo.core.config import (MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_STEP_COMPLETIONS, ConfigError, check,
+                               check_in, dump_yaml)
 from credo.policy.device import check_device_fields, resolve_device, resolve_dtype
 from credo.train.evaluate import evaluate
 from credo.core.files import MetricsLog, atomic_directory, atomic_write_json, atomic_write_text
@@ -140,7 +141,8 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
     policy = bind_task(load_policy(config.start, device=device, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
                                    dtype=resolve_dtype(config.dtype, device, "sft.dtype")), task)
     if not isinstance(policy, HFPolicy):
-        raise ConfigError(f"sft.start={config.start!r} is a tiny credo policy; `credo sft --task arith...` builds those")
+        raise ConfigError(f"sft.start={config.start!r} is a tiny credo policy; "
+                          "`credo sft --task arith...` builds those")
     torch.manual_seed(config.seed)
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)

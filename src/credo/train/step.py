@@ -88,7 +88,8 @@ class TrainerStep:
             return None
         dp, prompts = DataParallel(), self.config.prompts_per_step
         if prompts % dp.world:
-            raise ConfigError(f"train.prompts_per_step={prompts} must be divisible by the {dp.world} data-parallel processes")
+            raise ConfigError(f"train.prompts_per_step={prompts} must be divisible by the {dp.world} "
+                              "data-parallel processes")
         return dp
 
     @property
@@ -130,7 +131,8 @@ class TrainerStep:
     def prepare(self, collected: Collected) -> Rollouts:
         """Shaped rewards, exact old log-probs (same forward as training) and reference log-probs."""
         c, rollouts = self.config, collected.rollouts
-        rewards = rollouts.rewards + overlong_penalty(rollouts.lengths, c.sampling.max_new_tokens, self.overlong_buffer, c.overlong_penalty)
+        rewards = rollouts.rewards + overlong_penalty(rollouts.lengths, c.sampling.max_new_tokens,
+                                                      self.overlong_buffer, c.overlong_penalty)
         args = (rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, rollouts.completion_mask)
         # one epoch of one mini-batch updates the very policy that sampled: the update reads its own log-probs,
         # detached, as the old ones (ratio exactly 1, as TRL does with num_iterations=1), so this forward is
@@ -198,7 +200,8 @@ class TrainerStep:
             if not bool(torch.isfinite(value.detach())):
                 last = self.last_checkpoint()
                 raise TrainingDiverged(
-                    f"step {self.step + 1}: non-finite {what} ({float(value.detach()):g}); stopped before updating the weights. "
+                    f"step {self.step + 1}: non-finite {what} ({float(value.detach()):g}); stopped before "
+                    "updating the weights. "
                     f"Last good checkpoint: {last or 'none (the run never checkpointed)'}. Lower train.lr or "
                     "check the rewards, then --resume or start again with --force")
 
@@ -225,7 +228,8 @@ class TrainerStep:
             **{f"credit_{k}": v for k, v in credit.info.items()},
         }
         if self.dp is not None:  # equal shards: the mean of the ranks' means is the global mean
-            for key in ("reward_mean", "train_accuracy", "completion_length", "advantage_abs_mean", "loss", "clip_frac", "kl"):
+            for key in ("reward_mean", "train_accuracy", "completion_length", "advantage_abs_mean",
+                        "loss", "clip_frac", "kl"):
                 row[key] = self.dp.mean(row[key])
         return row
 

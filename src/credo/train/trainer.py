@@ -112,10 +112,12 @@ class Trainer(TrainerStep):
             check_restartable(self.run_dir, self.config)
         if self.is_main:  # the checks passed: config.yaml describes the run (an extended --steps included)
             update_config_yaml(config_path, self.config)
-            self.trackers, self.log = open_trackers(self.config, self.tracking, self.step if resumed else None, self.log)
+            self.trackers, self.log = open_trackers(self.config, self.tracking,
+                                                    self.step if resumed else None, self.log)
         if not resumed:
             self.log.truncate_after(-1)
-            self.log.append({"step": 0, "tokens_generated": 0, "seconds": 0.0, "eval_accuracy": self.evaluate(self.config.eval_n)})
+            self.log.append({"step": 0, "tokens_generated": 0, "seconds": 0.0,
+                             "eval_accuracy": self.evaluate(self.config.eval_n)})
 
     def finish(self) -> dict[str, Any]:
         """The final evaluation, weights and summary.json."""
@@ -125,7 +127,8 @@ class Trainer(TrainerStep):
             final["final_accuracy"] = self.evaluate(self.config.final_eval_n)
             final["final_eval_n"] = self.eval_size  # the task may hold fewer than asked for
         if self.longest_solution is not None:
-            final["overlong_buffer_used"], final["longest_worked_solution"] = self.overlong_buffer, self.longest_solution
+            final["overlong_buffer_used"] = self.overlong_buffer
+            final["longest_worked_solution"] = self.longest_solution
         if self.is_main:
             self.policy.save(os.path.join(self.run_dir, "final"))
             atomic_write_text(os.path.join(self.run_dir, "summary.json"), json.dumps(final, indent=2) + "\n")
@@ -176,7 +179,8 @@ class Trainer(TrainerStep):
             shutil.rmtree(os.path.join(self.run_dir, "checkpoints", old), ignore_errors=True)
 
     def restore(self) -> bool:
-        """Load the newest checkpoint of run_dir, if any, after verifying its manifest; returns whether one was found."""
+        """Load the newest checkpoint of run_dir, if any, after verifying its manifest; returns whether one was
+        found."""
         path = self.last_checkpoint()
         if path is None:
             return False

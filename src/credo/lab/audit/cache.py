@@ -84,10 +84,12 @@ def load_cached(stem: str, heldout: Sequence[Problem]) -> dict[str, Any] | None:
         if [p.key for p in problems] != meta["problem_keys"]:
             raise ValueError("its problems are not this task's held-out problems")
         rollouts = Rollouts(**fields, problems=problems, completions=list(meta["completions"]))
-        reference = MCValues([tensors[f"values.{i}"] for i in range(rows)], [tensors[f"samples.{i}"] for i in range(rows)])
+        reference = MCValues([tensors[f"values.{i}"] for i in range(rows)],
+                             [tensors[f"samples.{i}"] for i in range(rows)])
         return {"rollouts": rollouts, "segment_ids": tensors["segment_ids"], "reference": reference,
                 "reference_cost": dict(meta["reference_cost"]), "trace_tokens": float(meta["trace_tokens"])}
     except CorruptStateError as err:
         raise CorruptStateError(f"audit cache entry damaged: {err}; delete {stem}.* to rebuild it") from None
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
-        raise CorruptStateError(f"audit cache entry {stem}.json does not fit ({err}); delete {stem}.* to rebuild it") from None
+        raise CorruptStateError(f"audit cache entry {stem}.json does not fit ({err}); "
+                                f"delete {stem}.* to rebuild it") from None

@@ -104,8 +104,9 @@ def teacher_warning(check: dict[str, float]) -> str | None:
 def teacher_table(check: dict[str, float]) -> str:
     """The teacher check as a markdown section of audit.md."""
     lines = ["## Premise: the teacher reads its verified solution", "",
-             "| solutions | gain / solution (nats) | gain / token | log p teacher / solution | log p student / solution "
-             "| wrong traces | KL argmax in first wrong step | uniform token |", "|---|---|---|---|---|---|---|---|",
+             "| solutions | gain / solution (nats) | gain / token | log p teacher / solution | log "
+             "p student / solution | wrong traces | KL argmax in first wrong step | uniform token |",
+             "|---|---|---|---|---|---|---|---|",
              f"| {check['solutions']} | {check['gain_per_solution']:+.3f} | {check['gain_per_token']:+.4f} | "
              f"{check['teacher_logp_per_solution']:.3f} | {check['student_logp_per_solution']:.3f} | "
              f"{check['kl_traces']} | {check['kl_argmax_in_first_error']:.3f} | {check['kl_argmax_uniform']:.3f} |"]

@@ -230,13 +230,16 @@ def markdown_table(report: dict[str, Any]) -> str:
         lines.append(f"| {name}{mark} | {m['spearman']:.3f} | {m['spearman_localisable']:.3f} | {m['pairwise']:.3f} | "
                      f"{m['pairwise_localisable']:.3f} | {m['first_error_top1']:.3f} | "
                      f"{m['first_error_top1_localisable']:.3f} | {m['tokens_scored_per_trace']:.0f} | "
-                     f"{m['tokens_generated_per_trace']:.0f} | {m['seconds_per_trace']:.4f} | {m['cost_vs_grpo_step']:.2f} | "
-                     f"{_figure(m.get('weight_gini'))} | {_figure(m.get('effective_token_ratio'))} |")
+                     f"{m['tokens_generated_per_trace']:.0f} | {m['seconds_per_trace']:.4f} | "
+                     f"{m['cost_vs_grpo_step']:.2f} | {_figure(m.get('weight_gini'))} | "
+                     f"{_figure(m.get('effective_token_ratio'))} |")
     for name, why in cfg.get("failures", {}).items():
         lines.append(f"| {name} | failed: {why} |" + " |" * 12)
     if privileged:
-        lines += ["", "† privileged: reads the task's reference solution, step labels or gold answer beyond the reward. "
-                  "Weight Gini and effective-token ratio: of the token weights of methods that have them (— otherwise)."]
+        lines += ["",
+                  "† privileged: reads the task's reference solution, step labels or gold answer beyond the reward. "
+                  "Weight Gini and effective-token ratio: of the token weights of methods that have them "
+                  "(— otherwise)."]
     return "\n".join(lines) + "\n"
 
 

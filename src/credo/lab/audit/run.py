@@ -38,14 +38,13 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 import torch
-from scipy import stats
 
 from credo import credit as credit_registry
 from credo.lab.audit.cache import load_cached, save_cached
-from credo.core.config import MAX_GROUP, MAX_HELD_OUT, MAX_SAMPLES, ConfigError, UserError, check, check_in, to_dict
+from credo.core.config import MAX_GROUP, MAX_HELD_OUT, MAX_SAMPLES, UserError, check, check_in, to_dict
 from credo.core.values import MCValues, mc_values
 from credo.policy import check_task_fits, load_policy
 from credo.train.starts import resolve_checkpoint
@@ -107,7 +106,8 @@ class AuditConfig:
     def __post_init__(self) -> None:
         check_device_fields(self.device, self.dtype, "audit.")
         check_in(self.group_size, 2, MAX_GROUP, "audit.group_size")
-        check(self.n >= self.group_size >= 2, f"audit.n must be >= audit.group_size >= 2, got {self.n}/{self.group_size}")
+        check(self.n >= self.group_size >= 2,
+              f"audit.n must be >= audit.group_size >= 2, got {self.n}/{self.group_size}")
         check(self.k_ref >= 2, f"audit.k_ref must be >= 2, got {self.k_ref}")
         check_in(self.n, 2, MAX_HELD_OUT, "audit.n")
         check_in(self.k_ref, 2, MAX_SAMPLES, "audit.k_ref")
@@ -118,7 +118,8 @@ class AuditConfig:
               f"audit.segmenter must be '' (the task's own) or one of {sorted(SEGMENTERS)}, got {self.segmenter!r}")
         from credo.strategies import LOCALISERS
         for name in self.localisers:
-            check(name in LOCALISERS.names(), f"audit.localisers: unknown localiser {name!r}; available: {tuple(LOCALISERS.names())}")
+            check(name in LOCALISERS.names(),
+                  f"audit.localisers: unknown localiser {name!r}; available: {tuple(LOCALISERS.names())}")
 
 
 WEIGHT_FILES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
@@ -225,7 +226,7 @@ def segment_credit_of(result: Any, segment_ids: torch.Tensor) -> list[torch.Tens
 
 
 def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[str, Any]:
-    """Run the audit and write audit.json, audit.md, audit.png and audit.html (with a `credo show` grid) into out_dir."""
+    """Run the audit and write audit.json, audit.md, audit.png and audit.html (with a `credo show` grid) to out_dir."""
     methods = unprivileged_twins(checked_methods(config.methods))  # before the (slow) reference: a typo fails at once
     checkpoint = resolve_checkpoint(config.checkpoint, "audit.checkpoint", task=config.task, progress=progress)
     task = make_task(config.task, config.task_options, prefix="audit.task_options.")
@@ -256,7 +257,8 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
     reliability = 2 * split_half / (1 + split_half) if split_half > -1 else float("nan")
     report: dict[str, Any] = {
         "config": {**to_dict(config), "checkpoint": checkpoint, "device": device_name(policy.device), "traces": n,
-                   "incorrect_with_first_error": sum(1 for f, r in zip(first, reference) if f is not None and f < len(r)),
+                   "incorrect_with_first_error": sum(1 for f, r in zip(first, reference)
+                                                     if f is not None and f < len(r)),
                    "localisable_traces": sum(f is not None for f in labels.localisable),
                    "position_prior_step": prior,
                    "mean_segments_per_trace": sum(len(r) for r in reference) / max(n, 1),
@@ -350,11 +352,11 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
     from credo.strategies.localisers import LOCALISERS, localise
     first = labels.first
     rows = [i for i, f in enumerate(first) if f is not None and f < len(reference.values[i]) - 1]
-    out: dict[str, Any] = {"traces": len(rows), "oracle_step1_share": sum(first[i] == 0 for i in rows) / max(len(rows), 1),
-                           "random_top1_expectation":
-                               sum(1 / (len(reference.values[i]) - 1) for i in rows) / max(len(rows), 1),
-                           "localisers": {}, "failures": {},
-                           "privileged_localisers": [n for n in config.localisers if LOCALISERS.get(n).reads_privileged()]}
+    out: dict[str, Any] = {
+        "traces": len(rows), "oracle_step1_share": sum(first[i] == 0 for i in rows) / max(len(rows), 1),
+        "random_top1_expectation": sum(1 / (len(reference.values[i]) - 1) for i in rows) / max(len(rows), 1),
+        "localisers": {}, "failures": {},
+        "privileged_localisers": [n for n in config.localisers if LOCALISERS.get(n).reads_privileged()]}
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
     for name in config.localisers:
         if progress:
@@ -376,8 +378,8 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
             "localisation_top1_localisable": sum(k == first[i] for k, i in loc) / max(len(loc), 1),
             "step1_share": sum(k == 0 for k in picks) / n,
             "reset_success": success / n, "after_error_success": after / n, "clean_prefix_gain": (success - after) / n,
-            "tokens_scored_per_trace": spent.tokens_scored / n, "tokens_generated_per_trace": spent.tokens_generated / n,
-            **parse_figures(notes),
+            "tokens_scored_per_trace": spent.tokens_scored / n,
+            "tokens_generated_per_trace": spent.tokens_generated / n, **parse_figures(notes),
         }
     ran = out["localisers"]
     out["privileged_localisers"] = [n for n in out["privileged_localisers"]  # `self` that asked the policy reads none

@@ -54,7 +54,8 @@ def measured_timing(runs: list[dict[str, Any]]) -> Timing | None:
     steps = sum(r["steps"] for r in runs)
     if not runs or steps <= 0:
         return None
-    return Timing(sum(r["seconds"] for r in runs) / steps, max(int(sum(r["tokens_generated"] for r in runs) / steps), 1))
+    return Timing(sum(r["seconds"] for r in runs) / steps,
+                  max(int(sum(r["tokens_generated"] for r in runs) / steps), 1))
 
 
 def _read_per_method(out_dir: str) -> dict[str, dict[str, Any]]:

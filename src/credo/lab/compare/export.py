@@ -132,7 +132,8 @@ def describe(done: Exported, dest: str) -> str:
         text += (f"; left out {len(done.part_way)} part-way ({', '.join(done.part_way)}): they resume only where "
                  "their checkpoints are")
     if done.incomplete:
-        text += f"; left out {len(done.incomplete)} with a summary.json but no config.yaml or metrics.jsonl ({', '.join(done.incomplete)})"
+        text += (f"; left out {len(done.incomplete)} with a summary.json but no config.yaml or metrics.jsonl "
+                 f"({', '.join(done.incomplete)})")
     if done.only_in_dest:
         text += (f"; the report was not copied, since {dest} holds {len(done.only_in_dest)} finished run(s) that "
                  f"--out does not ({', '.join(done.only_in_dest[:4])}{', ...' if len(done.only_in_dest) > 4 else ''})")

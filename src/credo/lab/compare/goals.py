@@ -67,7 +67,8 @@ def _best_credit(results: dict[str, Any]) -> dict[str, Any]:
     # a method paired with GRPO on fewer than 2 seeds has no interval: it cannot be judged the best
     candidates = [m for m in credit if (results["methods"][m].get("delta_vs_grpo") or {}).get("n", 0) >= 2]
     if not candidates:
-        return {"goal": BEST, "holds": None, "evidence": "not judged: no credit method shares 2 finished seeds with grpo"}
+        return {"goal": BEST, "holds": None,
+                "evidence": "not judged: no credit method shares 2 finished seeds with grpo"}
     left_out = [m for m in credit if m not in candidates]
     grpo = results["methods"]["grpo"]["seeds"]
     name = max(candidates, key=lambda m: results["methods"][m]["delta_vs_grpo"]["mean"])
@@ -122,7 +123,8 @@ def _srpo_sooner(results: dict[str, Any]) -> dict[str, Any]:
     vs_grpo = paired(paired_deltas(m["srpo"]["seeds"], m["grpo"]["seeds"], tokens))
 
     def k(iv: dict[str, Any]) -> str:
-        return f"{iv['mean'] / 1e3:+,.0f}k" + (f" [{iv['ci'][0] / 1e3:+,.0f}k, {iv['ci'][1] / 1e3:+,.0f}k]" if iv["ci"] else "")
+        return f"{iv['mean'] / 1e3:+,.0f}k" + (f" [{iv['ci'][0] / 1e3:+,.0f}k, {iv['ci'][1] / 1e3:+,.0f}k]"
+                                               if iv["ci"] else "")
 
     return {"goal": SRPO, "holds": bool(excludes_zero(vs_rrpo, -1)) and bool(excludes_zero(vs_grpo, -1)),
             "evidence": f"generated tokens to GRPO's mean final (never reached: the run's tokens + one evaluation "

@@ -10,7 +10,8 @@ import statistics
 from typing import Any
 
 
-def _mean_curve(entry: dict[str, Any], x: str = "tokens_generated") -> tuple[list[float], list[float], list[float], list[float]] | None:
+def _mean_curve(entry: dict[str, Any],
+                x: str = "tokens_generated") -> tuple[list[float], list[float], list[float], list[float]] | None:
     """Mean, min and max accuracy over seeds at each evaluation, aligned by evaluation index (the
     k-th crossing of the eval interval), at the mean token count of that evaluation."""
     runs = [[p for p in r["curve"] if not p.get("final")] for r in entry["seeds"].values() if r.get("curve")]

@@ -16,11 +16,13 @@ from typing import Any
 from credo.train import methods as method_registry
 from credo.credit.registry import parse_spec
 from credo.integrations import tracking
-from credo.core.config import MAX_EPOCHS, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigError, check, parse_yaml_value, to_dict
+from credo.core.config import (MAX_EPOCHS, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigError, check, parse_yaml_value,
+                               to_dict)
 from credo.policy.device import check_device_fields
 from credo.train.config import config_from_run, flatten_config, load_train_config
 
-ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain", "rredcot", "ibpo", "sc_grpo", "rrpo", "srpo")
+ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain", "rredcot", "ibpo",
+               "sc_grpo", "rrpo", "srpo")
 MAX_GRAD_CLIP = 1e6  # a clip norm above any real gradient: clipping off
 SCHEDULE = ("epochs", "minibatches", "lr", "grad_clip")  # the optimiser schedule every method of a comparison shares
 MAX_JOBS = 256  # runs at a time: each is a process holding a policy; more is a typo, not a machine
@@ -161,7 +163,8 @@ class CompareConfig:
 
     @property
     def schedule(self) -> dict[str, Any]:
-        """The shared-schedule fields given (epochs, minibatches, lr, grad_clip), as `compare(schedule=...)` takes them."""
+        """The shared-schedule fields given (epochs, minibatches, lr, grad_clip), as `compare(schedule=...)` takes
+        them."""
         return {k: getattr(self, k) for k in SCHEDULE if getattr(self, k) is not None}
 
 
@@ -234,7 +237,8 @@ def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str)
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k != "report_to")
         if changed:
             moved = f"pass --device {old['device']} to continue it where it ran, " if "device" in changed else ""
-            raise ConfigError(f"{run_dir} was made with a different config ({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "
+            raise ConfigError(f"{run_dir} was made with a different config "
+                              f"({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "
                              f"{moved}choose a new --out or remove that run directory")
 
 
@@ -255,11 +259,13 @@ def resolve_preset(preset_name: str, methods: tuple[str, ...] | None, seeds: tup
     if preset_name not in PRESETS:
         raise ConfigError(f"unknown preset {preset_name!r}; available: {', '.join(PRESETS)}")
     preset = PRESETS[preset_name]
-    preset = replace(preset, methods=tuple(methods or preset.methods), seeds=tuple(seeds if seeds is not None else preset.seeds),
+    preset = replace(preset, methods=tuple(methods or preset.methods),
+                     seeds=tuple(seeds if seeds is not None else preset.seeds),
                      schedule={**preset.schedule, **(schedule or {})}, task=task or preset.task)
     if token_budget is not None:
         if token_budget <= 0:
-            raise ConfigError(f"token_budget (--budget) must be a positive number of generated tokens, got {token_budget}")
+            raise ConfigError("token_budget (--budget) must be a positive number of generated "
+                              f"tokens, got {token_budget}")
         preset = replace(preset, token_budget=token_budget, eval_every_tokens=max(1, token_budget // 4))
     if not preset.seeds:
         raise ConfigError("seeds: give at least one seed")
@@ -267,7 +273,8 @@ def resolve_preset(preset_name: str, methods: tuple[str, ...] | None, seeds: tup
     if bad:
         raise ConfigError(f"seeds: each must be in 0..{SEED_LIMIT - 1}, got {bad[0]}")
     if len(set(preset.seeds)) < len(preset.seeds):
-        raise ConfigError(f"seeds: {','.join(map(str, preset.seeds))} names a seed twice (two runs would share one directory)")
+        raise ConfigError(f"seeds: {','.join(map(str, preset.seeds))} names a seed twice (two runs would "
+                          "share one directory)")
     check_method_specs(preset.methods, where="methods")  # unknown names fail before any training
     folders = [run_dir_name(m, 0) for m in preset.methods]
     twice = sorted({m for m, f in zip(preset.methods, folders) if folders.count(f) > 1})

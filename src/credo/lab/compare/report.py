@@ -18,8 +18,8 @@ from credo.lab.compare.eta import describe
 from credo.train.provenance import short
 from credo.lab.compare.plots import plot_curves  # noqa: F401  (re-exported)
 from credo.lab.compare.goals import goals, points  # noqa: F401  (re-exported)
-from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, control_pairs, equal_updates, grpo_first_evaluations,
-                                 method_clipping, paired, paired_deltas)
+from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, control_pairs, equal_updates,
+                                     grpo_first_evaluations, method_clipping, paired, paired_deltas)
 
 
 def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
@@ -61,7 +61,8 @@ def summarise(results: dict[str, Any]) -> None:
         entry["delta_vs_grpo_std"] = delta["sd"] if delta["n"] > 1 else 0.0 if delta["n"] else None
         entry["seeds_reaching_grpo_final"] = len(reached)
         # the mean over the seeds that got there (`seeds_reaching_grpo_final` says how many) ÷ GRPO's own
-        entry["tokens_to_grpo_final_ratio"] = statistics.mean(reached) / grpo_tokens if reached and grpo_tokens else None
+        entry["tokens_to_grpo_final_ratio"] = (statistics.mean(reached) / grpo_tokens if reached
+                                               and grpo_tokens else None)
         entry["tokens_used"] = statistics.mean([r["tokens_generated"] for r in runs.values()]) if runs else None
         entry["step_time_ratio"] = (statistics.mean([r["seconds_per_step"] for r in runs.values()]) / grpo_step
                                     if runs and grpo_step == grpo_step else None)
@@ -106,9 +107,9 @@ def _updates(entry: dict[str, Any]) -> str:
 
 def main_table(results: dict[str, Any]) -> list[str]:
     lines = ["| method | final accuracy (mean ± std) | Δ vs GRPO, points [95% interval], paired by seed "
-             f"| seeds to resolve Δ ({100 * POWER:.0f}% power) | tokens to GRPO's mean final (their mean over the seeds "
-             "reaching it ÷ GRPO's; seeds reaching) | tokens used | updates in budget | step time (× GRPO; per-seed "
-             "range) | audit spearman | audit first_error_top1 | audit cost (× trace) |",
+             f"| seeds to resolve Δ ({100 * POWER:.0f}% power) | tokens to GRPO's mean final (their "
+             "mean over the seeds reaching it ÷ GRPO's; seeds reaching) | tokens used | updates in budget | step "
+             "time (× GRPO; per-seed range) | audit spearman | audit first_error_top1 | audit cost (× trace) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in results["methods"].items():
         a = _audit_row(results, name)
@@ -119,7 +120,8 @@ def main_table(results: dict[str, Any]) -> list[str]:
             final = f"{entry['final_mean']:.3f} ± {entry['final_std']:.3f} ({n} seed{'s' if n != 1 else ''})"
             delta = "—" if name == "grpo" else points(entry.get("delta_vs_grpo"))
             needed = "—" if name == "grpo" else _seeds_needed(entry.get("delta_vs_grpo"))
-            reach = f"{_fmt(entry.get('tokens_to_grpo_final_ratio'), '{:.2f}')} ({entry['seeds_reaching_grpo_final']}/{n})"
+            reach = (f"{_fmt(entry.get('tokens_to_grpo_final_ratio'), '{:.2f}')} "
+                     f"({entry['seeds_reaching_grpo_final']}/{n})")
         spread = entry.get("step_time_ratio_range")
         step = _fmt(entry.get("step_time_ratio"), "{:.2f}") + (
             f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread and name != "grpo" and len(entry["seeds"]) > 1 else "")
@@ -144,12 +146,14 @@ def protocol_lines(results: dict[str, Any]) -> list[str]:
              f"final: the first {protocol['final_eval_n']} held-out problems.", "",
              f"Schedule: every method {shared['epochs']} epoch(s) × {shared['minibatches']} mini-batch(es) per batch "
              f"(AdamW), lr {shared['lr']:g}"
-             + (f", gradient-norm clip {shared['grad_clip']:g}" if "grad_clip" in shared else "") + ", unless listed here:"]
+             + (f", gradient-norm clip {shared['grad_clip']:g}" if "grad_clip" in shared else "")
+             + ", unless listed here:"]
     own = {m: s for m, s in protocol["methods"].items() if s["source"] != "shared"}
     if not own:
         return lines[:-1] + [lines[-1].replace(", unless listed here:", " (one schedule for all).")]
     lines += ["", "| method | epochs × mini-batches | lr | why |", "|---|---|---|---|"]
-    lines += [f"| {m} | {s['epochs']} × {s['minibatches']} | {s['lr']:g} | its recipe's own setting |" for m, s in own.items()]
+    lines += [f"| {m} | {s['epochs']} × {s['minibatches']} | {s['lr']:g} | its recipe's own setting |"
+              for m, s in own.items()]
     return lines
 
 
@@ -195,8 +199,10 @@ def controls_lines(results: dict[str, Any]) -> list[str]:
         return []
     lines = ["## Credit methods against their shuffled controls", "",
              "The control trains on the method's own credit permuted among the segments of each trace: same "
-             "magnitudes, no structure. Δ = method − control, final accuracy, points, paired by seed [95% interval].", "",
-             f"| method | control | Δ vs control | seeds to resolve Δ ({100 * POWER:.0f}% power) |", "|---|---|---|---|"]
+             "magnitudes, no structure. Δ = method − control, final accuracy, points, paired by seed [95% interval].",
+             "",
+             f"| method | control | Δ vs control | seeds to resolve Δ ({100 * POWER:.0f}% power) |",
+             "|---|---|---|---|"]
     for p in pairs:
         delta = points(p["delta"]) if p["delta"] is not None else "method not in this comparison"
         lines.append(f"| {p['method']} | {p['control']} | {delta} | {_seeds_needed(p['delta'])} |")
@@ -208,12 +214,13 @@ def report(results: dict[str, Any]) -> str:
     lines = [f"# credo compare ({results['preset']})", "",
              f"Start `{results['start']}` · budget {results['token_budget']:,} generated tokens per run · "
              f"commit `{short(results['commit'])}` · {results['date']} · {results['machine']}"
-             + (f" · {results['wall_seconds'] / 60:.0f} min wall in its last invocation" if results.get("wall_seconds") else "")
+             + (f" · {results['wall_seconds'] / 60:.0f} min wall in its last invocation"
+                if results.get("wall_seconds") else "")
              + (f" (estimated {describe(estimate)} before it started)" if estimate else "") + run_clocks(results), "",
              *([f"Command: `{results['command']}`", ""] if results.get("command") else []),
              *([f"Note: {results['note']}", ""] if results.get("note") else []),
-             *commit_lines(results), *protocol_lines(results), "", f"## At equal generated tokens ({results['token_budget']:,} per run)", "",
-             *main_table(results), "",
+             *commit_lines(results), *protocol_lines(results), "",
+             f"## At equal generated tokens ({results['token_budget']:,} per run)", "", *main_table(results), "",
              *equal_updates_lines(results), *controls_lines(results), *clipping_lines(results),
              "## Reading", "", reading(results)]
     return "\n".join(lines) + "\n"
@@ -312,15 +319,18 @@ def reading(results: dict[str, Any]) -> str:
         parts.append("Reached GRPO's mean final accuracy on every seed, with fewer generated tokens than GRPO's own "
                      "curves on average (a seed's count is its first evaluation at or above it, so it moves in steps "
                      "of the eval interval" + (f", and no ratio below {floor:.2f}x can be seen" if floor else "")
-                     + "): " + ", ".join(f"{k} ({entries[k]['tokens_to_grpo_final_ratio']:.2f}x)" for k in faster) + ".")
+                     + "): "
+                     + ", ".join(f"{k} ({entries[k]['tokens_to_grpo_final_ratio']:.2f}x)" for k in faster) + ".")
     parts += unequal_reading(results, entries)
     n_eval = results.get("final_eval_n", 500)
     se = (0.25 / n_eval) ** 0.5
     parts.append(f"One final evaluation on {n_eval} problems has a standard error of up to {se:.3f}; "
-                 + (f"with {seeds} seed(s) there is no interval, and differences under ~{2 * se * 2 ** 0.5:.2f} are not "
-                    "evidence; run at least 2 seeds (the `full` preset has 3) before drawing conclusions." if seeds < 2 else
-                    "a difference is read as real only where its 95% interval over seeds excludes 0; "
-                    f"'seeds to resolve Δ' is how many seeds a rerun would need to resolve it {100 * POWER:.0f}% of the "
+                 + (f"with {seeds} seed(s) there is no interval, and differences under "
+                    f"~{2 * se * 2 ** 0.5:.2f} are not "
+                    "evidence; run at least 2 seeds (the `full` preset has 3) before drawing conclusions." if seeds < 2
+                    else "a difference is read as real only where its 95% interval over seeds excludes 0; "
+                    "'seeds to resolve Δ' is how many seeds a rerun would need to resolve it "
+                    f"{100 * POWER:.0f}% of the "
                     "time if the mean and spread are as observed. Step times share the machine with whatever else ran "
                     "(the per-seed range shows how much that moved them)."))
     text = " ".join(parts)

@@ -212,7 +212,8 @@ def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: 
         if spec not in measured:
             first_seed.setdefault(spec, seed)
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
-    timings, eval_seconds = (compare_eta.time_methods(list(first_seed.items()), lambda m, s: run_config(m, s, preset, start),
+    timings, eval_seconds = (compare_eta.time_methods(list(first_seed.items()),
+                                                      lambda m, s: run_config(m, s, preset, start),
                                                       threads, progress) if first_seed else ({}, 0.0))
     if pending and not first_seed:  # every remaining method is costed from its runs: only the evaluation is timed
         eval_seconds = compare_eta.time_evaluation(run_config(pending[0][0], pending[0][1], preset, start), threads)
@@ -222,7 +223,8 @@ def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: 
                                 measured=frozenset(measured))
 
 
-def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
+def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = None,
+            seeds: tuple[int, ...] | None = None,
             start: str | None = None, progress: bool = True, jobs: int | None = None,
             token_budget: int | None = None, command: str | None = None, schedule: dict[str, Any] | None = None,
             confirm: Callable[[float], None] | None = None, task: str | None = None,
@@ -257,7 +259,8 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
         raise UserError(f"--out {out_dir} is being written by another credo compare; wait for it or stop it first")
     check_reusable(plan, preset, start)
     compare_eta.timed_steps(out_dir)  # a malformed estimate.json is refused now, not after minutes of timing
-    results: dict[str, Any] = {"preset": preset_name, "command": command, "start": start or default or f"the default start of {preset.task}",
+    results: dict[str, Any] = {"preset": preset_name, "command": command,
+                               "start": start or default or f"the default start of {preset.task}",
                                "task": preset.task, "commit": loaded_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
                                "machine": machine(placed), "token_budget": preset.token_budget,
                                "final_eval_n": preset.final_eval_n, "note": preset.note,
@@ -372,7 +375,8 @@ def audit_rows(preset: Preset, start: str, out_dir: str, progress: bool, device:
         row = spec if options else estimator  # 'shuffled:of=rredcot' is audited with its options
         if estimator in credit.names() and row not in estimators and estimator != "grpo":
             estimators.append(row)
-    config = AuditConfig(checkpoint=start, task=preset.task, n=preset.audit_n, group_size=8 if preset.audit_n >= 16 else 4,
+    config = AuditConfig(checkpoint=start, task=preset.task, n=preset.audit_n,
+                         group_size=8 if preset.audit_n >= 16 else 4,
                          k_ref=preset.audit_k_ref, methods=tuple(estimators), device=device, dtype=dtype)
     try:
         report_ = run_audit(config, os.path.join(out_dir, "audit"), progress=progress)

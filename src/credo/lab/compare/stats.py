@@ -51,7 +51,8 @@ def detectable(sd: float, n: int, level: float = LEVEL, power: float = POWER) ->
     return float(t.ppf(0.5 + level / 2, n - 1) + t.ppf(power, n - 1)) * sd / math.sqrt(n)
 
 
-def seeds_needed(mean: float, sd: float, level: float = LEVEL, cap: int = MAX_SEEDS, power: float = POWER) -> int | None:
+def seeds_needed(mean: float, sd: float, level: float = LEVEL, cap: int = MAX_SEEDS,
+                 power: float = POWER) -> int | None:
     """The fewest seeds n >= 2 at which a rerun resolves the difference (its interval excludes 0) with
     probability `power` (80%), if the true mean and the paired sd are as observed: the smallest n with
     detectable(sd, n) < |mean|. (n with only t_{n-1} * sd / sqrt(n) < |mean| resolves it half the time.)
@@ -139,7 +140,8 @@ def update_levels(results: dict[str, Any]) -> list[tuple[int, str]]:
         return []
     firsts = grpo_first_evaluations(results)
     past_first = [s for s in every if firsts and s >= max(firsts)]
-    candidates = [min(every), min(past_first) if past_first else None, min(lasts["grpo"]) if lasts.get("grpo") else None]
+    candidates = [min(every), min(past_first) if past_first else None,
+                  min(lasts["grpo"]) if lasts.get("grpo") else None]
     levels: list[tuple[int, str]] = []
     for count, why in zip(candidates, LEVEL_REASONS):
         if count is not None and (not levels or count > levels[-1][0]):

@@ -112,7 +112,8 @@ def status_text(preset: Preset, out_dir: str, jobs: int | None = None) -> str:
     for runs in states.values():
         for state in runs.values():
             counts[state["state"]] += 1
-    finals = {m: {str(s): st["result"] for s, st in runs.items() if st["state"] == "finished"} for m, runs in states.items()}
+    finals = {m: {str(s): st["result"] for s, st in runs.items() if st["state"] == "finished"}
+              for m, runs in states.items()}
     lines = [f"{out_dir}: {counts['finished']} of {sum(counts.values())} runs finished, {counts['part-way']} part-way, "
              f"{counts['failed']} failed, {counts['not started']} not started "
              f"({preset.token_budget:,} generated tokens a run; (n%) = part-way)"]
@@ -131,7 +132,8 @@ def status_text(preset: Preset, out_dir: str, jobs: int | None = None) -> str:
     width = max(len(m) for m in states) + 2
     seeds_header = " ".join(f"{'s' + str(s):>7}" for s in preset.seeds)
     lines += ["partial: no goal is judged before every run has finished (then: the comparison's report.md)", "",
-              f"{'method':<{width}}{seeds_header}   {'mean':>6}   vs grpo, paired on seeds both finished (points, 95% t)"]
+              f"{'method':<{width}}{seeds_header}   {'mean':>6}   vs grpo, paired on seeds both "
+              "finished (points, 95% t)"]
     for method, runs in states.items():
         done = [r["final_accuracy"] for r in finals[method].values()]
         mean = f"{sum(done) / len(done):.3f}" if done else "—"

@@ -39,7 +39,7 @@ table.summary td:first-child,table.summary th:first-child{text-align:left}
 .seg.first{border-color:#111;border-radius:3px}
 .mark{display:inline-block;width:1.2em;font-weight:700}
 .ref.drop{color:#c0392b;font-weight:700} .t{padding:1px 0} .t.nl{color:#999} .ref{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;color:#444}
-"""
+"""  # noqa: E501  (the stylesheet is written into the page as it stands)
 
 
 def colour(value: float, scale: float) -> tuple[int, int, int]:
@@ -72,7 +72,8 @@ def _legend(scale: float) -> str:
     return (f"<div class='legend'><span>credit −{scale:.3g}</span><span class='bar' style='background:linear-gradient("
             f"to right, {stops})'></span><span>+{scale:.3g}</span><span>(advantage × weight; one scale for the page, "
             f"clipped at the 98th percentile of |credit|)</span><span class='ok'>✓ step right</span>"
-            f"<span class='bad'>✗ step wrong</span><span style='border:2px solid #111;padding:0 3px'>labelled first error</span>"
+            "<span class='bad'>✗ step wrong</span>"
+            "<span style='border:2px solid #111;padding:0 3px'>labelled first error</span>"
             f"<span class='ref drop'>MC value drop ≥ {DROP}</span></div>")
 
 
@@ -98,7 +99,8 @@ def _trace_rows(page: Any) -> str:
                      f"<pre>{html.escape(trace.prompt.strip())}</pre></div>")
         for label in page.methods:
             lines = "".join(_segment_line(trace, k, seg, label, page.scale) for k, seg in enumerate(trace.segments))
-            cells.append(f"<div class='cell' data-trace='{trace.index}' data-method='{html.escape(label)}'>{lines}</div>")
+            cells.append(f"<div class='cell' data-trace='{trace.index}' "
+                         f"data-method='{html.escape(label)}'>{lines}</div>")
         if page.has_reference:
             refs = "".join(f"<div class='seg ref{' drop' if seg.ref_diff <= -DROP else ''}'>V={seg.ref_value:.2f} "
                            f"Δ{seg.ref_diff:+.2f}</div>" for seg in trace.segments)
@@ -158,5 +160,6 @@ def render_audit(markdown: str, plot_path: str | None, page: Any) -> str:
     if plot_path and os.path.exists(plot_path):
         data = base64.b64encode(open(plot_path, "rb").read()).decode()
         body += f"<img alt='audit plot' style='max-width:100%' src='data:image/png;base64,{data}'>"
-    body += f"<h2>Credit on {len(page.traces)} of the audited traces</h2><div class='sub'>{html.escape(page.subtitle)}</div>"
+    body += (f"<h2>Credit on {len(page.traces)} of the audited traces</h2>"
+             f"<div class='sub'>{html.escape(page.subtitle)}</div>")
     return document("credo audit", body + grid(page))

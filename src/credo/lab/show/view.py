@@ -221,7 +221,8 @@ def collect(config: ShowConfig, progress: bool = True) -> Page:
         trace_tokens = float((shown.prompt_mask.sum() + shown.completion_mask.sum()) / len(rows))
         reference_cost = (spent.tokens_scored + spent.tokens_generated) / len(rows) / trace_tokens
     subtitle = (f"checkpoint {checkpoint} · task {config.task} · {len(rows)} traces (one per prompt, methods see "
-                f"groups of {config.group_size}) · seed {config.seed}" + (f" · K_ref={config.k_ref}" if config.k_ref else ""))
+                f"groups of {config.group_size}) · seed {config.seed}"
+                + (f" · K_ref={config.k_ref}" if config.k_ref else ""))
     on_cpu = None if reference is None else [v.cpu() for v in reference]  # the page reads them beside runs' credit
     return build_page("credo show", subtitle, task, policy, rollouts.to("cpu"), segment_ids.cpu(), rows, runs, on_cpu,
                       reference_cost)
@@ -305,7 +306,8 @@ def run_show(config: ShowConfig, out_dir: str, terminal: bool = False, progress:
     from credo.core.files import atomic_write_json
     from credo.core.config import ConfigError
     if os.path.exists(os.path.join(out_dir, "index.html")) and not os.path.exists(os.path.join(out_dir, "page.json")):
-        raise ConfigError(f"{os.path.join(out_dir, 'index.html')} exists and was not written by credo show; choose another --out")
+        raise ConfigError(f"{os.path.join(out_dir, 'index.html')} exists and was not written by credo show; "
+                          "choose another --out")
     started = time.time()
     page = collect(config, progress)
     path = write_page(page, out_dir)
