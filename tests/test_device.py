@@ -104,7 +104,7 @@ class _Reached(Exception):
 
 
 @pytest.mark.parametrize("command,where",
-                         [("train", "credo.train.trainer.load_policy"), ("eval", "credo.policy.load_policy"),
+                         [("train", "credo.train.step.load_policy"), ("eval", "credo.policy.load_policy"),
                                            ("audit", "credo.lab.audit.run.load_policy"),
                                            ("show", "credo.policy.load_policy"), ("sft", "credo.policy.load_policy")])
 @pytest.mark.parametrize("flag", [[], ["--device", "cuda:1"]])
