@@ -34,7 +34,9 @@ def test_compare_smoke_writes_results_report_and_plots(saved_policy, tmp_path):
     assert (on_disk["equal_updates"]["updates"]
             and "## At equal policy updates" in open(os.path.join(out, "report.md")).read())
     report = open(os.path.join(out, "report.md")).read()
-    assert "| grpo |" in report and "| rredcot |" in report
+    assert "| grpo |" in report and "| rredcot † |" in report  # rredcot reads the reference solution: marked
+    assert "† privileged: reads the task's reference solution" in report
+    assert on_disk["methods"]["rredcot"]["privileged"] and not on_disk["methods"]["grpo"]["privileged"]
     for name in ("curves.png", "curves_by_update.png", "audit.png"):
         assert os.path.getsize(os.path.join(out, name)) > 1000
     assert results["failures"] == {}

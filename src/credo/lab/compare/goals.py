@@ -87,7 +87,9 @@ def _best_credit(results: dict[str, Any]) -> dict[str, Any]:
                         + f"; reaches GRPO's mean final on {reached}/{n} seeds, with " + _ratio(ratio)
                         + " the tokens GRPO's curves took to reach it, on average"
                         + (f" (the first evaluation puts a floor of {floor:.2f}x under this ratio)" if floor else "")
-                        + (f" (left out, fewer than 2 seeds: {', '.join(left_out)})" if left_out else "")}
+                        + (f" (left out, fewer than 2 seeds: {', '.join(left_out)})" if left_out else "")
+                        + (f"; {name} is privileged (†: it reads the task's reference solution or labels), so this "
+                           "answers the claim only for a method that does" if entry.get("privileged") else "")}
 
 
 def _ratio(value: float | None) -> str:

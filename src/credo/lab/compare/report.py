@@ -47,6 +47,7 @@ def summarise(results: dict[str, Any]) -> None:
     firsts = [f for f in firsts if f]
     results["tokens_ratio_floor"] = min(firsts) / grpo_tokens if firsts and grpo_tokens else None
     for name, entry in results["methods"].items():
+        entry["privileged"] = reads_privileged(name)
         runs = entry["seeds"]
         finals = [r["final_accuracy"] for r in runs.values()]
         for r in runs.values():
@@ -105,6 +106,25 @@ def _updates(entry: dict[str, Any]) -> str:
     return "—" if not steps else str(steps[0]) if steps[0] == steps[-1] else f"{steps[0]}-{steps[-1]}"
 
 
+def reads_privileged(method: str) -> bool:
+    """Whether `method` reads the task's reference solution, step labels or gold answer beyond the reward
+    (credo.train.methods.privileged); False for a method this version no longer knows."""
+    try:
+        return method_registry.privileged(method)
+    except (ConfigError, KeyError, ValueError):
+        return False
+
+
+def shown_name(results: dict[str, Any], name: str) -> str:
+    """A method's name as the tables show it: marked † when it reads privileged task data."""
+    return f"{name} †" if results["methods"].get(name, {}).get("privileged") else name
+
+
+PRIVILEGED_NOTE = ("† privileged: reads the task's reference solution, step labels or gold answer beyond the reward "
+                   "(`credo methods`), which a deployed trainer does not have; its row answers a claim only about a "
+                   "method that reads the same, and only beside the unprivileged row it is compared with.")
+
+
 def main_table(results: dict[str, Any]) -> list[str]:
     lines = ["| method | final accuracy (mean ± std) | Δ vs GRPO, points [95% interval], paired by seed "
              f"| seeds to resolve Δ ({100 * POWER:.0f}% power) | tokens to GRPO's mean final (their "
@@ -126,11 +146,14 @@ def main_table(results: dict[str, Any]) -> list[str]:
         step = _fmt(entry.get("step_time_ratio"), "{:.2f}") + (
             f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread and name != "grpo" and len(entry["seeds"]) > 1 else "")
         used = _fmt(entry.get("tokens_used"), "{:,.0f}")
-        lines.append(f"| {name} | {final} | {delta} | {needed} | {reach} | {used} | {_updates(entry)} | {step} | "
+        lines.append(f"| {shown_name(results, name)} | {final} | {delta} | {needed} | {reach} | {used} | "
+                     f"{_updates(entry)} | {step} | "
                      f"{_fmt(a.get('spearman'))} | {_fmt(a.get('first_error_top1'))} | "
                      f"{_fmt(a.get('cost_vs_grpo_step'), '{:.2f}')} |")
     for run, why in results["failures"].items():
         lines.append(f"| {run} | failed: {why} | | | | | | | | | |")
+    if any(entry.get("privileged") for entry in results["methods"].values()):
+        lines += ["", PRIVILEGED_NOTE]
     return lines
 
 
@@ -177,7 +200,7 @@ def equal_updates_lines(results: dict[str, Any]) -> list[str]:
         for u in levels:
             cell = row.get(str(u), {})
             cells += [_fmt(cell.get("accuracy_mean")), "—" if name == "grpo" else points(cell.get("delta_vs_grpo"))]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {shown_name(results, name)} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
@@ -239,7 +262,8 @@ def clipping_lines(results: dict[str, Any]) -> list[str]:
              "|---|---|---|---|"]
     for name, c in rows:
         clip = ", ".join(f"{v:g}" for v in c["grad_clip"])
-        lines.append(f"| {name} | {100 * c['clipped_share']:.0f}% | {c['grad_norm_median']:.2f} | {clip} |")
+        lines.append(f"| {shown_name(results, name)} | {100 * c['clipped_share']:.0f}% | {c['grad_norm_median']:.2f} | "
+                     f"{clip} |")
     return lines + [""]
 
 
@@ -312,6 +336,12 @@ def reading(results: dict[str, Any]) -> str:
     seeds = max(len(v["seeds"]) for v in entries.values())
     parts = [f"GRPO ends at {g['final_mean']:.3f}. The best final accuracy is {best[0]}'s {best[1]['final_mean']:.3f} "
              f"({100 * (best[1]['final_mean'] - g['final_mean']):+.1f} points)."]
+    if best[1].get("privileged"):
+        fair = [kv for kv in entries.items() if not kv[1].get("privileged")]
+        top = max(fair, key=lambda kv: kv[1]["final_mean"]) if fair else None
+        parts.append(f"{best[0]} is privileged (†: it reads the task's reference solution or labels); "
+                     + (f"the best method that does not is {top[0]} at {top[1]['final_mean']:.3f}." if top
+                        else "no method in the grid does without them."))
     faster = [k for k, v in entries.items() if k != "grpo" and v.get("tokens_to_grpo_final_ratio") is not None
               and v["seeds_reaching_grpo_final"] == len(v["seeds"]) and v["tokens_to_grpo_final_ratio"] < 0.995]
     if faster:
