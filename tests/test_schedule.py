@@ -29,3 +29,27 @@ def test_runs_record_and_take_the_same_optimiser_steps(method, saved_policy, tmp
     assert (recorded["epochs"], recorded["minibatches"]) == (1, 4)
     steps = {int(state["step"]) for state in trainer.optimizer.state.values()}
     assert steps == {4}  # AdamW steps taken on the one batch
+
+
+def test_a_reset_recipe_takes_its_localiser_in_the_spec_and_is_as_privileged_as_it():
+    from credo.train.config import load_train_config
+    config = load_train_config(None, ["method=srpo:localiser=prompt"])
+    assert (config.strategy, config.reset.localiser, config.credit["std"]) == ("resets", "prompt", "population")
+    assert not methods.privileged("srpo:localiser=prompt") and methods.privileged("srpo:localiser=value")
+    assert methods.privileged("srpo")  # `self` falls back to the value localiser where the policy cannot be asked
+    assert methods.privileged("rredcot") and not methods.privileged("rredcot:include_reference=false")
+
+
+def test_the_round_two_presets_name_known_methods_and_need_their_start(tmp_path):
+    from credo.core.config import ConfigError
+    from credo.lab.compare.presets import PRESETS, check_method_specs
+    from credo.lab.compare.run import compare
+    for name in ("long-skilled", "smollm2-long"):
+        preset = PRESETS[name]
+        check_method_specs(preset.methods, f"compare --preset {name}")
+        assert preset.methods[0] == "grpo" and len(set(preset.methods)) == len(preset.methods)
+        with pytest.raises(ConfigError, match=rf"^--preset {name} needs --start: "):
+            compare(name, str(tmp_path / name), progress=False)
+        assert not os.path.exists(tmp_path / name)  # refused before anything was written
+    marked = {m for m in PRESETS["long-skilled"].methods if methods.privileged(m)}
+    assert marked == {"rredcot", "shuffled:of=rredcot", "srpo:localiser=value"}

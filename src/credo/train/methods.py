@@ -7,6 +7,8 @@ an estimator with defaults that the user's config may still override:
   gspo     GRPO advantages + sequence-level ratio (pi/pi_old)^(1/|o|), clipped per sequence
   rrpo     reset rollouts at random steps of failed traces; -A log pi on suffixes (no ratio, no clip)
   srpo     reset rollouts at the self-localised first error; same loss (`loss.kind=clip`: srpo_clip)
+A reset recipe takes its localiser in the method spec: 'srpo:localiser=prompt' (any other option is the
+estimator's, e.g. 'rredcot:include_reference=false').
 No recipe sets the optimiser schedule (epochs x minibatches): every method gets TrainConfig's one
 schedule, as the public SRPO code gives its GRPO baseline and SRPO the same. A method whose paper
 prescribes another schedule says so here, in its recipe.
@@ -55,7 +57,11 @@ def resolve(method: str) -> Recipe:
     if ":" in method:  # 'name:key=value:...': an estimator with options, e.g. 'shuffled:of=rredcot'
         name, options = credit.parse_spec(method)
         base = resolve(name)
-        return Recipe(base.estimator, base.description, merge(base.defaults, {"credit": options}))
+        settings: dict[str, Any] = {"credit": options}
+        if "localiser" in options and base.defaults.get("strategy") == "resets":  # 'srpo:localiser=prompt'
+            settings = {"credit": {k: v for k, v in options.items() if k != "localiser"},
+                        "reset": {"localiser": options["localiser"]}}
+        return Recipe(base.estimator, base.description, merge(base.defaults, settings))
     try:
         spec = credit.get(method)
     except KeyError:
