@@ -25,7 +25,7 @@ SIZES = {"tiny": (8, 4, 32), "smollm2-135m": (2, 4, 64)}  # prompts, completions
 PROMPTS, GROUP, LENGTH = SIZES["tiny"]
 
 
-PHASES = ("collect", "prepare", "assign_credit", "update")  # Trainer.train_step's phases, in order
+PHASES = ("collect", "prepare", "segment", "assign_credit", "update")  # TrainerStep.train_step's phases, in order
 
 
 def credo_step_seconds(model_dir: str, steps: int) -> tuple[float, dict[str, float]]:
@@ -33,8 +33,8 @@ def credo_step_seconds(model_dir: str, steps: int) -> tuple[float, dict[str, flo
     step per generated batch (epochs=1, minibatches=1, TRL's default steps_per_generation)."""
     from credo.train.trainer import Trainer, load_train_config
     config = load_train_config(None, [f"start={model_dir}", "task=gym:chain_sum", f"prompts_per_step={PROMPTS}",
-                                      f"group_size={GROUP}", f"max_new_tokens={LENGTH}", f"lr={LR}", "epochs=1",
-                                      "minibatches=1", "beta2=0.999", "eval_n=1", "final_eval_n=0"])
+                                      f"group_size={GROUP}", f"sampling.max_new_tokens={LENGTH}", f"lr={LR}",
+                                      "epochs=1", "minibatches=1", "beta2=0.999", "eval_n=1", "final_eval_n=0"])
     spent = dict.fromkeys(PHASES, 0.0)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(config, tmp, progress=False)

@@ -1,11 +1,12 @@
 import os
 
+import pytest
 import torch
 
 from builders import TRAIN_FAST, dapo_config, strip_time
 from credo.cli.main import main
 from credo.policy import load_policy
-from credo.train.trainer import Trainer
+from credo.train.trainer import Trainer, load_train_config
 
 
 def test_resume_after_kill_matches_uninterrupted_run(saved_policy, tmp_path):
@@ -110,3 +111,27 @@ def test_a_dapo_run_records_the_buffer_it_fitted_and_the_longest_worked_solution
     assert summary["overlong_buffer_used"] == max(0, min(12, 64 - longest)) and 20 < longest <= 64
     plain = Trainer(dapo_config(saved_policy, "steps=1"), str(tmp_path / "plain"), progress=False).train()
     assert "overlong_buffer_used" not in plain
+
+
+def test_a_run_on_the_validation_split_evaluates_there_and_never_trains_on_it(saved_policy, tmp_path):
+    from credo.core.config import ConfigError, dump_yaml
+    from credo.tasks import make_task
+    task = make_task("arith")
+    validation = task.validation_problems(300)
+    keys = {p.key for p in validation}
+    assert len(keys) == 300 and not any(task.is_heldout(p) for p in validation)
+    assert [p.key for p in task.validation_problems(300)] == [p.key for p in validation]  # a fixed sequence
+    assert not keys & {p.key for p in task.heldout_problems(500)}
+    config = load_train_config(None, ["method=grpo", f"start={saved_policy}", "eval_split=validation",
+                                      *TRAIN_FAST])
+    trainer = Trainer(config, str(tmp_path / "run"), progress=False)
+    assert trainer.task.train_exclude == {p.key for p in validation[:8]}  # max(eval_n, final_eval_n) = 8
+    drawn = {p.key for p in trainer.task.train_problems(5000, torch.Generator().manual_seed(0))}
+    assert not drawn & trainer.task.train_exclude
+    trainer.evaluate(8)
+    assert trainer.eval_size == 8
+    assert "eval_split: validation" in dump_yaml(config)
+    assert "eval_split" not in dump_yaml(load_train_config(None, [f"start={saved_policy}"]))  # old records unchanged
+    with pytest.raises(ConfigError, match=r"^train\.eval_split=validation needs a task with a validation split"):
+        Trainer(load_train_config(None, ["task=gym:chain_sum", "eval_split=validation", f"start={saved_policy}"]),
+                str(tmp_path / "gym"), progress=False)

@@ -30,12 +30,12 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from credo.core.config import UserError, check
-from credo.tasks.base import HELDOUT_SEED, Problem, StepTruth, in_heldout_split
+from credo.tasks.base import HELDOUT_SEED, VALIDATION_SEED, Problem, StepTruth, in_heldout_split
 
 ALPHABET = "0123456789+-*=#\n ?|"
 PROBE_MARKER = "?"
@@ -98,6 +98,7 @@ class ArithTask:
         self.name = name
         self._heldout_cache: list[Problem] = []
         self._heldout_exhausted = False
+        self.train_exclude: frozenset[str] = frozenset()  # keys training never draws (a run on its validation split)
 
     # --- problems and splits --------------------------------------------------------------------
     def _random_problem(self, rng: random.Random) -> Problem:
@@ -131,7 +132,7 @@ class ArithTask:
         out, misses = [], 0
         while len(out) < n:
             p = self._random_problem(rng)
-            if not self.is_heldout(p):
+            if not self.is_heldout(p) and p.key not in self.train_exclude:
                 out.append(p)
                 misses = 0
             else:
@@ -145,26 +146,38 @@ class ArithTask:
         """The first n problems of the fixed held-out sequence (the same on every machine); fewer when the
         task's options leave fewer distinct held-out problems than n."""
         if len(self._heldout_cache) < n and not self._heldout_exhausted:
-            rng = random.Random(HELDOUT_SEED)
-            seen: set[str] = set()
-            out: list[Problem] = []
-            misses = 0
-            while len(out) < n:
-                p = self._random_problem(rng)
-                if self.is_heldout(p) and p.key not in seen:
-                    seen.add(p.key)
-                    out.append(p)
-                    misses = 0
-                else:
-                    misses += 1
-                    if misses > MAX_MISSES:  # a small problem space: every held-out problem has been drawn
-                        self._heldout_exhausted = True
-                        break
+            out, self._heldout_exhausted = self._fixed_sequence(HELDOUT_SEED, self.is_heldout, n)
             if not out:
                 raise UserError(f"task {self.name}: its options leave no held-out problems (raise "
                                 "task.heldout_permille or widen task.digits/min_terms/max_terms/ops)")
             self._heldout_cache = out
         return self._heldout_cache[:n]
+
+    def validation_problems(self, n: int) -> list[Problem]:
+        """The first n problems of a fixed sequence of training-split problems (VALIDATION_SEED: distinct, never
+        held-out, the same on every machine): what a run that chooses between methods evaluates on
+        (train.eval_split=validation, which also keeps them out of its training draws), so that the held-out set
+        judges only the choice."""
+        return self._fixed_sequence(VALIDATION_SEED, lambda p: not self.is_heldout(p), n)[0]
+
+    def _fixed_sequence(self, seed: int, accept: Callable[[Problem], bool], n: int) -> tuple[list[Problem], bool]:
+        """(the first n distinct problems `accept` takes from the sequence seeded `seed`, whether the sequence ran
+        dry first: MAX_MISSES draws in a row gave nothing new, as a small problem space does)."""
+        rng = random.Random(seed)
+        seen: set[str] = set()
+        out: list[Problem] = []
+        misses = 0
+        while len(out) < n:
+            p = self._random_problem(rng)
+            if accept(p) and p.key not in seen:
+                seen.add(p.key)
+                out.append(p)
+                misses = 0
+            else:
+                misses += 1
+                if misses > MAX_MISSES:  # a small problem space: every problem it accepts has been drawn
+                    return out, True
+        return out, False
 
     # --- solutions and verification ---------------------------------------------------------------
     def solution_lines(self, problem: Problem) -> list[str]:

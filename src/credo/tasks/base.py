@@ -19,6 +19,7 @@ from credo.core.rollouts import Prompt
 
 
 HELDOUT_SEED = 20_261_130  # the seed of every generated task's fixed held-out sequence (the same on every machine)
+VALIDATION_SEED = 20_261_203  # the seed of a generated task's fixed validation sequence (training-split problems)
 
 
 def in_heldout_split(key: str, permille: int) -> bool:

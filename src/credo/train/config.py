@@ -101,6 +101,10 @@ class TrainConfig:
     """Held-out problems of each evaluation during training."""
     final_eval_n: int = 500
     """Held-out problems of the final evaluation (0: none)."""
+    eval_split: str = field(default="heldout", metadata={"omit_default": True})
+    """Where the curve and the final evaluation are measured: 'heldout' (the test set), or 'validation', a fixed
+    set of training-split problems that this run then never trains on (arith tasks), for choosing between methods
+    or settings without looking at the held-out set (issue 38's rule). Left out of config.yaml at its default."""
     checkpoint_every: int = 10
     """Steps between atomic checkpoints."""
     keep_checkpoints: int = 2
@@ -156,6 +160,8 @@ class TrainConfig:
             check(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
         check_in(self.eval_n, 1, MAX_HELD_OUT, "train.eval_n")
         check_in(self.final_eval_n, 0, MAX_HELD_OUT, "train.final_eval_n")
+        check(self.eval_split in ("heldout", "validation"),
+              f"train.eval_split must be 'heldout' or 'validation', got {self.eval_split!r}")
         object.__setattr__(self, "report_to", tracking.checked_names(self.report_to, "train.report_to"))
         check(not self.data_parallel or self.strategy == "plain",
               f"train.data_parallel supports strategy 'plain' only, got {self.strategy!r}")

@@ -46,6 +46,8 @@ class TrainerStep:
     def __init__(self, config: TrainConfig, run_dir: str, policy: Policy | None = None, progress: bool = True) -> None:
         self.run_dir, self.progress = run_dir, progress
         self.task = make_task(config.task, config.task_options, prefix="train.task_options.")
+        if config.eval_split == "validation":
+            self.task.train_exclude = frozenset(p.key for p in validation_split(self.task, config))
         config, self.plan = with_plan(config)  # the estimator, its checked options and the strategy, resolved once
         self.config = config
         if policy is None:
@@ -232,6 +234,15 @@ class TrainerStep:
                         "loss", "clip_frac", "kl"):
                 row[key] = self.dp.mean(row[key])
         return row
+
+
+def validation_split(task: Any, config: TrainConfig) -> list:
+    """Every problem a run on the validation split evaluates on (the most either evaluation asks for), which its
+    training draws then skip; a task without one is a ConfigError naming train.eval_split."""
+    if not hasattr(task, "validation_problems"):
+        raise ConfigError(f"train.eval_split=validation needs a task with a validation split (arith, arith-long); "
+                          f"task {task.name!r} has none")
+    return task.validation_problems(max(config.eval_n, config.final_eval_n))
 
 
 class TrainingDiverged(UserError):

@@ -149,10 +149,11 @@ class Trainer(TrainerStep):
         return self.step < c.steps and (c.max_generated_tokens <= 0 or self.tokens_generated < c.max_generated_tokens)
 
     def evaluate(self, n: int) -> float:
-        """Greedy accuracy on up to n held-out problems; `self.eval_size` records how many there were and
-        `self.eval_seconds` how long it took."""
+        """Greedy accuracy on up to n problems of the run's evaluation split (train.eval_split); `self.eval_size`
+        records how many there were and `self.eval_seconds` how long it took."""
         self.policy.model.eval()
-        problems = self.task.heldout_problems(n)
+        problems = (self.task.validation_problems(n) if self.config.eval_split == "validation"
+                    else self.task.heldout_problems(n))
         self.eval_size = len(problems)
         began = time.perf_counter()
         accuracy = evaluate(self.policy, self.task, problems, max_new_tokens=self.config.sampling.max_new_tokens,
