@@ -659,3 +659,15 @@ def test_a_run_result_reads_gradient_norms_and_the_runs_own_clip(tmp_path):
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = run_result(str(run))
     assert (result["clipped_share"], result["grad_norm_median"], result["grad_clip"]) == (0.5, 0.65, 0.5)
+
+
+def test_a_comparison_on_the_validation_split_evaluates_there_and_says_so(saved_policy, tmp_path):
+    out = str(tmp_path / "val")
+    results = compare("smoke", out, methods=("grpo",), start=saved_policy, progress=False, eval_split="validation")
+    config = open(os.path.join(out, "runs", "grpo-s0", "config.yaml")).read()
+    assert "eval_split: validation" in config
+    assert results["protocol"]["eval_split"] == "validation"
+    assert results["protocol"]["curve_eval_set"] == "the first 8 validation problems"
+    report = open(os.path.join(out, "report.md")).read()
+    assert "on the first 8 validation (training-split problems no run trained on" in report
+    assert "final: the first 8 validation problems." in report

@@ -164,9 +164,15 @@ class CompareConfig:
     share_gpu: bool = False
     """On a GPU, run `jobs` trainings at once, each process with its own copy of the model on the one device
     (default false: one after another, as one training keeps a GPU busy)."""
+    eval_split: str = "heldout"
+    """Where every run's curve and final accuracy are measured: 'heldout' (the test set) or 'validation', a fixed
+    set of training-split problems the runs never train on (train.eval_split; arith tasks): for choosing a
+    method or a setting, after which the choice alone is judged on the held-out set."""
 
     def __post_init__(self) -> None:
         check_device_fields(self.device, self.dtype, "compare.")
+        check(self.eval_split in ("heldout", "validation"),
+              f"compare.eval_split must be 'heldout' or 'validation', got {self.eval_split!r}")
         check(self.preset in PRESETS, f"compare --preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
         check(self.budget is None or self.budget > 0,
               f"compare --budget must be a positive number of generated tokens, got {self.budget}")
@@ -219,6 +225,8 @@ def protocol(preset: Preset, start: str, jobs: int) -> dict[str, Any]:
     is read back from its own run config, so what is recorded is what trains; a method whose recipe sets a
     different schedule is marked source 'recipe'."""
     base = load_train_config(None, None, {**preset.schedule, "start": start})  # no recipe: the shared schedule
+    validation = preset.train.get("eval_split") == "validation"
+    split = "validation" if validation else "held-out"
     shared = {k: getattr(base, k) for k in SCHEDULE}
     per_method = {}
     for spec in preset.methods:
@@ -227,8 +235,8 @@ def protocol(preset: Preset, start: str, jobs: int) -> dict[str, Any]:
         per_method[spec] = {**own, "source": "shared" if own == shared else "recipe"}
     return {"task": preset.task, "seeds": list(preset.seeds), "jobs": jobs, "token_budget": preset.token_budget,
             "eval_every_tokens": preset.eval_every_tokens, "eval_n": preset.eval_n,
-            "final_eval_n": preset.final_eval_n, "curve_eval_set": f"the first {preset.eval_n} held-out problems",
-            "schedule": shared, "methods": per_method}
+            "final_eval_n": preset.final_eval_n, "curve_eval_set": f"the first {preset.eval_n} {split} problems",
+            "schedule": shared, "methods": per_method, **({"eval_split": "validation"} if validation else {})}
 
 
 def is_default_start(path: str, task: str) -> bool:
@@ -279,11 +287,14 @@ def check_method_specs(specs: tuple[str, ...], where: str) -> None:
 
 
 def resolve_preset(preset_name: str, methods: tuple[str, ...] | None, seeds: tuple[int, ...] | None,
-                   token_budget: int | None, schedule: dict[str, Any] | None, task: str | None = None) -> Preset:
+                   token_budget: int | None, schedule: dict[str, Any] | None, task: str | None = None,
+                   eval_split: str = "heldout") -> Preset:
     """The preset with the caller's replacements, every method name and the task checked before any training."""
     if preset_name not in PRESETS:
         raise ConfigError(f"unknown preset {preset_name!r}; available: {', '.join(PRESETS)}")
     preset = PRESETS[preset_name]
+    if eval_split == "validation":  # every run evaluates on the task's validation split and never trains on it
+        preset = replace(preset, train={**preset.train, "eval_split": "validation"})
     preset = replace(preset, methods=tuple(methods or preset.methods),
                      seeds=tuple(seeds if seeds is not None else preset.seeds),
                      schedule={**preset.schedule, **(schedule or {})}, task=task or preset.task)

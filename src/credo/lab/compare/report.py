@@ -163,10 +163,12 @@ def protocol_lines(results: dict[str, Any]) -> list[str]:
     if not protocol:
         return ["Schedule and evaluation protocol: not recorded (this comparison predates `protocol` in results.json)."]
     shared = protocol["schedule"]
+    split = ("validation (training-split problems no run trained on; the held-out set not looked at)"
+             if protocol.get("eval_split") == "validation" else "held-out")
     lines = [f"Task `{protocol['task']}` · seeds {', '.join(map(str, protocol['seeds']))} · "
-             f"{protocol['jobs']} job(s) at once · curve: greedy accuracy on the first {protocol['eval_n']} held-out "
+             f"{protocol['jobs']} job(s) at once · curve: greedy accuracy on the first {protocol['eval_n']} {split} "
              f"problems (the same set at every evaluation) every {protocol['eval_every_tokens']:,} generated tokens · "
-             f"final: the first {protocol['final_eval_n']} held-out problems.", "",
+             f"final: the first {protocol['final_eval_n']} {split.split(' (')[0]} problems.", "",
              f"Schedule: every method {shared['epochs']} epoch(s) × {shared['minibatches']} mini-batch(es) per batch "
              f"(AdamW), lr {shared['lr']:g}"
              + (f", gradient-norm clip {shared['grad_clip']:g}" if "grad_clip" in shared else "")

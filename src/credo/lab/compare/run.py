@@ -229,7 +229,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
             token_budget: int | None = None, command: str | None = None, schedule: dict[str, Any] | None = None,
             confirm: Callable[[float], None] | None = None, task: str | None = None,
             report_to: tuple[str, ...] = (), device: str = "auto", dtype: str = "float32",
-            share_gpu: bool = False) -> dict[str, Any]:
+            share_gpu: bool = False, eval_split: str = "heldout") -> dict[str, Any]:
     """Runs the preset and writes the run directory; returns results.json's content.
 
     jobs (default: the preset's) > 1 runs that many (method, seed) trainings at once in worker processes,
@@ -243,7 +243,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     tracker run grouped by the comparison (credo.integrations.tracking). `device` (resolved here once: every run
     records the same one) and `dtype` place every run and the audit; on a GPU the runs go one after another
     unless `share_gpu`."""
-    preset = resolve_preset(preset_name, methods, seeds, token_budget, schedule, task)
+    preset = resolve_preset(preset_name, methods, seeds, token_budget, schedule, task, eval_split)
     report_to = checked_names(report_to, "compare.report_to")
     check_installed(report_to, "compare.report_to")  # before any timing or training
     jobs = preset.jobs if jobs is None else jobs
