@@ -280,9 +280,9 @@ def check_method_specs(specs: tuple[str, ...], where: str) -> None:
     for spec in specs:
         try:
             method_registry.estimator_of(parse_spec(spec)[0], where)
-        except ValueError as err:  # a malformed option ('name:key'); an unknown name is estimator_of's ConfigError
-            if isinstance(err, ConfigError):
-                raise
+        except ConfigError:  # an unknown name: estimator_of's error already names `where`
+            raise
+        except ValueError as err:  # a malformed option ('name:key')
             raise ConfigError(f"{where}: {err.args[0] if err.args else err}") from None
 
 
