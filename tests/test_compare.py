@@ -104,9 +104,9 @@ def test_goal_checks_follow_their_rules():
     from credo.lab.compare.run import goals, summarise
     results = _synthetic(
         {"grpo": [0.40, 0.42, 0.44], "sc_grpo": [0.43, 0.46, 0.47], "rrpo": [0.41, 0.43, 0.45],
-         "srpo": [0.50, 0.52, 0.51]},
+         "srpo:localiser=prompt": [0.50, 0.52, 0.51]},
         {"grpo": [100_000, 100_000, 100_000], "sc_grpo": [None, None, None], "rrpo": [None, 150_000, None],
-         "srpo": [40_000, 40_000, 40_000]})
+         "srpo:localiser=prompt": [40_000, 40_000, 40_000]})
     summarise(results)
     checks = {g["goal"]: g["holds"] for g in goals(results)}
     assert checks[SC] is True          # +3.3 points, paired sd 0.6: interval [+1.9, +4.8]
@@ -133,8 +133,9 @@ def test_a_goal_holds_only_where_its_interval_excludes_zero():
     assert delta["ci"][0] < 0 < delta["mean"] - delta["sd"]
     assert {g["goal"]: g["holds"] for g in goals(results)}[SC] is False
     # SRPO sooner than RRPO on every seed but not sooner than GRPO: the two-part goal fails
-    results = _synthetic({"grpo": [0.40, 0.42, 0.44], "rrpo": [0.41, 0.43, 0.45], "srpo": [0.40, 0.42, 0.44]},
-                         {"grpo": [50_000, 60_000, 70_000], "rrpo": [None] * 3, "srpo": [90_000, 100_000, 120_000]})
+    srpo = "srpo:localiser=prompt"
+    results = _synthetic({"grpo": [0.40, 0.42, 0.44], "rrpo": [0.41, 0.43, 0.45], srpo: [0.40, 0.42, 0.44]},
+                         {"grpo": [50_000, 60_000, 70_000], "rrpo": [None] * 3, srpo: [90_000, 100_000, 120_000]})
     summarise(results)
     assert {g["goal"]: g["holds"] for g in goals(results)}[SRPO] is False
 

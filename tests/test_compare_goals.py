@@ -4,7 +4,7 @@ goal whose methods failed reads 'not judged' instead of vanishing."""
 
 from __future__ import annotations
 
-from credo.lab.compare.goals import BEST, CONTROLS, SC, SRPO, goals
+from credo.lab.compare.goals import BEST, BEST_UNPRIVILEGED, CONTROLS, SC, SRPO, goals
 from credo.lab.compare.report import report, summarise
 
 
@@ -71,9 +71,39 @@ def test_a_run_that_never_reaches_counts_later_than_one_that_reaches_at_its_end(
     srpo = [_run(0.41, 200_000), _run(0.43, 200_000), _run(0.45, 190_000)]
     rrpo = [_run(0.40, None), _run(0.40, None), _run(0.40, None)]
     grpo = [_run(0.41, None), _run(0.43, None), _run(0.45, None)]  # seeds 1 and 2 reach on their final (200k)
-    goal = _goal(_results({"grpo": grpo, "rrpo": rrpo, "srpo": srpo}), SRPO)
-    assert "srpo − rrpo -53k [-68k, -39k]" in goal["evidence"]
-    assert "srpo − grpo -20k" in goal["evidence"] and goal["holds"] is False  # -50k, 0, -10k: not below 0
+    goal = _goal(_results({"grpo": grpo, "rrpo": rrpo, "srpo:localiser=prompt": srpo}), SRPO)
+    assert "srpo:localiser=prompt − rrpo -53k [-68k, -39k]" in goal["evidence"]
+    assert "srpo:localiser=prompt − grpo -20k" in goal["evidence"] and goal["holds"] is False  # -50k, 0, -10k
+
+
+def test_a_privileged_row_never_alone_answers_a_claim_about_methods_that_read_no_reference():
+    """srpo's default `self` localiser may read the reference (†), rredcot's default value does: they are shown,
+    but the SRPO claim waits for an unprivileged row, and goal (1) gets a row among the methods without †."""
+    fast = [_run(0.50, 40_000), _run(0.52, 40_000), _run(0.54, 40_000)]
+    slow = [_run(0.40, None), _run(0.42, None), _run(0.44, None)]
+    ibpo = [_run(0.41, None), _run(0.43, None), _run(0.45, None)]  # +1 point on every seed
+    results = _results({"grpo": GRPO, "rrpo": slow, "srpo": fast, "rredcot": fast, "ibpo": ibpo})
+    assert results["methods"]["srpo"]["privileged"] and results["methods"]["rredcot"]["privileged"]
+    srpo = _goal(results, SRPO)
+    assert srpo["holds"] is None and "(srpo †) read the task's reference" in srpo["evidence"]
+    assert _goal(results, BEST)["holds"] is True  # rredcot †, +10 points
+    fair = _goal(results, BEST_UNPRIVILEGED)  # among rrpo and ibpo (srpo and rredcot †)
+    assert fair["holds"] is False and "best of 2 credit methods by Δ vs GRPO: ibpo, +1.0" in fair["evidence"]
+    # an unprivileged srpo row answers, and the privileged one is named beside it
+    results = _results({"grpo": GRPO, "rrpo": slow, "srpo": fast, "srpo:localiser=prompt": fast})
+    srpo = _goal(results, SRPO)
+    assert srpo["holds"] is True and "(srpo † read the reference: shown, not judged here)" in srpo["evidence"]
+    assert BEST_UNPRIVILEGED not in {g["goal"] for g in goals(_results({"grpo": GRPO, "ibpo": fast}))}
+
+
+def test_sc_grpo_must_also_beat_its_token_level_control_where_the_grid_has_it():
+    sc = [_run(0.50, None), _run(0.52, None), _run(0.54, None)]
+    results = _results({"grpo": GRPO, "sc_grpo": sc, "shuffled:of=sc_grpo:level=token": sc})
+    goal = _goal(results, SC)
+    assert goal["holds"] is False and "sc_grpo − shuffled:of=sc_grpo:level=token: +0.0" in goal["evidence"]
+    results = _results({"grpo": GRPO, "sc_grpo": sc, "shuffled:of=sc_grpo": GRPO})  # a segment-level control only
+    goal = _goal(results, SC)
+    assert goal["holds"] is True and "no token-level control in the grid" in goal["evidence"]
 
 
 def test_a_goal_whose_methods_share_under_2_seeds_reads_not_judged_and_other_goals_are_still_judged():
@@ -87,7 +117,7 @@ def test_a_goal_whose_methods_share_under_2_seeds_reads_not_judged_and_other_goa
             and "rredcot and shuffled:of=rredcot share 1 finished seed(s)" in controls["evidence"])
     best = _goal(results, BEST)  # rredcot and GRPO share 3 seeds: judged, whatever the control did
     assert best["holds"] is True and "sc_grpo" in best["evidence"]  # left out, fewer than 2 seeds
-    assert "| SC-GRPO ends above GRPO (interval above 0) | not judged |" in report(results)
+    assert f"| {SC} | not judged |" in report(results)
     # finished on 2 seeds each, but not the same 2: no paired interval, so no verdict (not a "no")
     results = _results({"grpo": GRPO[:2], "sc_grpo": [_run(0.60, None), _run(0.60, None)]})
     results["methods"]["sc_grpo"]["seeds"] = {"1": results["methods"]["sc_grpo"]["seeds"]["1"], "2": _run(0.6, None)}

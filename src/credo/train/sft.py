@@ -87,6 +87,10 @@ class SFTConfig:
     """Validation problems per check."""
     target_accuracy: float = 0.4
     """Stop once validation greedy accuracy reaches it (1.0 = train to max_steps)."""
+    keep: str = field(default="best", metadata={"omit_default": True})
+    """Which weights the start keeps: 'best' = those of the validation check with the highest greedy accuracy;
+    'last' = those of the last step (for a mixture whose other skills keep growing after plain accuracy has
+    peaked)."""
     seed: int = 0
     """Seed of the examples and the initial weights."""
 
@@ -114,6 +118,7 @@ class SFTConfig:
         check(self.grad_clip > 0, f"sft.grad_clip must be > 0, got {self.grad_clip}")
         check(self.init == "" or self.init in SFT_PRESETS, f"sft.init must be '' or an SFT preset "
               f"({', '.join(SFT_PRESETS)}), got {self.init!r}")
+        check(self.keep in ("best", "last"), f"sft.keep must be 'best' or 'last', got {self.keep!r}")
         check(self.warmup_steps >= 0, f"sft.warmup_steps must be >= 0, got {self.warmup_steps}")
 
 
@@ -141,9 +146,18 @@ SFT_PRESETS: dict[str, dict] = {
     "arith-long-skilled": {"max_steps": 400, "batch_size": 32, "warmup_steps": 10, "eval_every": 25, "eval_n": 100,
                            "target_accuracy": 0.35, "init": "arith-long-skilled-1", "lr": 5e-4,
                            "early_answer_frac": 0.1, "reference_frac": 0.3, "localisation_frac": 0.2},
+    "arith-long-skilled-wide": {"max_steps": 2000, "batch_size": 32, "warmup_steps": 50, "eval_every": 200,
+                                "eval_n": 100, "target_accuracy": 1.0, "keep": "last", "init": "arith-long-first",
+                                "lr": 5e-4, "model": GPTConfig(d_model=256, n_head=8), "early_answer_frac": 0.1,
+                                "reference_frac": 0.3, "localisation_frac": 0.3},
+    "arith-long-skilled-copy": {"max_steps": 2000, "batch_size": 32, "warmup_steps": 50, "eval_every": 200,
+                                "eval_n": 100, "target_accuracy": 1.0, "keep": "last", "init": "arith-long-first",
+                                "lr": 5e-4, "model": GPTConfig(d_model=256, n_head=8), "early_answer_frac": 0.1,
+                                "reference_frac": 0.5, "localisation_frac": 0.2},
 }
 PRESET_TASKS: dict[str, str] = {"arith": "arith", "arith-long-first": "arith-long",
-                                "arith-long-skilled-1": "arith-long", "arith-long-skilled": "arith-long"}
+                                "arith-long-skilled-1": "arith-long", "arith-long-skilled": "arith-long",
+                                "arith-long-skilled-wide": "arith-long", "arith-long-skilled-copy": "arith-long"}
 """The task whose problems each SFT preset trains on."""
 DEFAULT_PRESETS: dict[str, str] = {"arith": "arith", "arith-long": "arith-long-first"}
 """Each arithmetic task's default start (its SFT preset); the others are selected by name ('sft:<preset>')."""
@@ -278,7 +292,10 @@ def train_sft(config: SFTConfig, out_dir: str, progress: bool = True) -> dict:
             if acc >= config.target_accuracy:
                 break
     bar.close()
-    model.load_state_dict(best[2])
+    if config.keep == "last":
+        best = (history[-1]["val_accuracy"], history[-1]["step"], None)
+    else:
+        model.load_state_dict(best[2])
     summary = {"val_accuracy": best[0], "step": best[1], "seconds": time.time() - start,
                "config_hash": config_hash(config)}
     with atomic_directory(out_dir) as tmp:

@@ -14,19 +14,28 @@ finished, and applied to every comparison alike:
 3. "Sooner" compares generated tokens to GRPO's mean final; a run that never reaches it counts as its own
    tokens plus one evaluation interval (it could have reached it at the next evaluation, no sooner).
 4. "Every credit method" can only mean those with a `shuffled` control in the grid; the others are listed.
+
+A method marked privileged (†: it reads the task's reference solution or step labels) never alone answers a claim
+about methods that do not: when goal (1)'s best method is privileged, a second row judges the best among the
+methods that are not; goals (2) and (3) are answered by the grid's unprivileged SC-GRPO and SRPO rows (e.g.
+`srpo:localiser=prompt`, the paper's self-localisation) and read 'not judged' when only privileged ones ran.
+Goal (2) also needs SC-GRPO above its token-level control (`shuffled:of=sc_grpo:level=token`) where the grid has it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from credo.credit.registry import parse_spec
 from credo.lab.compare.stats import LEVEL, control_pairs, control_target, excludes_zero, paired, paired_deltas
 
 BASELINES = ("grpo", "dr_grpo", "rloo", "dapo", "gspo")
 BEST = ("the best credit method ends >= +5 points above GRPO (selection-adjusted interval above 0) and reaches "
         "GRPO's final accuracy on every seed with <= 0.5x the tokens GRPO took to reach it")
-SC = "SC-GRPO ends above GRPO (interval above 0)"
-SRPO = "SRPO reaches GRPO's final accuracy sooner than RRPO and sooner than GRPO (intervals below 0)"
+BEST_UNPRIVILEGED = "the same among the credit methods that read no privileged data (no †)"
+SC = "SC-GRPO ends above GRPO and above its token-level control where the grid has it (intervals above 0)"
+SRPO = ("SRPO with self-localisation reaches GRPO's final accuracy sooner than RRPO and sooner than GRPO "
+        "(intervals below 0)")
 CONTROLS = "every credit method with a shuffled control in the grid ends above it (interval above 0)"
 
 
@@ -62,16 +71,39 @@ def _shared(results: dict[str, Any], a: str, b: str) -> tuple[str, str, int]:
     return a, b, len(seeds[0] & seeds[1])
 
 
-def _best_credit(results: dict[str, Any]) -> dict[str, Any]:
-    credit = credit_methods(results["methods"])
+def _variants(results: dict[str, Any], base: str) -> tuple[str | None, list[str]]:
+    """(the grid's row answering a claim about `base`, its privileged rows): the first method named `base` or
+    `base:<options>` that reads no privileged data (None if none ran), and those that do (†)."""
+    rows = [m for m in results["methods"] if parse_spec(m)[0] == base]
+    fair = [m for m in rows if not results["methods"][m].get("privileged")]
+    return (base if base in fair else (fair[0] if fair else None)), [m for m in rows if m not in fair]
+
+
+def _privileged_only(goal: str, base: str, rows: list[str]) -> dict[str, Any]:
+    return {"goal": goal, "holds": None,
+            "evidence": f"not judged: the grid's {base} rows ({', '.join(f'{m} †' for m in rows)}) read the task's "
+                        "reference solution or labels, and the claim is about one that does not"}
+
+
+def _best_of(results: dict[str, Any], privileged: bool = True) -> tuple[str | None, list[str], list[str]]:
+    """(the credit method with the largest mean Δ vs GRPO or None, the candidates, those left out for want of
+    2 seeds paired with GRPO); `privileged` False: among the methods without † only."""
+    entries = results["methods"]
+    credit = [m for m in credit_methods(entries) if privileged or not entries[m].get("privileged")]
     # a method paired with GRPO on fewer than 2 seeds has no interval: it cannot be judged the best
     candidates = [m for m in credit if (results["methods"][m].get("delta_vs_grpo") or {}).get("n", 0) >= 2]
-    if not candidates:
-        return {"goal": BEST, "holds": None,
-                "evidence": "not judged: no credit method shares 2 finished seeds with grpo"}
-    left_out = [m for m in credit if m not in candidates]
+    name = max(candidates, key=lambda m: results["methods"][m]["delta_vs_grpo"]["mean"]) if candidates else None
+    return name, candidates, [m for m in credit if m not in candidates]
+
+
+def _best_credit(results: dict[str, Any], goal: str = BEST, privileged: bool = True) -> dict[str, Any]:
+    """Goal (1) among the credit methods (`privileged` False: only those without †)."""
+    name, candidates, left_out = _best_of(results, privileged)
+    if name is None:
+        return {"goal": goal, "holds": None,
+                "evidence": "not judged: no credit method" + ("" if privileged else " without †")
+                            + " shares 2 finished seeds with grpo"}
     grpo = results["methods"]["grpo"]["seeds"]
-    name = max(candidates, key=lambda m: results["methods"][m]["delta_vs_grpo"]["mean"])
     entry, k = results["methods"][name], len(candidates)
     adjusted = paired(paired_deltas(entry["seeds"], grpo, _final), level=1 - (1 - LEVEL) / k)
     n, reached = len(entry["seeds"]), entry["seeds_reaching_grpo_final"]
@@ -79,7 +111,7 @@ def _best_credit(results: dict[str, Any]) -> dict[str, Any]:
     holds = (adjusted["mean"] >= 0.05 and bool(excludes_zero(adjusted, +1)) and reached == n
              and ratio is not None and ratio <= 0.5)
     floor = results.get("tokens_ratio_floor")
-    return {"goal": BEST, "holds": holds,
+    return {"goal": goal, "holds": holds,
             "evidence": (f"best of {k} credit methods by Δ vs GRPO: {name}, {points(entry['delta_vs_grpo'])} points "
                          f"(95%), [{100 * adjusted['ci'][0]:+.1f}, {100 * adjusted['ci'][1]:+.1f}] at "
                          f"{100 * (1 - (1 - LEVEL) / k):.1f}% for the choice among {k}" if k > 1 else
@@ -89,7 +121,8 @@ def _best_credit(results: dict[str, Any]) -> dict[str, Any]:
                         + (f" (the first evaluation puts a floor of {floor:.2f}x under this ratio)" if floor else "")
                         + (f" (left out, fewer than 2 seeds: {', '.join(left_out)})" if left_out else "")
                         + (f"; {name} is privileged (†: it reads the task's reference solution or labels), so this "
-                           "answers the claim only for a method that does" if entry.get("privileged") else "")}
+                           "answers the claim only for a method that does; the next row answers it for the others"
+                           if entry.get("privileged") else "")}
 
 
 def _ratio(value: float | None) -> str:
@@ -97,12 +130,23 @@ def _ratio(value: float | None) -> str:
 
 
 def _sc_above(results: dict[str, Any]) -> dict[str, Any]:
-    unjudged = _unjudged(SC, [_shared(results, "sc_grpo", "grpo")])
+    """Goal (2): the unprivileged SC-GRPO row above GRPO and, where the grid has it, above its token-level
+    control (the structure-free control for token weights)."""
+    name, privileged = _variants(results, "sc_grpo")
+    if name is None:
+        return _privileged_only(SC, "sc_grpo", privileged)
+    controls = [p for p in (results.get("controls") or control_pairs(results))
+                if p["method"] == name and parse_spec(p["control"])[1].get("level") == "token"]
+    unjudged = _unjudged(SC, [_shared(results, name, "grpo")] + [_shared(results, name, p["control"])
+                                                                  for p in controls])
     if unjudged:
         return unjudged
-    delta = results["methods"]["sc_grpo"]["delta_vs_grpo"]
-    return {"goal": SC, "holds": bool(excludes_zero(delta, +1)),
-            "evidence": f"sc_grpo {points(delta)} points vs GRPO (paired over {delta['n']} seeds)"}
+    delta = results["methods"][name]["delta_vs_grpo"]
+    holds = bool(excludes_zero(delta, +1)) and all(bool(excludes_zero(p["delta"], +1)) for p in controls)
+    return {"goal": SC, "holds": holds,
+            "evidence": f"{name} {points(delta)} points vs GRPO (paired over {delta['n']} seeds)"
+                        + "".join(f"; {name} − {p['control']}: {points(p['delta'])} points" for p in controls)
+                        + ("" if controls else "; no token-level control in the grid")}
 
 
 def _tokens_to_target(results: dict[str, Any]) -> Any:
@@ -117,12 +161,15 @@ def _tokens_to_target(results: dict[str, Any]) -> Any:
 def _srpo_sooner(results: dict[str, Any]) -> dict[str, Any]:
     """SRPO reaches GRPO's final sooner than RRPO and than GRPO: per-seed differences in generated tokens
     to GRPO's mean final accuracy, each interval below 0."""
-    unjudged = _unjudged(SRPO, [_shared(results, "srpo", "rrpo"), _shared(results, "srpo", "grpo")])
+    srpo, privileged = _variants(results, "srpo")
+    if srpo is None:
+        return _privileged_only(SRPO, "srpo", privileged)
+    unjudged = _unjudged(SRPO, [_shared(results, srpo, "rrpo"), _shared(results, srpo, "grpo")])
     if unjudged:
         return unjudged
     tokens, m = _tokens_to_target(results), results["methods"]
-    vs_rrpo = paired(paired_deltas(m["srpo"]["seeds"], m["rrpo"]["seeds"], tokens))
-    vs_grpo = paired(paired_deltas(m["srpo"]["seeds"], m["grpo"]["seeds"], tokens))
+    vs_rrpo = paired(paired_deltas(m[srpo]["seeds"], m["rrpo"]["seeds"], tokens))
+    vs_grpo = paired(paired_deltas(m[srpo]["seeds"], m["grpo"]["seeds"], tokens))
 
     def k(iv: dict[str, Any]) -> str:
         return f"{iv['mean'] / 1e3:+,.0f}k" + (f" [{iv['ci'][0] / 1e3:+,.0f}k, {iv['ci'][1] / 1e3:+,.0f}k]"
@@ -130,9 +177,11 @@ def _srpo_sooner(results: dict[str, Any]) -> dict[str, Any]:
 
     return {"goal": SRPO, "holds": bool(excludes_zero(vs_rrpo, -1)) and bool(excludes_zero(vs_grpo, -1)),
             "evidence": f"generated tokens to GRPO's mean final (never reached: the run's tokens + one evaluation "
-                        f"interval), paired by seed: srpo − rrpo {k(vs_rrpo)}, srpo − grpo {k(vs_grpo)}; seeds "
-                        f"reaching: srpo {m['srpo']['seeds_reaching_grpo_final']}/{len(m['srpo']['seeds'])}, rrpo "
-                        f"{m['rrpo']['seeds_reaching_grpo_final']}/{len(m['rrpo']['seeds'])}"}
+                        f"interval), paired by seed: {srpo} − rrpo {k(vs_rrpo)}, {srpo} − grpo {k(vs_grpo)}; seeds "
+                        f"reaching: {srpo} {m[srpo]['seeds_reaching_grpo_final']}/{len(m[srpo]['seeds'])}, rrpo "
+                        f"{m['rrpo']['seeds_reaching_grpo_final']}/{len(m['rrpo']['seeds'])}"
+                        + (f" ({', '.join(f'{p} †' for p in privileged)} read the reference: shown, not judged here)"
+                           if privileged else "")}
 
 
 def _controls(results: dict[str, Any], pairs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -160,9 +209,13 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     if credit_methods(planned):
         out.append(_best_credit(results))
-    if "sc_grpo" in planned:
+        best = _best_of(results)[0]
+        if best is not None and results["methods"][best].get("privileged"):
+            out.append(_best_credit(results, BEST_UNPRIVILEGED, privileged=False))
+    bases = {parse_spec(m)[0] for m in planned}
+    if "sc_grpo" in bases:
         out.append(_sc_above(results))
-    if {"srpo", "rrpo"} <= planned:
+    if "srpo" in bases and "rrpo" in planned:
         out.append(_srpo_sooner(results))
     pairs = results.get("controls") or control_pairs(results)
     if pairs:
