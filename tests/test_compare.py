@@ -297,6 +297,20 @@ def test_presets_follow_the_protocol():
             assert control_target(spec) in (None, *PRESETS[name].methods)
 
 
+def test_every_method_of_every_preset_makes_its_run_config():
+    """Each spec of each grid is a run its config loader accepts (a reset recipe's localiser option goes to its
+    reset, not to its credit options: srpo:localiser=prompt in long-skilled)."""
+    from credo.lab.compare.run import PRESETS, run_config
+    for name, preset in PRESETS.items():
+        for spec in preset.methods:
+            config = run_config(spec, 0, preset, "start")
+            assert config.method == spec.split(":")[0], (name, spec)
+    skilled = PRESETS["long-skilled"]
+    assert run_config("srpo:localiser=prompt", 0, skilled, "start").reset.localiser == "prompt"
+    assert run_config("srpo:localiser=value", 0, skilled, "start").reset.localiser == "value"
+    assert run_config("rredcot:include_reference=false", 0, skilled, "start").credit["include_reference"] is False
+
+
 def test_an_unavailable_task_is_one_line_before_any_training(monkeypatch, tmp_path, saved_policy):
     import pytest
     from dataclasses import replace
@@ -672,3 +686,36 @@ def test_a_comparison_on_the_validation_split_evaluates_there_and_says_so(saved_
     report = open(os.path.join(out, "report.md")).read()
     assert "on the first 8 validation (training-split problems no run trained on" in report
     assert "final: the first 8 validation problems." in report
+
+
+def test_a_comparison_measures_the_premises_on_its_start_and_each_final_policy_once(tmp_path, monkeypatch):
+    """premise_n > 0: the teacher check for sc_grpo, the localisation check for srpo:localiser=prompt, nothing
+    for grpo; each measurement kept in premises/, read back (not measured again) by a rerun; a report section."""
+    from dataclasses import replace
+    from credo.lab.compare.run import PRESETS
+    from credo.policy.gpt import GPTConfig
+    from credo.policy.tiny import TinyPolicy
+    from credo.train.sft import make_tokenizer, sft_config_for
+    monkeypatch.setitem(PRESETS, "smoke", replace(PRESETS["smoke"], premise_n=16))
+    tokenizer = make_tokenizer(sft_config_for("arith-long-skilled"))  # can read the localisation request
+    start = str(tmp_path / "reads")
+    TinyPolicy.create(GPTConfig(vocab_size=tokenizer.vocab_size, n_layer=1, d_model=32, n_head=2), tokenizer,
+                      seed=0).save(start)
+    out = str(tmp_path / "cmp")
+    results = compare("smoke", out, methods=("sc_grpo", "srpo:localiser=prompt"), start=start, progress=False)
+    assert results["failures"] == {}
+    premises = results["premises"]
+    assert premises["traces"] == 16 and set(premises["methods"]) == {"sc_grpo", "srpo:localiser=prompt"}
+    assert "teacher" in premises["start"] and 0 <= premises["start"]["localisers"]["prompt"]["parse_rate"] <= 1
+    sc, srpo = premises["methods"]["sc_grpo"]["0"], premises["methods"]["srpo:localiser=prompt"]["0"]
+    assert "teacher" in sc and "localisers" not in sc and "teacher" not in srpo and "prompt" in srpo["localisers"]
+    assert sorted(os.listdir(os.path.join(out, "premises"))) == ["sc_grpo-s0.json", "srpo_localiser=prompt-s0.json",
+                                                                "start.json"]
+    text = open(os.path.join(out, "report.md")).read()
+    assert "## Premises at the start and at the end of training" in text
+    assert "| start | 1 |" in text and "| sc_grpo | 1 |" in text and "| srpo:localiser=prompt | 1 |" in text
+    kept = os.path.join(out, "premises", "sc_grpo-s0.json")
+    with open(kept, "w") as f:  # a rerun reads what is there: a changed figure shows it was not measured again
+        json.dump({**sc, "accuracy": 0.123}, f)
+    again = compare("smoke", out, methods=("sc_grpo", "srpo:localiser=prompt"), start=start, progress=False)
+    assert again["premises"]["methods"]["sc_grpo"]["0"]["accuracy"] == 0.123

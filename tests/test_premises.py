@@ -160,3 +160,30 @@ def test_teacher_check_applies_to_sc_grpo_and_its_controls_only():
     assert not conditions_on_solution("rredcot", None)
     assert not conditions_on_solution("shuffled", credit.get("shuffled").make_config({"of": "grpo"}))
 
+
+
+def test_which_premises_a_compared_method_rests_on():
+    from credo.lab.audit.premises import premises_of
+    assert premises_of("sc_grpo") == (True, None) and premises_of("shuffled:of=sc_grpo:level=token") == (True, None)
+    assert premises_of("srpo:localiser=prompt") == (False, "prompt") and premises_of("srpo") == (False, "self")
+    assert premises_of("rrpo") == (False, None) and premises_of("rredcot") == (False, None)  # random; no teacher
+
+
+def test_premises_measured_without_a_reference_score_the_oracle_perfectly_and_random_at_its_expectation():
+    """On the shipped arith start's own traces: the oracle localiser names every labelled first wrong step (so
+    the rows and their labels line up), on the same rows as every other localiser, with the same traces for the
+    same seed."""
+    from credo.lab.audit.premises import measure_premises
+    from credo.train.sft import ensure_sft
+    task = ArithTask()
+    start = TinyPolicy.load(ensure_sft(progress=False))
+    start.model.eval()
+    sampling = SamplingConfig(1.0, 1.0, 48)
+    out = measure_premises(start, task, task.heldout_problems(4), 8, sampling, 0, False, ["oracle", "random"])
+    oracle, rand = out["localisers"]["oracle"], out["localisers"]["random"]
+    assert out["traces"] == 32 and "teacher" not in out and 0 < oracle["traces"] <= 32 - round(32 * out["accuracy"])
+    assert oracle["localisation_top1"] == 1.0 and oracle["step1_share"] == oracle["oracle_step1_share"]
+    assert 0 < rand["random_top1_expectation"] < 1 and rand["traces"] == oracle["traces"]
+    with_teacher = measure_premises(start, task, task.heldout_problems(4), 8, sampling, 0, True, [])
+    assert with_teacher["accuracy"] == out["accuracy"]  # the same traces: the seed fixes them
+    assert with_teacher["teacher"]["solutions"] == round(32 * out["accuracy"])

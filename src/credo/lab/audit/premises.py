@@ -126,3 +126,65 @@ def unprivileged_twins(methods: list[tuple[str, str, Any]]) -> list[tuple[str, s
         if not any(n == name and c == twin for _, n, c in methods):
             out.append((f"{label}:include_reference=false", name, twin))
     return out
+
+
+def premises_of(method: str) -> tuple[bool, str | None]:
+    """Which premise checks a compared method rests on: (the teacher check applies, the localiser it asks the
+    policy with or None). A reset recipe's `prompt` or `self` localiser asks the policy; the others do not."""
+    from credo import credit
+    from credo.strategies.resets import ResetConfig
+    from credo.train import methods
+    recipe = methods.resolve(method)
+    spec = credit.get(recipe.estimator)
+    teacher = conditions_on_solution(recipe.estimator, spec.make_config(recipe.defaults.get("credit", {})))
+    localiser = None
+    if recipe.defaults.get("strategy") == "resets":
+        localiser = recipe.defaults.get("reset", {}).get("localiser", ResetConfig().localiser)
+    return teacher, localiser if localiser in ("prompt", "self") else None
+
+
+def measure_premises(policy: Any, task: Any, problems: Sequence[Any], group_size: int, sampling: Any, seed: int,
+                     teacher: bool, localisers: Sequence[str]) -> dict[str, Any]:
+    """The premise checks on `policy` without a Monte Carlo reference (what a comparison measures on each run's
+    final policy, and on its start, since RL may erode them): traces of `problems` x `group_size` sampled with
+    `sampling`; with `teacher`, the teacher check (teacher_gain, kl_argmax_hits); for each localiser, on wrong
+    traces with a labelled first wrong step (one of their segments, as the audit counts them), the first-error
+    top-1, the step-1 share, the parse rate of the policy's replies, and the uniform guess's expected top-1.
+    -> {'traces', 'accuracy', 'teacher'?, 'localisers'?} (a localiser that cannot run: {'failure': why})."""
+    import random
+
+    from credo.core.probe import Probe
+    from credo.core.segment import default_segmenter, segment_bounds
+    from credo.lab.audit.report import first_errors
+    from credo.lab.audit.run import parse_figures
+    from credo.strategies.localisers import localise
+    from credo.strategies.sampling import sample_scored
+    with torch.no_grad():
+        rollouts = sample_scored(policy, task, problems, group_size, sampling, torch.Generator().manual_seed(seed))
+        probe = Probe(policy, task, sampling, torch.Generator().manual_seed(seed + 1))
+        segment_ids = probe.segment(rollouts, default_segmenter(task))
+        rollouts = rollouts.with_fields(segment_ids=segment_ids)
+        first = first_errors(task, rollouts)
+        out: dict[str, Any] = {"traces": rollouts.batch_size, "accuracy": float(rollouts.correct.float().mean())}
+        if teacher:
+            out["teacher"] = {**teacher_gain(rollouts, policy, task),
+                              **kl_argmax_hits(rollouts, segment_ids, first, probe)}
+        if localisers:
+            n_steps = [len(b) for b in segment_bounds(segment_ids)]
+            rows = [i for i, f in enumerate(first) if f is not None and f < n_steps[i]]
+            n = max(len(rows), 1)
+            out["localisers"] = {}
+            for name in localisers:
+                notes: dict[str, Any] = {}
+                try:
+                    picks = localise(name, rollouts, rows, probe, segment_ids, random.Random(seed), notes=notes)
+                except ValueError as err:  # e.g. a policy that cannot read the request: reported, not raised
+                    out["localisers"][name] = {"failure": str(err)}
+                    continue
+                out["localisers"][name] = {
+                    "traces": len(rows), "localisation_top1": sum(k == first[i] for k, i in zip(picks, rows)) / n,
+                    "step1_share": sum(k == 0 for k in picks) / n,
+                    "oracle_step1_share": sum(first[i] == 0 for i in rows) / n,
+                    "random_top1_expectation": sum(1 / n_steps[i] for i in rows) / n,
+                    **parse_figures(notes)}
+    return out

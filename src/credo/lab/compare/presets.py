@@ -50,6 +50,10 @@ class Preset:
     """Traces of the credit audit of the start (0 skips it)."""
     audit_k_ref: int = 16
     """MC continuations per boundary of the audit's reference."""
+    premise_n: int = 0
+    """Traces (8 per held-out problem) of the premise checks measured on the start and on every run's final
+    policy, for the methods that rest on one (the teacher check for SC-GRPO and its controls, the localisation
+    check for a reset method that asks the policy): RL may erode them (0 skips them)."""
     task: str = "arith"
     """The task every run trains and is evaluated on (its default start unless --start is given)."""
     schedule: dict[str, Any] = field(default_factory=dict)
@@ -98,14 +102,14 @@ PRESETS = {
                                     "srpo:localiser=prompt", "srpo:localiser=value", "rrpo", "ibpo",
                                     "ibpo:preserve_mass=false"), seeds=(0, 1, 2, 3, 4),
                            token_budget=1_000_000, eval_every_tokens=125_000, eval_n=300, final_eval_n=1000,
-                           audit_n=128, audit_k_ref=16, task="arith-long", jobs=2,
+                           audit_n=128, audit_k_ref=16, premise_n=64, task="arith-long", jobs=2,
                            note="budget: long's 1M tokens, not yet measured on the skilled start",
                            needs_start="the skilled arith-long start: --start sft:arith-long-skilled"),
     # Round two (issue 37, grid 2): SmolLM2-135M on longer chains (5-8 one-digit terms), from its SFT start on them.
     "smollm2-long": Preset(methods=("grpo", "rredcot", "rredcot:include_reference=false", "shuffled:of=rredcot",
                                     "sc_grpo", "shuffled:of=sc_grpo:level=token", "srpo:localiser=prompt", "rrpo"),
                            seeds=(0, 1, 2), token_budget=50_000, eval_every_tokens=10_000, eval_n=100,
-                           final_eval_n=300, audit_n=0, task="gym:chain_sum",
+                           final_eval_n=300, audit_n=0, premise_n=32, task="gym:chain_sum",
                            train={"task_options": {"min_terms": 5, "max_terms": 8, "min_digits": 1,
                                                    "max_digits": 1}},
                            schedule={"epochs": 1, "minibatches": 1, "lr": 2e-6}, jobs=2,
@@ -207,8 +211,13 @@ def run_dir_name(spec: str, seed: int) -> str:
 def run_config(spec: str, seed: int, preset: Preset, start: str, report_to: tuple[str, ...] = ()) -> Any:
     """The TrainConfig of one run: the preset's shared settings and schedule, the method's recipe, and the
     spec's options as the estimator's credit options. The shared schedule goes under the recipe: a recipe
-    that sets its own schedule (a paper's setting) keeps it in any comparison. report_to: the run's trackers."""
+    that sets its own schedule (a paper's setting) keeps it in any comparison. report_to: the run's trackers.
+    A reset recipe's `localiser` option (srpo:localiser=prompt) is its reset's localiser, not a credit option."""
+    from credo.train.methods import resolve
     name, options = parse_spec(spec)
+    reset = {}
+    if "localiser" in options and resolve(name).defaults.get("strategy") == "resets":
+        reset = {**preset.train.get("reset", {}), "localiser": options.pop("localiser")}
     credit = {**preset.train.get("credit", {}), **{k: parse_yaml_value(v, f"method {spec} option {k}")
                                                    for k, v in options.items()}}
     overrides = {**preset.train, "method": name, "seed": seed, "start": start, "task": preset.task,
@@ -217,6 +226,8 @@ def run_config(spec: str, seed: int, preset: Preset, start: str, report_to: tupl
                  "final_eval_n": preset.final_eval_n, "checkpoint_every": 50, "report_to": list(report_to)}
     if credit:
         overrides["credit"] = credit
+    if reset:
+        overrides["reset"] = reset
     return load_train_config(None, None, overrides, base=dict(preset.schedule))
 
 
