@@ -1,5 +1,6 @@
 """The skilled SFT mixture: solution-in-context and localisation examples in the formats the methods use."""
 
+import os
 import random
 from collections import Counter
 
@@ -130,3 +131,24 @@ def test_named_starts_resolve_by_name_and_refuse_another_tasks_or_an_unknown_one
         resolve_checkpoint("sft:nope", "audit.checkpoint", task="arith-long", progress=False)
     with pytest.raises(ConfigError, match="^train.start: the start sft:arith-long-skilled is trained on arith-long"):
         resolve_checkpoint("sft:arith-long-skilled", "train.start", task="arith", progress=False)
+
+
+def test_snapshots_keep_every_validation_checks_policy_and_keep_last_ships_the_last(tmp_path):
+    """sft.keep=last ships the last step's weights even when an earlier check scored higher; --snapshots keeps the
+    policy of every check (step-N), the last one equal to the shipped start; keep is range-checked."""
+    from dataclasses import replace
+    from credo.policy.gpt import GPTConfig
+    from credo.policy.tiny import TinyPolicy
+    from credo.train.sft import train_sft
+    config = replace(SFTConfig(), model=GPTConfig(n_layer=1, d_model=16, n_head=2, max_len=64), max_steps=3,
+                     batch_size=4, eval_every=1, eval_n=2, warmup_steps=1, target_accuracy=1.0, keep="last")
+    summary = train_sft(config, str(tmp_path / "start"), progress=False, snapshots=str(tmp_path / "snap"))
+    assert sorted(os.listdir(tmp_path / "snap")) == ["step-1", "step-2", "step-3"]
+    assert summary["step"] == 3
+    shipped, last = TinyPolicy.load(str(tmp_path / "start")), TinyPolicy.load(str(tmp_path / "snap" / "step-3"))
+    first = TinyPolicy.load(str(tmp_path / "snap" / "step-1"))
+    for name, value in shipped.model.state_dict().items():
+        assert torch.equal(value, last.model.state_dict()[name])
+    assert not torch.equal(shipped.model.tok_emb.weight, first.model.tok_emb.weight)
+    with pytest.raises(ConfigError, match="sft.keep"):
+        from_dict(SFTConfig, {"keep": "first"}, prefix="sft.")

@@ -76,7 +76,10 @@ def cmd_sft(args: argparse.Namespace) -> int:
         return show_config(config, "sft")
     # before training: refuse a foreign --out up front
     claim_output(require_out(args), "sft", force=args.force, inputs=input_paths(args.config))
-    path = ensure_sft(config, force=args.retrain, progress=not args.quiet)
+    if args.snapshots and os.path.isdir(args.snapshots) and os.listdir(args.snapshots):
+        raise ConfigError(f"sft --snapshots {args.snapshots}: not empty; give a new or empty directory")
+    path = ensure_sft(config, force=args.retrain or bool(args.snapshots), progress=not args.quiet,
+                      snapshots=args.snapshots)
     copy_checkpoint(path, args.out)
     summary_path = os.path.join(args.out, "sft_summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
@@ -297,6 +300,9 @@ def _add_sft_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="", help="a named tiny-GPT SFT start instead of --task's default, e.g. "
                    "arith-long-skilled or arith-long-first (a policy field selects it as 'sft:<name>')")
     p.add_argument("--retrain", action="store_true", help="retrain even when a cached or packaged start exists")
+    p.add_argument("--snapshots", default="", help="tiny GPT: also keep the policy of every validation check in "
+                   "SNAPSHOTS/step-N (a new or empty directory), to choose a start by more than its accuracy "
+                   "(e.g. `credo audit --checkpoint SNAPSHOTS/step-800`); trains even when a cached start exists")
     add_force_option(p, "another credo output")
     p.add_argument("--eval-n", type=int, default=500, help="held-out problems to report accuracy on (default 500)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -146,11 +146,11 @@ SFT_PRESETS: dict[str, dict] = {
     "arith-long-skilled": {"max_steps": 400, "batch_size": 32, "warmup_steps": 10, "eval_every": 25, "eval_n": 100,
                            "target_accuracy": 0.35, "init": "arith-long-skilled-1", "lr": 5e-4,
                            "early_answer_frac": 0.1, "reference_frac": 0.3, "localisation_frac": 0.2},
-    "arith-long-skilled-wide": {"max_steps": 2000, "batch_size": 32, "warmup_steps": 50, "eval_every": 200,
+    "arith-long-skilled-wide": {"max_steps": 1600, "batch_size": 32, "warmup_steps": 50, "eval_every": 200,
                                 "eval_n": 100, "target_accuracy": 1.0, "keep": "last", "init": "arith-long-first",
                                 "lr": 5e-4, "model": GPTConfig(d_model=256, n_head=8), "early_answer_frac": 0.1,
                                 "reference_frac": 0.3, "localisation_frac": 0.3},
-    "arith-long-skilled-copy": {"max_steps": 2000, "batch_size": 32, "warmup_steps": 50, "eval_every": 200,
+    "arith-long-skilled-copy": {"max_steps": 1600, "batch_size": 32, "warmup_steps": 50, "eval_every": 200,
                                 "eval_n": 100, "target_accuracy": 1.0, "keep": "last", "init": "arith-long-first",
                                 "lr": 5e-4, "model": GPTConfig(d_model=256, n_head=8), "early_answer_frac": 0.1,
                                 "reference_frac": 0.5, "localisation_frac": 0.2},
@@ -251,8 +251,9 @@ def validation_problems(task: ArithTask, n: int) -> list[Problem]:
     return task.train_problems(n, torch.Generator().manual_seed(VALIDATION_SEED))
 
 
-def train_sft(config: SFTConfig, out_dir: str, progress: bool = True) -> dict:
-    """Train from scratch into `out_dir` (atomically); returns a summary dict."""
+def train_sft(config: SFTConfig, out_dir: str, progress: bool = True, snapshots: str = "") -> dict:
+    """Train from scratch into `out_dir` (atomically); returns a summary dict. With `snapshots`, the policy of
+    every validation check is also saved there as step-N (atomically; they do not change the start)."""
     torch.manual_seed(config.seed)
     task = ArithTask(config.task)
     tokenizer = make_tokenizer(config)
@@ -268,6 +269,8 @@ def train_sft(config: SFTConfig, out_dir: str, progress: bool = True) -> dict:
     best = (-1.0, -1, None)  # (accuracy, step, state_dict)
     history = []
     start = time.time()
+    if snapshots:
+        os.makedirs(snapshots, exist_ok=True)
     bar = tqdm(range(config.max_steps), desc="sft", disable=not progress, dynamic_ncols=True)
     for step in bar:
         model.train()
@@ -287,6 +290,8 @@ def train_sft(config: SFTConfig, out_dir: str, progress: bool = True) -> dict:
             history.append({"step": step + 1, "loss": float(loss.detach()), "val_accuracy": acc,
                             "seconds": time.time() - start})
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", val_acc=f"{acc:.3f}")
+            if snapshots:
+                policy.save(os.path.join(snapshots, f"step-{step + 1}"))
             if acc > best[0]:
                 best = (acc, step + 1, {k: v.clone() for k, v in model.state_dict().items()})
             if acc >= config.target_accuracy:
@@ -334,9 +339,10 @@ def packaged_start(config: SFTConfig) -> str | None:
     return path if os.path.isfile(os.path.join(path, "policy.json")) else None
 
 
-def ensure_sft(config: SFTConfig | None = None, force: bool = False, progress: bool = True, task: str = "arith") -> str:
+def ensure_sft(config: SFTConfig | None = None, force: bool = False, progress: bool = True, task: str = "arith",
+               snapshots: str = "") -> str:
     """Path of the SFT start for `config` (default: `task`'s preset): from the cache, else the packaged
-    copy, else trained now."""
+    copy, else trained now (`snapshots`: see train_sft)."""
     config = config or sft_config_for(task)
     path = os.path.join(cache_root(), "sft", config_hash(config))
     if not force and os.path.isfile(os.path.join(path, "policy.json")):
@@ -344,7 +350,7 @@ def ensure_sft(config: SFTConfig | None = None, force: bool = False, progress: b
     shipped = packaged_start(config)
     if shipped and not force:
         return shipped
-    train_sft(config, path, progress=progress)
+    train_sft(config, path, progress=progress, snapshots=snapshots)
     return path
 
 
