@@ -38,5 +38,6 @@ for step in steps:
           f"({t['solutions']} solutions), KL argmax in first error {t['kl_argmax_in_first_error']:.3f} "
           f"(uniform {t['kl_argmax_uniform']:.3f}); prompt parse {loc.get('parse_rate', float('nan')):.2f}, "
           f"top-1 {loc.get('localisation_top1', float('nan')):.3f} "
-          f"(uniform {loc.get('random_top1_expectation', 0):.3f}), step-1 {loc.get('step1_share', float('nan')):.3f} (oracle {loc.get('oracle_step1_share', 0):.3f})",
+          f"(uniform {loc.get('random_top1_expectation', 0):.3f}), "
+          f"step-1 {loc.get('step1_share', float('nan')):.3f} (oracle {loc.get('oracle_step1_share', 0):.3f})",
           flush=True)
