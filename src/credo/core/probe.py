@@ -66,8 +66,14 @@ class Probe:
     @torch.no_grad()
     def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                           completion_mask: torch.Tensor) -> torch.Tensor:
-        """Full next-token logits[B, T, V] at each completion position (for KL-based estimators)."""
+        """Full next-token logits[B, T, V] at each completion position (for KL-based estimators). Rows that share
+        a prompt read it once where the backend can (`shared_prompt_logits`: equal up to float rounding); the cost
+        counted is that of reading every row in full either way, so costs compare across backends."""
         self._spent.tokens_scored += int(prompt_mask.sum() + completion_mask.sum())
+        shared = getattr(self.policy, "shared_prompt_logits", None)
+        logits = shared(prompt_ids, prompt_mask, completion_ids, completion_mask) if shared is not None else None
+        if logits is not None:
+            return logits
         return self.policy.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
 
     @torch.no_grad()

@@ -113,6 +113,29 @@ class TinyPolicy(CompletionScoring):
         return self.model(ids, mask)
 
     @torch.no_grad()
+    def shared_prompt_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                             completion_mask: torch.Tensor) -> torch.Tensor | None:
+        """completion_logits[B, T, V] for a batch whose B rows hold U < B distinct left-padded prompts (None when
+        every prompt differs): the U prompts run through the model once into a KV cache, gathered to the B rows,
+        and the completions run on top. The same logits as the full forward up to float rounding
+        (tests/test_sc_grpo_speed.py); SC-GRPO's teacher contexts (a verified solution, then the problem: ~60% of
+        a teacher row on arith-long) are shared by a group's rows. No gradient: scoring only (credo.core.probe)."""
+        unique, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask.long()], 1), dim=0, return_inverse=True)
+        U, (B, P), T = unique.shape[0], prompt_ids.shape, completion_ids.shape[1]
+        if U == B or T == 0:
+            return None
+        cache = self.model.new_cache(U, P)
+        first = self.model(unique[:, :P], unique[:, P:].bool(), cache)[:, -1]  # [U, V]: each first completion token
+        rows = self.model.new_cache(B, P + T)
+        rows.k[:, :, :, :P] = cache.k[:, inverse]
+        rows.v[:, :, :, :P] = cache.v[:, inverse]
+        rows.key_mask[:, :P] = cache.key_mask[inverse, :P]
+        rows.next_position = cache.next_position[inverse].clone()
+        rows.length = P
+        rest = self.model(completion_ids, completion_mask, rows)  # [B, T, V]: predicts tokens 2 .. T + 1
+        return torch.cat([first[inverse][:, None], rest[:, :-1]], 1)
+
+    @torch.no_grad()
     def score_branches(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                        completion_mask: torch.Tensor, branches: Sequence[tuple[int, int, Sequence[int]]],
                        reuse_prefix: bool = True) -> tuple[list[torch.Tensor], int]:
