@@ -152,3 +152,31 @@ def test_snapshots_keep_every_validation_checks_policy_and_keep_last_ships_the_l
     assert not torch.equal(shipped.model.tok_emb.weight, first.model.tok_emb.weight)
     with pytest.raises(ConfigError, match="sft.keep"):
         from_dict(SFTConfig, {"keep": "first"}, prefix="sft.")
+
+
+def test_copy_examples_hold_a_scrambled_solution_in_the_teachers_context_and_ask_for_that_text(task, problems):
+    """Only copying predicts the target: its results are not the task's (so computing past the context fails),
+    its lines keep the solution's form (each left operand carries the line before), and the context is exactly
+    SC-GRPO's teacher context around that text."""
+    from credo.tasks.arith_skills import scrambled_solution
+    rng, wrong = random.Random(0), 0
+    for problem in problems[:100]:
+        context, target = sft_example(task, problem, "copy", rng)
+        assert context == task.reference_prompt(problem, target)
+        lines = target.split("\n")
+        assert len(lines) == len(task.solution_lines(problem)) and lines[-1].startswith("#### ")
+        for before, line in zip(lines, lines[1:-1]):
+            assert line.startswith(before.split("=")[1]) and int(line.split("=")[1]) >= 0
+        wrong += task.extract_answer(target) != problem.answer
+    assert wrong >= 95  # a random final answer is almost never right
+    assert scrambled_solution(problems[0], random.Random(1)) == scrambled_solution(problems[0], random.Random(1))
+    config = replace_config(copy_frac=0.25)
+    counts = Counter(example_kind(u / 1000, config) for u in range(1000))
+    assert counts["copy"] == 250
+    with pytest.raises(ConfigError, match="copy_frac"):
+        replace_config(copy_frac=0.9)
+
+
+def replace_config(**changes) -> SFTConfig:
+    from dataclasses import replace
+    return replace(sft_config_for("arith-long-skilled"), **changes)

@@ -1,4 +1,5 @@
-"""SFT examples that teach the tiny arith policy SRPO's self-localisation (docs/methods.md, "## Premise checks").
+"""SFT examples that teach the tiny arith policy SRPO's self-localisation and SC-GRPO's reading of a solution in
+its context (docs/methods.md, "## Premise checks").
 
 A localisation example is the task's own localisation request (`ArithTask.localisation_prompt`, exactly
 what the `prompt` localiser sends at training time) about a trace, with the target `Step k`, k the
@@ -69,3 +70,17 @@ def localisation_example(task: ArithTask, problem: Problem, rng: random.Random, 
     first = task.step_truth(problem, "".join(steps)).first_error
     target = LOCALISATION_STEP.format(0 if first is None else first + 1)
     return task.localisation_prompt(problem, steps), target
+
+
+def scrambled_solution(problem: Problem, rng: random.Random) -> str:
+    """A solution in the task's format whose results are random (each line's left operand carries the previous
+    random result forward, as a worked solution does): a text only copying can predict, for the `copy` examples
+    (a scrambled solution in the teacher's context -> that same text), which teach the teacher to read its
+    context instead of computing past it. Values stay >= 0, below twice the true magnitude plus 20."""
+    terms, ops = problem.data["terms"], problem.data["ops"]
+    lines, total = [], terms[0]
+    for op, operand in zip(ops, terms[1:]):
+        value = rng.randint(0, 2 * abs(_apply(total, op, operand)) + 20)
+        lines.append(f"{total}{op}{operand}={value}")
+        total = value
+    return "\n".join(lines + [f"#### {total}"])

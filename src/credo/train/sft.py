@@ -6,6 +6,8 @@ The mixture (fractions configurable) holds
     (what RREDCoT's forced-answer probe and the `value` localiser read);
   - reference examples: a worked solution, the separator, then prompt -> solution (SC-GRPO's
     teacher context, exactly as `credit/sc_grpo.py` builds it: `task.reference_prompt`);
+  - copy examples: the same context with a scrambled solution (random results) -> that scrambled text, which
+    only reading the context predicts (credo.tasks.arith_skills.scrambled_solution);
   - localisation examples: the task's localisation request about a right or a corrupted trace ->
     `Step k`, its first wrong step by the task's step truth (SRPO's `prompt` localiser; see
     credo.tasks.arith_skills). A start with them has the request's letters in its alphabet.
@@ -37,7 +39,7 @@ from credo.policy.tokenizer import CharTokenizer
 from credo.core.files import MetricsLog, atomic_directory, atomic_write_json, atomic_write_text, cache_root
 from credo.tasks.arith import PRESETS as TASK_PRESETS
 from credo.tasks.arith import LOCALISATION_ALPHABET, ArithConfig, ArithTask
-from credo.tasks.arith_skills import localisation_example
+from credo.tasks.arith_skills import localisation_example, scrambled_solution
 from credo.tasks.base import Problem
 
 
@@ -71,6 +73,9 @@ class SFTConfig:
     reference_frac: float = 0.1
     """Share of reference examples (a worked solution, the separator, then prompt -> solution: SC-GRPO's
     teacher context)."""
+    copy_frac: float = field(default=0.0, metadata={"omit_default": True})
+    """Share of copy examples (a scrambled solution with random results in the teacher's context -> that text):
+    only copying predicts them, so they teach the model to read a solution in its context."""
     localisation_frac: float = field(default=0.0, metadata={"omit_default": True})
     """Share of localisation examples (the task's localisation request about a trace -> `Step k`, its first
     wrong step); > 0 adds the request's letters to the tokenizer's alphabet."""
@@ -103,10 +108,11 @@ class SFTConfig:
               and self.early_answer_frac + self.reference_frac < 1,
               f"sft.early_answer_frac + sft.reference_frac must be in [0, 1), got {self.early_answer_frac} + "
               f"{self.reference_frac}")
-        check(0 <= self.localisation_frac < 1
-              and self.early_answer_frac + self.reference_frac + self.localisation_frac < 1,
-              "sft.localisation_frac must be in [0, 1) and leave room for plain examples (early_answer_frac + "
-              f"reference_frac + localisation_frac < 1), got {self.localisation_frac}")
+        check(0 <= self.localisation_frac < 1 and 0 <= self.copy_frac < 1
+              and self.early_answer_frac + self.reference_frac + self.localisation_frac + self.copy_frac < 1,
+              "sft.localisation_frac and sft.copy_frac must be in [0, 1) and leave room for plain examples "
+              "(early_answer_frac + reference_frac + localisation_frac + copy_frac < 1), got "
+              f"{self.localisation_frac} and {self.copy_frac}")
         check(0 <= self.localisation_right_frac <= 1,
               f"sft.localisation_right_frac must be in [0, 1], got {self.localisation_right_frac}")
         check(0 < self.target_accuracy <= 1, f"sft.target_accuracy must be in (0, 1], got {self.target_accuracy}")
@@ -150,6 +156,10 @@ SFT_PRESETS: dict[str, dict] = {
                                 "eval_n": 100, "target_accuracy": 1.0, "keep": "last", "init": "arith-long-first",
                                 "lr": 5e-4, "model": GPTConfig(d_model=256, n_head=8), "early_answer_frac": 0.1,
                                 "reference_frac": 0.3, "localisation_frac": 0.3},
+    "arith-long-skilled-scramble": {"max_steps": 1200, "batch_size": 32, "warmup_steps": 50, "eval_every": 200,
+                                    "eval_n": 100, "target_accuracy": 1.0, "keep": "last", "init": "arith-long-first",
+                                    "lr": 5e-4, "model": GPTConfig(d_model=256, n_head=8), "early_answer_frac": 0.1,
+                                    "reference_frac": 0.15, "copy_frac": 0.25, "localisation_frac": 0.2},
     "arith-long-skilled-copy": {"max_steps": 1600, "batch_size": 32, "warmup_steps": 50, "eval_every": 200,
                                 "eval_n": 100, "target_accuracy": 1.0, "keep": "last", "init": "arith-long-first",
                                 "lr": 5e-4, "model": GPTConfig(d_model=256, n_head=8), "early_answer_frac": 0.1,
@@ -157,7 +167,8 @@ SFT_PRESETS: dict[str, dict] = {
 }
 PRESET_TASKS: dict[str, str] = {"arith": "arith", "arith-long-first": "arith-long",
                                 "arith-long-skilled-1": "arith-long", "arith-long-skilled": "arith-long",
-                                "arith-long-skilled-wide": "arith-long", "arith-long-skilled-copy": "arith-long"}
+                                "arith-long-skilled-wide": "arith-long", "arith-long-skilled-copy": "arith-long",
+                                "arith-long-skilled-scramble": "arith-long"}
 """The task whose problems each SFT preset trains on."""
 DEFAULT_PRESETS: dict[str, str] = {"arith": "arith", "arith-long": "arith-long-first"}
 """Each arithmetic task's default start (its SFT preset); the others are selected by name ('sft:<preset>')."""
@@ -196,7 +207,8 @@ def make_tokenizer(config: SFTConfig | None = None) -> CharTokenizer:
 
 def sft_example(task: ArithTask, problem: Problem, kind: str, rng: random.Random,
                 localisation_right_frac: float = 0.2) -> tuple[str, str]:
-    """(context text, target text) of one example of `kind` in {'plain', 'early', 'reference', 'localise'}."""
+    """(context text, target text) of one example of `kind` in {'plain', 'early', 'reference', 'copy',
+    'localise'}."""
     if kind == "localise":
         return localisation_example(task, problem, rng, localisation_right_frac)
     if kind == "early":
@@ -204,6 +216,9 @@ def sft_example(task: ArithTask, problem: Problem, kind: str, rng: random.Random
         return problem.prompt, task.early_answer_text(problem, n_lines)
     if kind == "reference":
         return task.reference_prompt(problem, task.solution(problem)), task.solution(problem)
+    if kind == "copy":
+        scrambled = scrambled_solution(problem, rng)
+        return task.reference_prompt(problem, scrambled), scrambled
     return problem.prompt, task.solution(problem)
 
 
@@ -228,7 +243,7 @@ def make_batch(task: ArithTask, tokenizer: CharTokenizer, config: SFTConfig, gen
 def example_kind(u: float, config: SFTConfig) -> str:
     """The kind of example a uniform draw `u` in [0, 1) picks, by the mixture's shares."""
     bounds = (("early", config.early_answer_frac), ("reference", config.reference_frac),
-              ("localise", config.localisation_frac))
+              ("localise", config.localisation_frac), ("copy", config.copy_frac))
     edge = 0.0
     for kind, share in bounds:
         edge += share
