@@ -715,7 +715,17 @@ def test_a_comparison_measures_the_premises_on_its_start_and_each_final_policy_o
     assert "## Premises at the start and at the end of training" in text
     assert "| start | 1 |" in text and "| sc_grpo | 1 |" in text and "| srpo:localiser=prompt | 1 |" in text
     kept = os.path.join(out, "premises", "sc_grpo-s0.json")
-    with open(kept, "w") as f:  # a rerun reads what is there: a changed figure shows it was not measured again
-        json.dump({**sc, "accuracy": 0.123}, f)
+    with open(kept) as f:
+        saved = json.load(f)
+    same = lambda a, b: json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # noqa: E731 (NaN != NaN)
+    assert same(saved["result"], sc) and saved["key"]["teacher"] is True and saved["key"]["split"] == "held-out"
+    with open(kept, "w") as f:  # a rerun reads what still matches: a changed figure shows it was not measured again
+        json.dump({"key": saved["key"], "result": {**sc, "accuracy": 0.123}}, f)
+    stale = os.path.join(out, "premises", "start.json")
+    with open(stale) as f:
+        start_saved = json.load(f)
+    with open(stale, "w") as f:  # measured under another key (e.g. other weights): measured again
+        json.dump({"key": {**start_saved["key"], "weights": "another"}, "result": {"accuracy": 0.5}}, f)
     again = compare("smoke", out, methods=("sc_grpo", "srpo:localiser=prompt"), start=start, progress=False)
     assert again["premises"]["methods"]["sc_grpo"]["0"]["accuracy"] == 0.123
+    assert same(again["premises"]["start"], premises["start"])

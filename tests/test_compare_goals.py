@@ -93,6 +93,9 @@ def test_a_privileged_row_never_alone_answers_a_claim_about_methods_that_read_no
     results = _results({"grpo": GRPO, "rrpo": slow, "srpo": fast, "srpo:localiser=prompt": fast})
     srpo = _goal(results, SRPO)
     assert srpo["holds"] is True and "(srpo † read the reference: shown, not judged here)" in srpo["evidence"]
+    # an srpo row that does not ask the policy (random resets: RRPO) is no self-localisation
+    srpo = _goal(_results({"grpo": GRPO, "rrpo": slow, "srpo:localiser=random": fast}), SRPO)
+    assert srpo["holds"] is None and "no srpo row in the grid localises by asking the policy" in srpo["evidence"]
     assert BEST_UNPRIVILEGED not in {g["goal"] for g in goals(_results({"grpo": GRPO, "ibpo": fast}))}
 
 

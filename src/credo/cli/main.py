@@ -50,13 +50,15 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from credo.core.config import MAX_HELD_OUT, ConfigError, from_dict, merge, to_dict, user_settings
     from credo.policy.device import resolve_device
     from credo.core.files import claim_output
-    from credo.train.sft import SFTConfig, copy_checkpoint, ensure_sft, preset_names, sft_config_for
+    from credo.train.sft import SFTConfig, copy_checkpoint, ensure_sft, preset_names, sft_config_for, train_sft
     if not 1 <= args.eval_n <= MAX_HELD_OUT:
         raise ConfigError(f"sft --eval-n must be in 1..{MAX_HELD_OUT:,}, got {args.eval_n}")
     given = user_settings(args.config, args.set)  # a --config/--set naming a start or a gym/jsonl task: the HF SFT
     named_task = given.get("task") if isinstance(given.get("task"), str) else None  # (the tiny SFT's task is a section)
     hf_task = (args.task or named_task or "arith") not in preset_names()
     if not args.preset and (args.start or given.get("start") or hf_task):
+        if args.snapshots:
+            raise ConfigError("sft --snapshots: only for the tiny GPT's SFT (arith, arith-long), not with --start")
         return cmd_sft_hf(args)
     if args.preset:  # a named start: its own task unless --task says (and agrees)
         from credo.train.sft import PRESET_TASKS, check_preset
@@ -75,11 +77,15 @@ def cmd_sft(args: argparse.Namespace) -> int:
     if args.help_config:
         return show_config(config, "sft")
     # before training: refuse a foreign --out up front
+    if args.snapshots and os.path.exists(args.snapshots) and (not os.path.isdir(args.snapshots)
+                                                              or os.listdir(args.snapshots)):
+        raise ConfigError(f"sft --snapshots {args.snapshots}: not a new or empty directory")
     claim_output(require_out(args), "sft", force=args.force, inputs=input_paths(args.config))
-    if args.snapshots and os.path.isdir(args.snapshots) and os.listdir(args.snapshots):
-        raise ConfigError(f"sft --snapshots {args.snapshots}: not empty; give a new or empty directory")
-    path = ensure_sft(config, force=args.retrain or bool(args.snapshots), progress=not args.quiet,
-                      snapshots=args.snapshots)
+    if args.snapshots:  # trained here, beside its snapshots: the cache (and a start it holds) is left alone
+        path = os.path.join(args.snapshots, "final")
+        train_sft(config, path, progress=not args.quiet, snapshots=args.snapshots)
+    else:
+        path = ensure_sft(config, force=args.retrain, progress=not args.quiet)
     copy_checkpoint(path, args.out)
     summary_path = os.path.join(args.out, "sft_summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
@@ -300,9 +306,10 @@ def _add_sft_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="", help="a named tiny-GPT SFT start instead of --task's default, e.g. "
                    "arith-long-skilled or arith-long-first (a policy field selects it as 'sft:<name>')")
     p.add_argument("--retrain", action="store_true", help="retrain even when a cached or packaged start exists")
-    p.add_argument("--snapshots", default="", help="tiny GPT: also keep the policy of every validation check in "
-                   "SNAPSHOTS/step-N (a new or empty directory), to choose a start by more than its accuracy "
-                   "(e.g. `credo audit --checkpoint SNAPSHOTS/step-800`); trains even when a cached start exists")
+    p.add_argument("--snapshots", default="", help="tiny GPT: train here (the cache is left alone) and keep the "
+                   "policy of every validation check in SNAPSHOTS/step-N and the start in SNAPSHOTS/final (a new or "
+                   "empty directory), to choose a start by more than its accuracy, on the validation split "
+                   "(docs/results/arith-long-skilled/scripts/snapshot_premises.py)")
     add_force_option(p, "another credo output")
     p.add_argument("--eval-n", type=int, default=500, help="held-out problems to report accuracy on (default 500)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

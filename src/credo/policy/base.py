@@ -238,6 +238,15 @@ def row_chunks(prompt_mask: torch.Tensor, new_tokens: int, budget: int) -> list[
     return chunks
 
 
+def distinct_prompts(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(ids[U, P], mask[U, P], rows[B]) of the U < B distinct left-padded prompts of ids[B, P], rows[i] naming row
+    i's prompt; None when every row's prompt differs (what a backend's `shared_prompt_logits` reads once)."""
+    unique, rows = torch.unique(torch.cat([ids, mask.long()], 1), dim=0, return_inverse=True)
+    if unique.shape[0] == ids.shape[0]:
+        return None
+    return unique[:, :ids.shape[1]], unique[:, ids.shape[1]:].bool(), rows
+
+
 def trim_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """ids[b, P], mask[b, P] (left-padded) without the leading columns that are padding in every row."""
     real = mask.any(0).nonzero()

@@ -20,7 +20,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from credo.core.config import UserError
-from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, fit_prompt, generate, left_pad,
+from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, distinct_prompts, fit_prompt,
+                               generate, left_pad,
                                render_plain, read_policy_meta, right_pad, row_chunks, score_branches_by_rescoring,
                                stitch_samples, trim_left_padding)
 from credo.core.rollouts import Prompt
@@ -241,10 +242,9 @@ class HFPolicy(CompletionScoring):
         head (transformers' `logits_to_keep`, as TRL scores): with a ~100-token chat prompt and SmolLM2's
         49k-word vocabulary, the head over every prompt position was ~40% of a training step on a CPU.
         Rows that share their prompt (a GRPO group) read it once: see `shared_prompt_logits`."""
-        if not self.checkpointing:
-            shared = self.shared_prompt_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
-            if shared is not None:
-                return shared
+        shared = self.shared_prompt_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        if shared is not None:
+            return shared
         T = completion_ids.shape[1]
         ids, mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
         out = self.model(input_ids=ids, attention_mask=mask.long(), position_ids=self._positions(mask),
@@ -260,12 +260,7 @@ class HFPolicy(CompletionScoring):
                          mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(ids[U, P], mask[U, P], rows[B]) of the U < B distinct left-padded prompts of ids[B, P], rows[i]
         naming row i's prompt; None when prompt sharing is off or every row's prompt differs."""
-        if not self.share_prompts:
-            return None
-        unique, rows = torch.unique(torch.cat([ids, mask.long()], 1), dim=0, return_inverse=True)
-        if unique.shape[0] == ids.shape[0]:
-            return None
-        return unique[:, :ids.shape[1]], unique[:, ids.shape[1]:].bool(), rows
+        return distinct_prompts(ids, mask) if self.share_prompts else None
 
     def shared_prompt_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                              completion_mask: torch.Tensor) -> torch.Tensor | None:
@@ -276,6 +271,8 @@ class HFPolicy(CompletionScoring):
         completions of SmolLM2 it reads ~half the tokens of the full forward."""
         from transformers import DynamicCache
         T = completion_ids.shape[1]
+        if self.checkpointing:  # transformers turns the KV cache off: nothing to share
+            return None
         distinct = self.distinct_prompts(prompt_ids, prompt_mask)
         if distinct is None or T == 0:
             return None

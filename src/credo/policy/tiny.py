@@ -9,7 +9,8 @@ from typing import Callable, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
-from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, fit_prompt, generate, left_pad,
+from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, distinct_prompts, fit_prompt,
+                               generate, left_pad,
                                render_plain, right_pad, read_policy_meta, score_branches_by_rescoring)
 from credo.policy.branches import score_packed_branches
 from credo.policy.gpt import GPT, GPTConfig, KVCache
@@ -41,6 +42,7 @@ class TinyPolicy(CompletionScoring):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
+        self.share_prompts = True  # scoring reads rows that share a prompt once (shared_prompt_logits)
 
     @classmethod
     def create(cls, config: GPTConfig, tokenizer: CharTokenizer, seed: int = 0, device: str = "cpu") -> "TinyPolicy":
@@ -120,12 +122,13 @@ class TinyPolicy(CompletionScoring):
         and the completions run on top. The same logits as the full forward up to float rounding
         (tests/test_sc_grpo_speed.py); SC-GRPO's teacher contexts (a verified solution, then the problem: ~60% of
         a teacher row on arith-long) are shared by a group's rows. No gradient: scoring only (credo.core.probe)."""
-        unique, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask.long()], 1), dim=0, return_inverse=True)
-        U, (B, P), T = unique.shape[0], prompt_ids.shape, completion_ids.shape[1]
-        if U == B or T == 0:
+        distinct = distinct_prompts(prompt_ids, prompt_mask) if self.share_prompts else None
+        (B, P), T = prompt_ids.shape, completion_ids.shape[1]
+        if distinct is None or T == 0:
             return None
-        cache = self.model.new_cache(U, P)
-        first = self.model(unique[:, :P], unique[:, P:].bool(), cache)[:, -1]  # [U, V]: each first completion token
+        unique_ids, unique_mask, inverse = distinct
+        cache = self.model.new_cache(unique_ids.shape[0], P)
+        first = self.model(unique_ids, unique_mask, cache)[:, -1]  # [U, V]: predicts each first completion token
         rows = self.model.new_cache(B, P + T)
         rows.k[:, :, :, :P] = cache.k[:, inverse]
         rows.v[:, :, :, :P] = cache.v[:, inverse]

@@ -76,7 +76,8 @@ def scrambled_solution(problem: Problem, rng: random.Random) -> str:
     """A solution in the task's format whose results are random (each line's left operand carries the previous
     random result forward, as a worked solution does): a text only copying can predict, for the `copy` examples
     (a scrambled solution in the teacher's context -> that same text), which teach the teacher to read its
-    context instead of computing past it. Values stay >= 0, below twice the true magnitude plus 20."""
+    context instead of computing past it. Each line's value is drawn uniformly from 0 to twice the magnitude of
+    that line's own result (from the scrambled value before it) plus 20, both included."""
     terms, ops = problem.data["terms"], problem.data["ops"]
     lines, total = [], terms[0]
     for op, operand in zip(ops, terms[1:]):

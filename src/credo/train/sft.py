@@ -354,10 +354,9 @@ def packaged_start(config: SFTConfig) -> str | None:
     return path if os.path.isfile(os.path.join(path, "policy.json")) else None
 
 
-def ensure_sft(config: SFTConfig | None = None, force: bool = False, progress: bool = True, task: str = "arith",
-               snapshots: str = "") -> str:
+def ensure_sft(config: SFTConfig | None = None, force: bool = False, progress: bool = True, task: str = "arith") -> str:
     """Path of the SFT start for `config` (default: `task`'s preset): from the cache, else the packaged
-    copy, else trained now (`snapshots`: see train_sft)."""
+    copy, else trained now."""
     config = config or sft_config_for(task)
     path = os.path.join(cache_root(), "sft", config_hash(config))
     if not force and os.path.isfile(os.path.join(path, "policy.json")):
@@ -365,7 +364,7 @@ def ensure_sft(config: SFTConfig | None = None, force: bool = False, progress: b
     shipped = packaged_start(config)
     if shipped and not force:
         return shipped
-    train_sft(config, path, progress=progress, snapshots=snapshots)
+    train_sft(config, path, progress=progress)
     return path
 
 

@@ -23,9 +23,9 @@ task = ArithTask(PRESETS["arith-long"], "arith-long")
 problems = validation_problems(task, 8)  # 8 problems x 8 traces, the SFT's own validation problems
 done = set()
 if os.path.exists(out):
-    done = {json.loads(line)["step"] for line in open(out)}
+    done = {(json.loads(line)["snapshots"], json.loads(line)["step"]) for line in open(out)}
 for step in steps:
-    if int(step) in done:
+    if (snapshots, int(step)) in done:
         continue
     policy = TinyPolicy.load(os.path.join(snapshots, f"step-{step}"))
     policy.model.eval()

@@ -148,16 +148,12 @@ def measure_premises(policy: Any, task: Any, problems: Sequence[Any], group_size
     """The premise checks on `policy` without a Monte Carlo reference (what a comparison measures on each run's
     final policy, and on its start, since RL may erode them): traces of `problems` x `group_size` sampled with
     `sampling`; with `teacher`, the teacher check (teacher_gain, kl_argmax_hits); for each localiser, on wrong
-    traces with a labelled first wrong step (one of their segments, as the audit counts them), the first-error
-    top-1, the step-1 share, the parse rate of the policy's replies, and the uniform guess's expected top-1.
-    -> {'traces', 'accuracy', 'teacher'?, 'localisers'?} (a localiser that cannot run: {'failure': why})."""
-    import random
-
+    traces with a labelled first wrong step, the first-error top-1, the step-1 share, the parse rate of the
+    policy's replies, and the uniform guess's expected top-1 (localisation_figures).
+    -> {'traces', 'accuracy', 'teacher'?, 'localisers'?}."""
     from credo.core.probe import Probe
-    from credo.core.segment import default_segmenter, segment_bounds
+    from credo.core.segment import default_segmenter
     from credo.lab.audit.report import first_errors
-    from credo.lab.audit.run import parse_figures
-    from credo.strategies.localisers import localise
     from credo.strategies.sampling import sample_scored
     with torch.no_grad():
         rollouts = sample_scored(policy, task, problems, group_size, sampling, torch.Generator().manual_seed(seed))
@@ -170,21 +166,44 @@ def measure_premises(policy: Any, task: Any, problems: Sequence[Any], group_size
             out["teacher"] = {**teacher_gain(rollouts, policy, task),
                               **kl_argmax_hits(rollouts, segment_ids, first, probe)}
         if localisers:
-            n_steps = [len(b) for b in segment_bounds(segment_ids)]
-            rows = [i for i, f in enumerate(first) if f is not None and f < n_steps[i]]
-            n = max(len(rows), 1)
-            out["localisers"] = {}
-            for name in localisers:
-                notes: dict[str, Any] = {}
-                try:
-                    picks = localise(name, rollouts, rows, probe, segment_ids, random.Random(seed), notes=notes)
-                except ValueError as err:  # e.g. a policy that cannot read the request: reported, not raised
-                    out["localisers"][name] = {"failure": str(err)}
-                    continue
-                out["localisers"][name] = {
-                    "traces": len(rows), "localisation_top1": sum(k == first[i] for k, i in zip(picks, rows)) / n,
-                    "step1_share": sum(k == 0 for k in picks) / n,
-                    "oracle_step1_share": sum(first[i] == 0 for i in rows) / n,
-                    "random_top1_expectation": sum(1 / n_steps[i] for i in rows) / n,
-                    **parse_figures(notes)}
+            out["localisers"] = localisation_figures(rollouts, segment_ids, first, probe, localisers, seed)
+    return out
+
+
+def localisation_figures(rollouts: Any, segment_ids: torch.Tensor, first: Sequence[int | None], probe: Any,
+                         localisers: Sequence[str], seed: int) -> dict[str, Any]:
+    """Per localiser, on the wrong traces with a labelled first wrong step (on a task without step labels: every
+    wrong trace, and no top-1), the first-error top-1, step-1 share, parse rate and their floors; NaN figures
+    where there is no such trace; {'failure': why} for a localiser that cannot run (reported, never raised)."""
+    import random
+
+    from credo.core.segment import segment_bounds
+    from credo.lab.audit.run import parse_figures
+    from credo.strategies.localisers import localise
+    nan = float("nan")
+    labels = getattr(probe.task, "has_step_labels", False)
+    n_steps = [len(b) for b in segment_bounds(segment_ids)]
+    rows = ([i for i, f in enumerate(first) if f is not None and f < n_steps[i]] if labels
+            else [i for i in range(rollouts.batch_size) if not bool(rollouts.correct[i]) and n_steps[i] > 0])
+
+    def share(values: Sequence[float]) -> float:
+        return sum(values) / len(values) if values else nan
+
+    out: dict[str, Any] = {}
+    for name in localisers:
+        if not rows:
+            out[name] = {"traces": 0, "localisation_top1": nan, "step1_share": nan, "oracle_step1_share": nan,
+                         "random_top1_expectation": nan, "parse_rate": nan}
+            continue
+        notes: dict[str, Any] = {}
+        try:
+            picks = localise(name, rollouts, rows, probe, segment_ids, random.Random(seed), notes=notes)
+        except Exception as err:  # noqa: BLE001 (e.g. a policy that cannot read the request: reported, not raised)
+            out[name] = {"failure": f"{type(err).__name__}: {err}"}
+            continue
+        out[name] = {"traces": len(rows), "step1_share": share([k == 0 for k in picks]),
+                     "localisation_top1": share([k == first[i] for k, i in zip(picks, rows)]) if labels else nan,
+                     "oracle_step1_share": share([first[i] == 0 for i in rows]) if labels else nan,
+                     "random_top1_expectation": share([1 / n_steps[i] for i in rows]) if labels else nan,
+                     **parse_figures(notes)}
     return out

@@ -72,14 +72,22 @@ def _shared(results: dict[str, Any], a: str, b: str) -> tuple[str, str, int]:
 
 
 def _variants(results: dict[str, Any], base: str) -> tuple[str | None, list[str]]:
-    """(the grid's row answering a claim about `base`, its privileged rows): the first method named `base` or
-    `base:<options>` that reads no privileged data (None if none ran), and those that do (†)."""
+    """(the grid's row answering a claim about `base`, its privileged rows): among the methods named `base` or
+    `base:<options>` that read no privileged data, `base` itself if it is one, else the first in grid order
+    (None if none ran); and those that do (†). For srpo only rows that localise by asking the policy (`prompt`,
+    `self`) count: srpo:localiser=random is RRPO."""
+    from credo.lab.audit.premises import premises_of
     rows = [m for m in results["methods"] if parse_spec(m)[0] == base]
+    if base == "srpo":
+        rows = [m for m in rows if premises_of(m)[1] is not None]
     fair = [m for m in rows if not results["methods"][m].get("privileged")]
     return (base if base in fair else (fair[0] if fair else None)), [m for m in rows if m not in fair]
 
 
 def _privileged_only(goal: str, base: str, rows: list[str]) -> dict[str, Any]:
+    if not rows:  # e.g. only srpo:localiser=random, which is RRPO
+        return {"goal": goal, "holds": None,
+                "evidence": f"not judged: no {base} row in the grid localises by asking the policy (prompt or self)"}
     return {"goal": goal, "holds": None,
             "evidence": f"not judged: the grid's {base} rows ({', '.join(f'{m} †' for m in rows)}) read the task's "
                         "reference solution or labels, and the claim is about one that does not"}
@@ -215,7 +223,7 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     bases = {parse_spec(m)[0] for m in planned}
     if "sc_grpo" in bases:
         out.append(_sc_above(results))
-    if "srpo" in bases and "rrpo" in planned:
+    if "srpo" in bases and "rrpo" in planned:  # _srpo_sooner: only srpo rows that ask the policy answer it
         out.append(_srpo_sooner(results))
     pairs = results.get("controls") or control_pairs(results)
     if pairs:

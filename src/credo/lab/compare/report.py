@@ -260,10 +260,14 @@ def premise_lines(results: dict[str, Any]) -> list[str]:
     """The premise checks on the start and at the end of training (credo.lab.compare.premises), each method's
     figures the mean over its seeds; nothing when the comparison measured none."""
     premises = results.get("premises") or {}
+    if premises.get("failure"):
+        return ["## Premises at the start and at the end of training", "",
+                f"Not measured: {premises['failure']} (results.json holds the traceback).", ""]
     if not premises.get("start"):
         return []
     lines = ["## Premises at the start and at the end of training", "",
-             f"Measured on {premises['traces']} traces of held-out problems sampled from each policy (docs/methods.md, "
+             f"Measured on {premises['traces']} traces of {premises.get('split', 'held-out')} problems sampled from "
+             "each policy (docs/methods.md, "
              "'Premise checks'): the teacher's gain in log p of its own verified solutions with them in context "
              "(> 0: it reads them) and the share of wrong traces whose largest-KL token is in the first wrong step; "
              "the localiser's parse rate, first-error top-1 and step-1 share on wrong traces. RL may erode both.", "",
@@ -286,6 +290,8 @@ def premise_lines(results: dict[str, Any]) -> list[str]:
         out = []
         for name in names:
             loc = ("localisers", name)
+            failed = name is not None and any("failure" in run.get("localisers", {}).get(name, {}) for run in runs)
+            name = f"{name} (failed on some seed: results.json says why)" if failed else name
             out.append(f"| {label} | {len(runs)} | {_fmt(avg('accuracy'))} | "
                        + (f"{_fmt(avg('teacher', 'gain_per_solution'), '{:+.1f}')} | "
                           f"{_fmt(avg('teacher', 'kl_argmax_in_first_error'))} "

@@ -279,7 +279,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
         atomic_write_json(os.path.join(out_dir, "results.json"), results)
         if preset.premise_n > 0:
             from credo.lab.compare.premises import premises_at_end
-            results["premises"] = premises_at_end(plan, preset, start, out_dir, placed, progress)
+            results["premises"] = premises_at_end(plan, preset, start, out_dir, placed, progress, dtype)
         if preset.audit_n > 0:
             results["audit"] = audit_rows(preset, start, out_dir, progress, device=device_name(placed), dtype=dtype)
         results["wall_seconds"] = time.time() - began
