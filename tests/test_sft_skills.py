@@ -159,7 +159,7 @@ def test_copy_examples_hold_a_scrambled_solution_in_the_teachers_context_and_ask
     its lines keep the solution's form (each left operand carries the line before), and the context is exactly
     SC-GRPO's teacher context around that text."""
     from credo.tasks.arith_skills import scrambled_solution
-    rng, wrong = random.Random(0), 0
+    rng = random.Random(0)
     for problem in problems[:100]:
         context, target = sft_example(task, problem, "copy", rng)
         assert context == task.reference_prompt(problem, target)
@@ -167,8 +167,8 @@ def test_copy_examples_hold_a_scrambled_solution_in_the_teachers_context_and_ask
         assert len(lines) == len(task.solution_lines(problem)) and lines[-1].startswith("#### ")
         for before, line in zip(lines, lines[1:-1]):
             assert line.startswith(before.split("=")[1]) and int(line.split("=")[1]) >= 0
-        wrong += task.extract_answer(target) != problem.answer
-    assert wrong >= 95  # a random final answer is almost never right
+        assert target != task.solution(problem)  # computing it gets it wrong: only copying predicts it
+        assert len(target) <= len(task.solution(problem))  # fits wherever the reference example fits
     assert scrambled_solution(problems[0], random.Random(1)) == scrambled_solution(problems[0], random.Random(1))
     config = replace_config(copy_frac=0.25)
     counts = Counter(example_kind(u / 1000, config) for u in range(1000))

@@ -76,12 +76,14 @@ def scrambled_solution(problem: Problem, rng: random.Random) -> str:
     """A solution in the task's format whose results are random (each line's left operand carries the previous
     random result forward, as a worked solution does): a text only copying can predict, for the `copy` examples
     (a scrambled solution in the teacher's context -> that same text), which teach the teacher to read its
-    context instead of computing past it. Each line's value is drawn uniformly from 0 to twice the magnitude of
-    that line's own result (from the scrambled value before it) plus 20, both included."""
+    context instead of computing past it. Each result is drawn uniformly among the numbers with no more digits
+    than the true result of that line, so the text is never longer than the worked solution and the example
+    fits wherever a reference example does."""
     terms, ops = problem.data["terms"], problem.data["ops"]
-    lines, total = [], terms[0]
+    lines, total, true = [], terms[0], terms[0]
     for op, operand in zip(ops, terms[1:]):
-        value = rng.randint(0, 2 * abs(_apply(total, op, operand)) + 20)
+        true = _apply(true, op, operand)
+        value = rng.randint(0, 10 ** len(str(true)) - 1)  # a result's sign is never written: values stay >= 0
         lines.append(f"{total}{op}{operand}={value}")
         total = value
     return "\n".join(lines + [f"#### {total}"])

@@ -152,14 +152,6 @@ SFT_PRESETS: dict[str, dict] = {
     "arith-long-skilled": {"max_steps": 400, "batch_size": 32, "warmup_steps": 10, "eval_every": 25, "eval_n": 100,
                            "target_accuracy": 0.35, "init": "arith-long-skilled-1", "lr": 5e-4,
                            "early_answer_frac": 0.1, "reference_frac": 0.3, "localisation_frac": 0.2},
-    "arith-long-skilled-wide": {"max_steps": 1600, "batch_size": 32, "warmup_steps": 50, "eval_every": 200,
-                                "eval_n": 100, "target_accuracy": 1.0, "keep": "last", "init": "arith-long-first",
-                                "lr": 5e-4, "model": GPTConfig(d_model=256, n_head=8), "early_answer_frac": 0.1,
-                                "reference_frac": 0.3, "localisation_frac": 0.3},
-    "arith-long-skilled-scramble": {"max_steps": 1200, "batch_size": 32, "warmup_steps": 50, "eval_every": 200,
-                                    "eval_n": 100, "target_accuracy": 1.0, "keep": "last", "init": "arith-long-first",
-                                    "lr": 5e-4, "model": GPTConfig(d_model=256, n_head=8), "early_answer_frac": 0.1,
-                                    "reference_frac": 0.15, "copy_frac": 0.25, "localisation_frac": 0.2},
     "arith-long-skilled-copy": {"max_steps": 1600, "batch_size": 32, "warmup_steps": 50, "eval_every": 200,
                                 "eval_n": 100, "target_accuracy": 1.0, "keep": "last", "init": "arith-long-first",
                                 "lr": 5e-4, "model": GPTConfig(d_model=256, n_head=8), "early_answer_frac": 0.1,
@@ -167,8 +159,7 @@ SFT_PRESETS: dict[str, dict] = {
 }
 PRESET_TASKS: dict[str, str] = {"arith": "arith", "arith-long-first": "arith-long",
                                 "arith-long-skilled-1": "arith-long", "arith-long-skilled": "arith-long",
-                                "arith-long-skilled-wide": "arith-long", "arith-long-skilled-copy": "arith-long",
-                                "arith-long-skilled-scramble": "arith-long"}
+                                "arith-long-skilled-copy": "arith-long"}
 """The task whose problems each SFT preset trains on."""
 DEFAULT_PRESETS: dict[str, str] = {"arith": "arith", "arith-long": "arith-long-first"}
 """Each arithmetic task's default start (its SFT preset); the others are selected by name ('sft:<preset>')."""
