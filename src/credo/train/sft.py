@@ -157,10 +157,14 @@ SFT_PRESETS: dict[str, dict] = {
                            "eval_n": 100, "target_accuracy": 1.0, "keep": "last", "init": "arith-long-first",
                            "lr": 5e-4, "model": GPTConfig(d_model=256, n_head=8), "early_answer_frac": 0.1,
                            "reference_frac": 0.5, "localisation_frac": 0.2},
+    "arith-long-skilled-band": {"max_steps": 800, "batch_size": 32, "warmup_steps": 50, "eval_every": 200,
+                                "eval_n": 100, "target_accuracy": 1.0, "keep": "last", "init": "arith-long-first",
+                                "lr": 5e-4, "model": GPTConfig(d_model=256, n_head=8), "early_answer_frac": 0.05,
+                                "reference_frac": 0.7, "localisation_frac": 0.2},
 }
 PRESET_TASKS: dict[str, str] = {"arith": "arith", "arith-long-first": "arith-long",
                                 "arith-long-skilled-1": "arith-long", "arith-long-skilled-2": "arith-long",
-                                "arith-long-skilled": "arith-long"}
+                                "arith-long-skilled": "arith-long", "arith-long-skilled-band": "arith-long"}
 """The task whose problems each SFT preset trains on."""
 DEFAULT_PRESETS: dict[str, str] = {"arith": "arith", "arith-long": "arith-long-first"}
 """Each arithmetic task's default start (its SFT preset); the others are selected by name ('sft:<preset>')."""
