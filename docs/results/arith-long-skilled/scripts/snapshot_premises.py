@@ -18,7 +18,7 @@ from credo.tasks.arith import PRESETS, ArithTask
 from credo.train.sft import validation_problems
 
 snapshots, out = sys.argv[1], sys.argv[2]
-steps = sys.argv[3:] or sorted((d.split("-")[1] for d in os.listdir(snapshots)), key=int)
+steps = sys.argv[3:] or sorted((d.split("-")[1] for d in os.listdir(snapshots) if d.startswith("step-")), key=int)
 task = ArithTask(PRESETS["arith-long"], "arith-long")
 problems = validation_problems(task, 8)  # 8 problems x 8 traces, the SFT's own validation problems
 done = set()

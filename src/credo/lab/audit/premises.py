@@ -178,7 +178,6 @@ def localisation_figures(rollouts: Any, segment_ids: torch.Tensor, first: Sequen
     import random
 
     from credo.core.segment import segment_bounds
-    from credo.lab.audit.run import parse_figures
     from credo.strategies.localisers import localise
     nan = float("nan")
     labels = getattr(probe.task, "has_step_labels", False)
@@ -207,3 +206,12 @@ def localisation_figures(rollouts: Any, segment_ids: torch.Tensor, first: Sequen
                      "random_top1_expectation": share([1 / n_steps[i] for i in rows]) if labels else nan,
                      **parse_figures(notes)}
     return out
+
+
+def parse_figures(notes: dict[str, Any]) -> dict[str, Any]:
+    """What a localiser decided on the way (credo.strategies.localisers.Parents.notes): `resolved` (the
+    localiser `self` ran) and, for one that asks the policy, `parse_rate` = share of replies the parser read
+    (a boxed or a 'Step N' answer, not the step-1 fallback); NaN for a localiser that asks nothing."""
+    rules = notes.get("parse_rules")
+    rate = sum(rule != "fallback" for rule in rules) / max(len(rules), 1) if rules is not None else float("nan")
+    return {"parse_rate": rate, **({"resolved": notes["resolved"]} if "resolved" in notes else {})}

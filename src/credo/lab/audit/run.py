@@ -59,8 +59,8 @@ from credo.lab.audit.report import (FLOORS, METRICS, Labels, fidelity, first_err
                                 most_frequent_position, first_errors,
                                 checked_methods, pairwise_rank, parse_method, plot_audit, score_row,
                                 split_half_spearman, random_expectation)
-from credo.lab.audit.premises import (conditions_on_solution, kl_argmax_hits, teacher_gain, teacher_table,
-                                  teacher_warning, unprivileged_twins)
+from credo.lab.audit.premises import (conditions_on_solution, kl_argmax_hits, parse_figures, teacher_gain,
+                                  teacher_table, teacher_warning, unprivileged_twins)
 from credo.strategies.sampling import sample_scored
 from credo.tasks import make_task
 
@@ -385,12 +385,3 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
     out["privileged_localisers"] = [n for n in out["privileged_localisers"]  # `self` that asked the policy reads none
                                     if ran.get(n, {}).get("resolved", "value") != "prompt"]
     return out
-
-
-def parse_figures(notes: dict[str, Any]) -> dict[str, Any]:
-    """What a localiser decided on the way (credo.strategies.localisers.Parents.notes): `resolved` (the
-    localiser `self` ran) and, for one that asks the policy, `parse_rate` = share of replies the parser read
-    (a boxed or a 'Step N' answer, not the step-1 fallback); NaN for a localiser that asks nothing."""
-    rules = notes.get("parse_rules")
-    rate = sum(rule != "fallback" for rule in rules) / max(len(rules), 1) if rules is not None else float("nan")
-    return {"parse_rate": rate, **({"resolved": notes["resolved"]} if "resolved" in notes else {})}

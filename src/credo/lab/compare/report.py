@@ -15,6 +15,7 @@ from credo.train import methods as method_registry
 from credo.core.config import ConfigError
 from credo.credit.registry import parse_spec
 from credo.lab.compare.eta import describe
+from credo.lab.compare.premise_report import premise_lines
 from credo.train.provenance import short
 from credo.lab.compare.plots import plot_curves  # noqa: F401  (re-exported)
 from credo.lab.compare.goals import goals, points  # noqa: F401  (re-exported)
@@ -247,65 +248,8 @@ def report(results: dict[str, Any]) -> str:
              *commit_lines(results), *protocol_lines(results), "",
              f"## At equal generated tokens ({results['token_budget']:,} per run)", "", *main_table(results), "",
              *equal_updates_lines(results), *controls_lines(results), *clipping_lines(results),
-             *premise_lines(results), "## Reading", "", reading(results)]
+             *premise_lines(results, lambda m: shown_name(results, m)), "## Reading", "", reading(results)]
     return "\n".join(lines) + "\n"
-
-
-def _mean(values: list[float]) -> float:
-    values = [v for v in values if v == v]  # NaN (nothing to measure on a seed) left out
-    return sum(values) / len(values) if values else float("nan")
-
-
-def premise_lines(results: dict[str, Any]) -> list[str]:
-    """The premise checks on the start and at the end of training (credo.lab.compare.premises), each method's
-    figures the mean over its seeds; nothing when the comparison measured none."""
-    premises = results.get("premises") or {}
-    if premises.get("failure"):
-        return ["## Premises at the start and at the end of training", "",
-                f"Not measured: {premises['failure']} (results.json holds the traceback).", ""]
-    if not premises.get("start"):
-        return []
-    lines = ["## Premises at the start and at the end of training", "",
-             f"Measured on {premises['traces']} traces of {premises.get('split', 'held-out')} problems sampled from "
-             "each policy (docs/methods.md, "
-             "'Premise checks'): the teacher's gain in log p of its own verified solutions with them in context "
-             "(> 0: it reads them) and the share of wrong traces whose largest-KL token is in the first wrong step; "
-             "the localiser's parse rate, first-error top-1 and step-1 share on wrong traces. RL may erode both.", "",
-             "| policy | seeds | trace accuracy | teacher gain / solution (nats) | KL argmax in first wrong step "
-             "(uniform token) | localiser | parse rate | first-error top-1 (uniform guess) | step-1 share (oracle) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-
-    def row(label: str, runs: list[dict[str, Any]]) -> list[str]:
-        def avg(*keys: str) -> float:
-            out = []
-            for run in runs:
-                value: Any = run
-                for key in keys:
-                    value = (value or {}).get(key) if isinstance(value, dict) else None
-                out.append(float("nan") if value is None else float(value))
-            return _mean(out)
-
-        teacher = any("teacher" in run for run in runs)
-        names = sorted({name for run in runs for name in run.get("localisers", {})}) or [None]
-        out = []
-        for name in names:
-            loc = ("localisers", name)
-            failed = name is not None and any("failure" in run.get("localisers", {}).get(name, {}) for run in runs)
-            name = f"{name} (failed on some seed: results.json says why)" if failed else name
-            out.append(f"| {label} | {len(runs)} | {_fmt(avg('accuracy'))} | "
-                       + (f"{_fmt(avg('teacher', 'gain_per_solution'), '{:+.1f}')} | "
-                          f"{_fmt(avg('teacher', 'kl_argmax_in_first_error'))} "
-                          f"({_fmt(avg('teacher', 'kl_argmax_uniform'))})" if teacher else "— | —")
-                       + (f" | {name} | {_fmt(avg(*loc, 'parse_rate'), '{:.2f}')} | "
-                          f"{_fmt(avg(*loc, 'localisation_top1'))} ({_fmt(avg(*loc, 'random_top1_expectation'))}) | "
-                          f"{_fmt(avg(*loc, 'step1_share'))} ({_fmt(avg(*loc, 'oracle_step1_share'))}) |"
-                          if name else " | — | — | — | — |"))
-        return out
-
-    lines += row("start", [premises["start"]])
-    for method, seeds in premises.get("methods", {}).items():
-        lines += row(shown_name(results, method), list(seeds.values()))
-    return lines + [""]
 
 
 def clipping_lines(results: dict[str, Any]) -> list[str]:

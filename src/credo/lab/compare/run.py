@@ -277,14 +277,21 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
         outcomes = _train_all(plan, preset, start, jobs, progress, report_to)
         record_outcomes(results, preset.methods, plan, outcomes, out_dir)
         atomic_write_json(os.path.join(out_dir, "results.json"), results)
-        if preset.premise_n > 0:
-            from credo.lab.compare.premises import premises_at_end
-            results["premises"] = premises_at_end(plan, preset, start, out_dir, placed, progress, dtype)
-        if preset.audit_n > 0:
-            results["audit"] = audit_rows(preset, start, out_dir, progress, device=device_name(placed), dtype=dtype)
+        measure_after_training(results, plan, preset, start, out_dir, placed, progress, dtype)
         results["wall_seconds"] = time.time() - began
         write_report(results, out_dir)
     return results
+
+
+def measure_after_training(results: dict[str, Any], plan: list[tuple[str, int, str]], preset: Preset, start: str,
+                           out_dir: str, placed: torch.device, progress: bool, dtype: str) -> None:
+    """What a comparison measures once its runs are done: the premise checks on the start and the final policies
+    (preset.premise_n) and the credit audit of the start (preset.audit_n), each into `results`."""
+    if preset.premise_n > 0:
+        from credo.lab.compare.premises import premises_at_end
+        results["premises"] = premises_at_end(plan, preset, start, out_dir, placed, progress, dtype)
+    if preset.audit_n > 0:
+        results["audit"] = audit_rows(preset, start, out_dir, progress, device=device_name(placed), dtype=dtype)
 
 
 def place_runs(preset: Preset, device: str, dtype: str, jobs: int, share_gpu: bool,

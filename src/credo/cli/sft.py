@@ -1,0 +1,120 @@
+"""`credo sft`: the SFT start, of the tiny policy for arith/arith-long (credo.train.sft) or, with --start, a
+format/answer SFT of a Hugging Face model (credo.train.sft_hf)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from credo.cli.options import (add_config_options, add_force_option, input_paths, require_out, show_config)
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from credo.core.config import MAX_HELD_OUT, ConfigError, from_dict, merge, to_dict, user_settings
+    from credo.policy.device import resolve_device
+    from credo.core.files import claim_output
+    from credo.train.sft import SFTConfig, copy_checkpoint, ensure_sft, preset_names, sft_config_for, train_sft
+    if not 1 <= args.eval_n <= MAX_HELD_OUT:
+        raise ConfigError(f"sft --eval-n must be in 1..{MAX_HELD_OUT:,}, got {args.eval_n}")
+    given = user_settings(args.config, args.set)  # a --config/--set naming a start or a gym/jsonl task: the HF SFT
+    named_task = given.get("task") if isinstance(given.get("task"), str) else None  # (the tiny SFT's task is a section)
+    hf_task = (args.task or named_task or "arith") not in preset_names()
+    if not args.preset and (args.start or given.get("start") or hf_task):
+        if args.snapshots:
+            raise ConfigError("sft --snapshots: only for the tiny GPT's SFT (arith, arith-long), not with --start")
+        return cmd_sft_hf(args)
+    if args.preset:  # a named start: its own task unless --task says (and agrees)
+        from credo.train.sft import PRESET_TASKS, check_preset
+        args.task = args.task or PRESET_TASKS.get(args.preset, args.preset)
+        check_preset(args.preset, args.task, "sft --preset")
+    args.task = args.task or "arith"
+    preset = args.preset or args.task
+    # the tiny SFT start is built on the CPU (cached and shipped by the hash of its config; the CPU build is
+    # deterministic): `device` moves its held-out evaluation only, and is no SFTConfig field
+    placement = {k: given.pop(k) for k in ("device", "dtype") if k in given}
+    device = resolve_device(args.device or placement.get("device", "auto"), "sft.device")
+    if placement.get("dtype", "float32") != "float32":
+        raise ConfigError(f"sft.dtype={placement['dtype']}: the tiny GPT runs float32 (dtype is for a Hugging Face "
+                          "model: give --start)")
+    config = from_dict(SFTConfig, merge(to_dict(sft_config_for(preset)), given), prefix="sft.")
+    if args.help_config:
+        return show_config(config, "sft")
+    # before training: refuse a foreign --out up front
+    if args.snapshots and os.path.exists(args.snapshots) and (not os.path.isdir(args.snapshots)
+                                                              or os.listdir(args.snapshots)):
+        raise ConfigError(f"sft --snapshots {args.snapshots}: not a new or empty directory")
+    claim_output(require_out(args), "sft", force=args.force, inputs=input_paths(args.config))
+    if args.snapshots:  # trained here, beside its snapshots: the cache (and a start it holds) is left alone
+        path = os.path.join(args.snapshots, "final")
+        train_sft(config, path, progress=not args.quiet, snapshots=args.snapshots)
+    else:
+        path = ensure_sft(config, force=args.retrain, progress=not args.quiet)
+    copy_checkpoint(path, args.out)
+    summary_path = os.path.join(args.out, "sft_summary.json")
+    summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
+    from credo.train.evaluate import evaluate
+    from credo.policy import load_policy
+    from credo.tasks.arith import ArithTask
+    task = ArithTask(config.task, args.task)
+    result = evaluate(load_policy(args.out, device=device), task, task.heldout_problems(args.eval_n),
+                      progress=not args.quiet)
+    print(f"SFT start in {args.out} (cache {path}); "
+          f"validation accuracy {summary.get('val_accuracy', float('nan')):.3f}")
+    print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
+    return 0
+
+
+def cmd_sft_hf(args: argparse.Namespace) -> int:
+    """`credo sft --start MODEL --task T`: the format/answer SFT of a Hugging Face model (credo.train.sft_hf)."""
+    from credo.core.config import ConfigError, load_config
+    from credo.train.evaluate import evaluate
+    from credo.policy import load_policy
+    from credo.policy.device import resolve_device, resolve_dtype
+    from credo.core.files import claim_output
+    from credo.train.sft_hf import HFSFTConfig, check_sft_inputs, train_hf_sft
+    flags = {k: v for k, v in (("task", args.task), ("start", args.start), ("device", args.device)) if v}
+    config = load_config(HFSFTConfig, args.config, args.set, prefix="sft.", flags=flags)
+    if args.help_config:
+        return show_config(config, "sft")
+    if config.task in ("arith", "arith-long"):
+        raise ConfigError(f"--task {config.task} has a tiny-GPT SFT start; drop --start (a Hugging Face model "
+                          "trains on gym:<dataset> or jsonl:<path> worked solutions)")
+    task = check_sft_inputs(config)  # the task, its worked solutions and the start: before --out is touched
+    finished = os.path.isfile(os.path.join(require_out(args), "sft_summary.json"))
+    if (claim_output(args.out, "sft", force=args.force, inputs=input_paths(args.config, config.start, config.task))
+            and finished and not args.retrain):
+        raise ConfigError(f"--out {args.out} already holds an SFT start; pass --retrain to train it again")
+    summary = train_hf_sft(config, args.out, progress=not args.quiet, task=task)
+    device = resolve_device(config.device, "sft.device")
+    result = evaluate(load_policy(args.out, device=device, dtype=resolve_dtype(config.dtype, device, "sft.dtype")),
+                      task, task.heldout_problems(args.eval_n), max_new_tokens=config.max_new_tokens,
+                      progress=not args.quiet)
+    print(f"SFT start in {args.out}: validation accuracy {summary['val_accuracy']:.3f} at step {summary['step']} "
+          f"({summary['seconds']:.0f}s)")
+    print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
+    return 0
+
+
+def add_sft_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sft", help="the SFT start: of the tiny policy for arith/arith-long (built or fetched from the "
+                       "cache, copied to --out), or with --start a format/answer SFT of a Hugging Face model on a "
+                       "gym:/jsonl: task's worked solutions")
+    p.add_argument("--out", help="directory to write the SFT checkpoint to (required)")
+    p.add_argument("--task", default=None,
+                   help="arith or arith-long (their SFT presets), or with --start gym:<dataset> / jsonl:<path> "
+                        "(default arith; gym:chain_sum with --start)")
+    p.add_argument("--start", default="", help="a Hugging Face model directory or 'smollm2-135m': fine-tune it on "
+                   "--task's worked solutions (options: --help-config)")
+    add_config_options(p, "SFTConfig (HFSFTConfig with --start)", "--set max_steps=800")
+    p.add_argument("--preset", default="", help="a named tiny-GPT SFT start instead of --task's default, e.g. "
+                   "arith-long-skilled or arith-long-first (a policy field selects it as 'sft:<name>')")
+    p.add_argument("--retrain", action="store_true", help="retrain even when a cached or packaged start exists")
+    p.add_argument("--snapshots", default="", help="tiny GPT: train here (the cache is left alone) and keep the "
+                   "policy of every validation check in SNAPSHOTS/step-N and the start in SNAPSHOTS/final (a new or "
+                   "empty directory), to choose a start by more than its accuracy, on the validation split "
+                   "(docs/results/arith-long-skilled/scripts/snapshot_premises.py)")
+    add_force_option(p, "another credo output")
+    p.add_argument("--eval-n", type=int, default=500, help="held-out problems to report accuracy on (default 500)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_sft)
