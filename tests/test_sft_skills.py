@@ -129,6 +129,8 @@ def test_named_starts_resolve_by_name_and_refuse_another_tasks_or_an_unknown_one
     assert resolve_checkpoint("sft:arith-long", "x", task="arith-long", progress=False) == first  # the task's default
     skilled = resolve_checkpoint("sft:arith-long-skilled", "x", task="arith-long", progress=False)
     assert skilled == packaged_start(sft_config_for("arith-long-skilled"))  # shipped: no 75-minute rebuild
+    band = resolve_checkpoint("sft:arith-long-skilled-band", "x", task="arith-long", progress=False)
+    assert band == packaged_start(sft_config_for("arith-long-skilled-band")) and band != skilled
     with pytest.raises(ConfigError, match="^audit.checkpoint: no SFT start named 'nope'"):
         resolve_checkpoint("sft:nope", "audit.checkpoint", task="arith-long", progress=False)
     with pytest.raises(ConfigError, match="^train.start: the start sft:arith-long-skilled is trained on arith-long"):

@@ -104,7 +104,9 @@ PRESETS = {
                            token_budget=1_000_000, eval_every_tokens=125_000, eval_n=300, final_eval_n=1000,
                            audit_n=128, audit_k_ref=16, premise_n=64, task="arith-long", jobs=2,
                            note="budget: long's 1M tokens, not yet measured on the skilled start",
-                           needs_start="the skilled arith-long start: --start sft:arith-long-skilled"),
+                           needs_start="a skilled arith-long start: --start sft:arith-long-skilled-band (its teacher "
+                                       "reads its solution, greedy 0.60: room for RL) or sft:arith-long-skilled (0.83: "
+                                       "GRPO does not improve it)"),
     # Round two (issue 37, grid 2): SmolLM2-135M on longer chains (5-8 one-digit terms), from its SFT start on them.
     "smollm2-long": Preset(methods=("grpo", "rredcot", "rredcot:include_reference=false", "shuffled:of=rredcot",
                                     "sc_grpo", "shuffled:of=sc_grpo:level=token", "srpo:localiser=prompt", "rrpo"),
