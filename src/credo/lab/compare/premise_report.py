@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
-
-def _fmt(value: Any, pattern: str = "{:.3f}") -> str:
-    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else pattern.format(value)
+from credo.lab.compare.stats import figure
 
 
 def _mean(values: list[float]) -> float:
@@ -53,13 +50,14 @@ def premise_lines(results: dict[str, Any], shown: Callable[[str], str]) -> list[
             loc = ("localisers", name)
             failed = name is not None and any("failure" in run.get("localisers", {}).get(name, {}) for run in runs)
             name = f"{name} (failed on some seed: results.json says why)" if failed else name
-            out.append(f"| {label} | {len(runs)} | {_fmt(avg('accuracy'))} | "
-                       + (f"{_fmt(avg('teacher', 'gain_per_solution'), '{:+.1f}')} | "
-                          f"{_fmt(avg('teacher', 'kl_argmax_in_first_error'))} "
-                          f"({_fmt(avg('teacher', 'kl_argmax_uniform'))})" if teacher else "— | —")
-                       + (f" | {name} | {_fmt(avg(*loc, 'parse_rate'), '{:.2f}')} | "
-                          f"{_fmt(avg(*loc, 'localisation_top1'))} ({_fmt(avg(*loc, 'random_top1_expectation'))}) | "
-                          f"{_fmt(avg(*loc, 'step1_share'))} ({_fmt(avg(*loc, 'oracle_step1_share'))}) |"
+            out.append(f"| {label} | {len(runs)} | {figure(avg('accuracy'))} | "
+                       + (f"{figure(avg('teacher', 'gain_per_solution'), '{:+.1f}')} | "
+                          f"{figure(avg('teacher', 'kl_argmax_in_first_error'))} "
+                          f"({figure(avg('teacher', 'kl_argmax_uniform'))})" if teacher else "— | —")
+                       + (f" | {name} | {figure(avg(*loc, 'parse_rate'), '{:.2f}')} | "
+                          f"{figure(avg(*loc, 'localisation_top1'))} "
+                          f"({figure(avg(*loc, 'random_top1_expectation'))}) | "
+                          f"{figure(avg(*loc, 'step1_share'))} ({figure(avg(*loc, 'oracle_step1_share'))}) |"
                           if name else " | — | — | — | — |"))
         return out
 

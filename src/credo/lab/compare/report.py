@@ -20,7 +20,7 @@ from credo.train.provenance import short
 from credo.lab.compare.plots import plot_curves  # noqa: F401  (re-exported)
 from credo.lab.compare.goals import goals, points  # noqa: F401  (re-exported)
 from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, control_pairs, equal_updates,
-                                     grpo_first_evaluations, method_clipping, paired, paired_deltas)
+                                     figure, grpo_first_evaluations, method_clipping, paired, paired_deltas)
 
 
 def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
@@ -76,10 +76,6 @@ def summarise(results: dict[str, Any]) -> None:
             entry["clipping"] = clipped
     results["equal_updates"] = equal_updates(results)
     results["controls"] = control_pairs(results)
-
-
-def _fmt(value: Any, pattern: str = "{:.3f}") -> str:
-    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else pattern.format(value)
 
 
 def _seeds_needed(interval: dict[str, Any] | None) -> str:
@@ -141,16 +137,16 @@ def main_table(results: dict[str, Any]) -> list[str]:
             final = f"{entry['final_mean']:.3f} ± {entry['final_std']:.3f} ({n} seed{'s' if n != 1 else ''})"
             delta = "—" if name == "grpo" else points(entry.get("delta_vs_grpo"))
             needed = "—" if name == "grpo" else _seeds_needed(entry.get("delta_vs_grpo"))
-            reach = (f"{_fmt(entry.get('tokens_to_grpo_final_ratio'), '{:.2f}')} "
+            reach = (f"{figure(entry.get('tokens_to_grpo_final_ratio'), '{:.2f}')} "
                      f"({entry['seeds_reaching_grpo_final']}/{n})")
         spread = entry.get("step_time_ratio_range")
-        step = _fmt(entry.get("step_time_ratio"), "{:.2f}") + (
+        step = figure(entry.get("step_time_ratio"), "{:.2f}") + (
             f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread and name != "grpo" and len(entry["seeds"]) > 1 else "")
-        used = _fmt(entry.get("tokens_used"), "{:,.0f}")
+        used = figure(entry.get("tokens_used"), "{:,.0f}")
         lines.append(f"| {shown_name(results, name)} | {final} | {delta} | {needed} | {reach} | {used} | "
                      f"{_updates(entry)} | {step} | "
-                     f"{_fmt(a.get('spearman'))} | {_fmt(a.get('first_error_top1'))} | "
-                     f"{_fmt(a.get('cost_vs_grpo_step'), '{:.2f}')} |")
+                     f"{figure(a.get('spearman'))} | {figure(a.get('first_error_top1'))} | "
+                     f"{figure(a.get('cost_vs_grpo_step'), '{:.2f}')} |")
     for run, why in results["failures"].items():
         lines.append(f"| {run} | failed: {why} | | | | | | | | | |")
     if any(entry.get("privileged") for entry in results["methods"].values()):
@@ -202,7 +198,7 @@ def equal_updates_lines(results: dict[str, Any]) -> list[str]:
         cells = []
         for u in levels:
             cell = row.get(str(u), {})
-            cells += [_fmt(cell.get("accuracy_mean")), "—" if name == "grpo" else points(cell.get("delta_vs_grpo"))]
+            cells += [figure(cell.get("accuracy_mean")), "—" if name == "grpo" else points(cell.get("delta_vs_grpo"))]
         lines.append(f"| {shown_name(results, name)} | " + " | ".join(cells) + " |")
     return lines + [""]
 

@@ -213,3 +213,7 @@ def method_clipping(runs: dict[str, Any]) -> dict[str, Any] | None:
             "grad_norm_median": statistics.median(r["grad_norm_median"] for r in recorded),
             "grad_clip": sorted({r["grad_clip"] for r in recorded}), "runs": len(recorded)}
 
+
+def figure(value: Any, pattern: str = "{:.3f}") -> str:
+    """`value` as the report's tables print it: '—' for None or NaN (nothing measured), else `pattern`."""
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else pattern.format(value)
