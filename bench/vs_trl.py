@@ -34,7 +34,9 @@ def credo_step_seconds(model_dir: str, steps: int) -> tuple[float, dict[str, flo
     from credo.train.trainer import Trainer, load_train_config
     config = load_train_config(None, [f"start={model_dir}", "task=gym:chain_sum", f"prompts_per_step={PROMPTS}",
                                       f"group_size={GROUP}", f"sampling.max_new_tokens={LENGTH}", f"lr={LR}",
-                                      "epochs=1", "minibatches=1", "beta2=0.999", "eval_n=1", "final_eval_n=0"])
+                                      "epochs=1", "minibatches=1", "beta2=0.999", "eval_n=1", "final_eval_n=0",
+                                      # TRL's default optimiser (GRPOConfig.optim = adamw_torch_fused)
+                                      "fused_adamw=true"])
     spent = dict.fromkeys(PHASES, 0.0)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(config, tmp, progress=False)

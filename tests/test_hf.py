@@ -162,3 +162,33 @@ def test_sampling_a_group_reads_its_prompt_once_and_samples_the_same_tokens(hf_p
     assert torch.equal(outs[0].completion_ids, outs[1].completion_ids)
     assert torch.equal(outs[0].completion_mask, outs[1].completion_mask)
     assert torch.allclose(outs[0].logprobs, outs[1].logprobs, atol=1e-5)
+
+
+def test_the_preallocated_kv_cache_samples_exactly_what_dynamic_cache_samples(hf_policy, monkeypatch):
+    """hf_cache writes keys in place instead of concatenating: the same numbers in the same order, so sampling
+    (shared prompts gathered to their rows included) must be bit-identical to transformers' DynamicCache."""
+    from transformers import DynamicCache
+
+    import credo.policy.hf_cache as hf_cache
+    prompt_ids, prompt_mask = hf_policy.encode_prompts(["3 + 4 =", "3 + 4 =", "State the final answer: 4 - 1 - 7 ="])
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=16)
+    preallocated = hf_policy.sample(prompt_ids, prompt_mask, sampling, torch.Generator().manual_seed(5))
+    monkeypatch.setattr(hf_cache, "preallocated_cache", lambda capacity: DynamicCache())
+    dynamic = hf_policy.sample(prompt_ids, prompt_mask, sampling, torch.Generator().manual_seed(5))
+    assert preallocated.completion_ids.shape[1] > 4  # several decode steps ran through the cache
+    assert torch.equal(preallocated.completion_ids, dynamic.completion_ids)
+    assert torch.equal(preallocated.logprobs, dynamic.logprobs)
+
+
+def test_a_preallocated_cache_layer_grows_past_its_capacity_and_gathers_rows():
+    from credo.policy.hf_cache import PreallocatedLayer
+    layer = PreallocatedLayer(capacity=3)
+    keys = torch.randn(2, 1, 5, 4)
+    values = torch.randn(2, 1, 5, 4)
+    out_k, out_v = layer.update(keys[:, :, :2], values[:, :, :2])
+    assert layer.key_buffer.shape[2] == 3 and torch.equal(out_k, keys[:, :, :2])
+    for t in range(2, 5):  # past the capacity: the buffers grow and keep what was written
+        out_k, out_v = layer.update(keys[:, :, t:t + 1], values[:, :, t:t + 1])
+    assert torch.equal(out_k, keys) and torch.equal(out_v, values) and layer.get_seq_length() == 5
+    layer.batch_select_indices(torch.tensor([1, 1, 0]))
+    assert torch.equal(layer.keys, keys[[1, 1, 0]]) and torch.equal(layer.values, values[[1, 1, 0]])

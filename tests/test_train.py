@@ -135,3 +135,17 @@ def test_a_run_on_the_validation_split_evaluates_there_and_never_trains_on_it(sa
     with pytest.raises(ConfigError, match=r"^train\.eval_split=validation needs a task with a validation split"):
         Trainer(load_train_config(None, ["task=gym:chain_sum", "eval_split=validation", f"start={saved_policy}"]),
                 str(tmp_path / "gym"), progress=False)
+
+
+def test_fused_adamw_is_opt_in_and_moves_the_weights_as_the_default_loop_does(saved_policy, tmp_path):
+    weights = {}
+    for fused in (False, True):
+        t = Trainer(dapo_config(saved_policy, "steps=1", "method=grpo", f"fused_adamw={str(fused).lower()}"),
+                    str(tmp_path / str(fused)), progress=False)
+        assert bool(t.optimizer.defaults["fused"]) is fused
+        t.train()
+        weights[fused] = load_policy(str(tmp_path / str(fused) / "final")).model.state_dict()
+    start = load_policy(saved_policy).model.state_dict()
+    assert any(not torch.equal(weights[True][k], start[k]) for k in start), "no step moved the weights"
+    # the same update up to rounding (the fused kernel orders its float operations differently)
+    assert all(torch.allclose(weights[True][k], weights[False][k], atol=1e-6, rtol=0) for k in start)

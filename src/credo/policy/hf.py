@@ -190,10 +190,12 @@ class HFPolicy(CompletionScoring):
 
     def _sample_batch(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingConfig,
                       generator: torch.Generator) -> Samples:
-        from transformers import DynamicCache
+        from credo.policy.hf_cache import preallocated_cache
         was_training = self.model.training
         self.model.eval()
-        state = {"cache": DynamicCache(), "mask": None,
+        # keys/values written in place, not concatenated per token (hf_cache); same numbers as DynamicCache
+        cache = preallocated_cache(prompt_ids.shape[1] + sampling.max_new_tokens)
+        state = {"cache": cache, "mask": None,
                  "next": torch.zeros(prompt_ids.shape[0], dtype=torch.long, device=prompt_ids.device)}
 
         def step(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

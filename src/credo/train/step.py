@@ -61,7 +61,8 @@ class TrainerStep:
         self.policy = bind_task(policy, self.task, "train.start", config.sampling.max_new_tokens)  # now, not mid-run
         self.reference = self.policy.copy() if config.loss.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad], lr=config.lr,
-                                           betas=(config.beta1, config.beta2), weight_decay=config.weight_decay)
+                                           betas=(config.beta1, config.beta2), weight_decay=config.weight_decay,
+                                           fused=config.fused_adamw or None)
         self.streams = RandomStreams.seeded(config.seed)
         self.step, self.tokens_generated, self.tokens_scored, self.seconds = 0, 0, 0, 0.0
         self.dp = self.data_parallel()
