@@ -165,7 +165,11 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 
 def _omitted(f: dataclasses.Field, value: Any) -> bool:
-    return bool(f.metadata.get("omit_default")) and f.default is not dataclasses.MISSING and value == f.default
+    if not f.metadata.get("omit_default"):
+        return False
+    if f.default is not dataclasses.MISSING:
+        return value == f.default
+    return f.default_factory is not dataclasses.MISSING and value == f.default_factory()
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:

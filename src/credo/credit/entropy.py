@@ -14,7 +14,7 @@ and return token weights (Credit.weights), from H_{i,t}, the policy's entropy at
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,7 @@ import torch
 
 from credo.core.config import check
 from credo.core.groups import GroupNormConfig, group_rows, grpo_advantages
+from credo.credit.compose import check_wrapped, wrapped_credit, wrapped_privileged
 from credo.credit.registry import register
 from credo.core.probe import Probe
 from credo.core.rollouts import Credit, Rollouts
@@ -60,23 +61,37 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, q: float,
 class EntropyMaskConfig(GroupNormConfig):
     """The high-entropy token mask (docs/methods.md, "## Entropy-based token credit")."""
 
+    EXTRA_OPTIONS_FIELD = "options"
+
     q: float = 0.2
     """Share of the batch's trainable tokens kept, by entropy (TRL's top_entropy_quantile; 0.2 as the 80/20 paper)."""
+    of: str = field(default="", metadata={"omit_default": True})
+    """The credit the mask applies to: '' = GRPO's, with this config's std and eps (TRL's mask); or any
+    registered estimator (credo.credit.compose), whose advantages stay and whose token weights (1 where it has
+    none) are multiplied by the mask: `entropy_mask:of=rredcot` puts RREDCoT's credit on forking tokens only."""
+    options: dict = field(default_factory=dict, metadata={"omit_default": True})
+    """The wrapped method's options; any key not named here lands in it."""
 
     def __post_init__(self) -> None:
         super().__post_init__()  # std, eps
         check(0 <= self.q <= 1, f"credit.q must be in [0, 1], got {self.q}")
+        check_wrapped("entropy_mask", self.of, self.options)
 
 
 @register("entropy_mask", "high-entropy token mask: GRPO on the top q (0.2) of the batch's tokens by the "
-          "policy's entropy only, as TRL's top_entropy_quantile", EntropyMaskConfig, uses_model=True)
+          "policy's entropy only, as TRL's top_entropy_quantile (of=<method>: that method's credit, masked)",
+          EntropyMaskConfig, uses_model=True, privileged=wrapped_privileged)
 def entropy_mask(rollouts: Rollouts, probe: Probe, config: EntropyMaskConfig) -> Credit:
     mask = rollouts.trainable_mask()
     entropies = token_entropies(rollouts, probe)
     keep = high_entropy_mask(entropies, mask, config.q, probe.gather)
+    info = {"kept_token_share": float(keep.sum() / mask.sum().clamp(min=1))}
+    if config.of:
+        base, _ = wrapped_credit(config.of, config.options, rollouts, probe)
+        weights = keep.float() if base.weights is None else base.weights * keep.float()
+        return Credit(advantages=base.advantages, weights=weights, loss_mask=base.loss_mask, info={**base.info, **info})
     adv = grpo_advantages(rollouts.rewards.float(), rollouts.group, std=config.std, eps=config.eps).to(mask.device)
-    return Credit(advantages=adv[:, None] * mask.float(), weights=keep.float(),
-                  info={"kept_token_share": float(keep.sum() / mask.sum().clamp(min=1))})
+    return Credit(advantages=adv[:, None] * mask.float(), weights=keep.float(), info=info)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from credo.core.config import check
-from credo.credit.registry import get, register
+from credo.credit.compose import check_wrapped, wrapped_credit, wrapped_privileged
+from credo.credit.registry import register
 from credo.core.rollouts import Credit, Rollouts
 from credo.core.segment import check_segmenter_option, segment_bounds, segments_for
 
@@ -59,13 +60,9 @@ class ShuffledConfig:
     """The wrapped method's options; any key not named here lands in it (`shuffled:of=rredcot:candidates=answers`)."""
 
     def __post_init__(self) -> None:
-        check(self.of != "shuffled", "credit.of: shuffled cannot wrap itself")
+        check(bool(self.of), "credit.of: name the method to shuffle (shuffled:of=<method>)")
+        check_wrapped("shuffled", self.of, self.options)
         check(self.level in LEVELS, f"credit.level must be one of {LEVELS}, got {self.level!r}")
-        try:
-            inner = get(self.of)
-        except KeyError as err:
-            raise ValueError(f"credit.of: {err.args[0]}") from None
-        inner.make_config(self.options)  # the wrapped method's options are checked now, naming the field
         check_segmenter_option(self.segmenter)
 
 
@@ -108,20 +105,12 @@ def row_permutations(sizes: list[int], rollouts: Rollouts, seed: int) -> list[to
     return [torch.randperm(n, generator=generator) for n in sizes]
 
 
-def wrapped_privileged(config: ShuffledConfig) -> bool:
-    """Privileged when the method it wraps is (credo.credit.registry.EstimatorSpec)."""
-    inner = get(config.of)
-    return inner.reads_privileged(inner.make_config(config.options))
-
-
 @register("shuffled",
           "control: a method's own segment credit permuted among each trace's segments (shuffled:of=<method>; "
           "level=token: over its tokens)",
           ShuffledConfig, needs_segments=True, privileged=wrapped_privileged)
 def shuffled(rollouts: Rollouts, probe: Any, config: ShuffledConfig) -> Credit:
-    inner = get(config.of)
-    inner_config = inner.make_config(config.options)
-    credit = inner(rollouts, probe, inner_config)  # its cost is counted inside
+    credit, inner_config = wrapped_credit(config.of, config.options, rollouts, probe)  # its cost is counted inside
     if config.level == "token":
         return shuffle_tokens(credit, rollouts, config.seed)
     segmenter = config.segmenter or getattr(inner_config, "segmenter", "")

@@ -14,13 +14,14 @@ Both read only token ids, rewards and group ids: they run wherever GRPO runs (us
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from credo.core.config import check
 from credo.core.groups import GroupNormConfig, group_mean_std, grpo_advantages
+from credo.credit.compose import check_wrapped, wrapped_credit, wrapped_privileged
 from credo.credit.registry import register
 from credo.core.rollouts import Credit, Rollouts
 from credo.core.segment import broadcast_segments, check_segmenter_option, segment_bounds, segments_for
@@ -104,12 +105,21 @@ class TempoConfig(GroupNormConfig):
     """Divide by the group's reward std + eps, as GRPO does (false: Dr. GRPO's unscaled centring)."""
     segmenter: Any = ""
     """With at=segments: '' = the batch's segments (the task's own segmenter), or a segmenter of its own."""
+    of: str = field(default="", metadata={"omit_default": True})
+    """The credit the trie's term is added to: '' = GRPO's (r_i - mean) / (std + eps), TEMPO; or any registered
+    estimator (credo.credit.compose): its advantages + lam * d / (std + eps), its token weights kept
+    (`tempo:of=rredcot`: RREDCoT's segment credit plus the group's own branch evidence, free)."""
+    options: dict = field(default_factory=dict, metadata={"omit_default": True})
+    """The wrapped method's options; any key not named here lands in it."""
+
+    EXTRA_OPTIONS_FIELD = "options"
 
     def __post_init__(self) -> None:
         super().__post_init__()  # std, eps
         check(0 <= self.lam <= 100, f"credit.lam must be in [0, 100], got {self.lam}")
         check(self.at in ("tokens", "segments"), f"credit.at must be 'tokens' or 'segments', got {self.at!r}")
         check_segmenter_option(self.segmenter)
+        check_wrapped("tempo", self.of, self.options)
 
 
 def _group_scale(rollouts: Rollouts, config: TempoConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,7 +132,8 @@ def _group_scale(rollouts: Rollouts, config: TempoConfig) -> tuple[torch.Tensor,
 
 
 @register("tempo", "TEMPO-style: GRPO + the change of the group trie's prefix value (mean reward of the "
-          "completions sharing the prefix) where the trie branches; no extra rollouts", TempoConfig)
+          "completions sharing the prefix) where the trie branches; no extra rollouts (of=<method>: added to that "
+          "method's credit)", TempoConfig, privileged=wrapped_privileged)
 def tempo(rollouts: Rollouts, probe: Any, config: TempoConfig) -> Credit:
     mask = rollouts.trainable_mask().float()
     values, counts = prefix_values(rollouts)
@@ -134,13 +145,17 @@ def tempo(rollouts: Rollouts, probe: Any, config: TempoConfig) -> Credit:
     else:
         segment_ids = segments_for(rollouts, probe, config.segmenter)
         change = broadcast_segments(segment_changes(values, segment_ids, mean), segment_ids)
-    raw = (rollouts.rewards.float().to(mean.device) - mean)[:, None] + config.lam * change
+    base = wrapped_credit(config.of, config.options, rollouts, probe)[0] if config.of else None
+    outcome = (rollouts.rewards.float().to(mean.device) - mean)[:, None]
+    raw = (torch.zeros_like(outcome) if base is not None else outcome) + config.lam * change
     advantages = torch.where(live[:, None], raw / safe[:, None], torch.zeros_like(raw)) * mask
     real = rollouts.completion_mask
-    branching = ((change.abs() > 0) & real).sum() / real.sum().clamp(min=1)
-    return Credit(advantages=advantages, info={"branch_token_share": float(branching),
-                                               "shared_token_share": float(((counts > 1) & real).sum()
-                                                                           / real.sum().clamp(min=1))})
+    info = {"branch_token_share": float(((change.abs() > 0) & real).sum() / real.sum().clamp(min=1)),
+            "shared_token_share": float(((counts > 1) & real).sum() / real.sum().clamp(min=1))}
+    if base is None:
+        return Credit(advantages=advantages, info=info)
+    return Credit(advantages=base.advantages + advantages, weights=base.weights, loss_mask=base.loss_mask,
+                  info={**base.info, **info})
 
 
 @dataclass(frozen=True)

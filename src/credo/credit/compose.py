@@ -1,0 +1,46 @@
+"""Credit built on another estimator's credit: the one way an estimator wraps another (`of=<method>`).
+
+A wrapping estimator's config has `of` (the wrapped estimator's name) and `options` (its options: any key the
+wrapper does not know itself lands there, so `entropy_mask:of=rredcot:include_reference=false` hands
+`include_reference` to RREDCoT). Used by `shuffled` (the controls), `entropy_mask` (the mask on any credit) and
+`tempo` (the trie's branch credit added to any credit). The wrapped estimator's cost is counted inside the
+wrapper's (the registry meters the whole call), and the wrapper is privileged when the method it wraps is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from credo.core.config import check
+from credo.core.rollouts import Credit, Rollouts
+from credo.credit.registry import get
+
+
+def check_wrapped(owner: str, of: str, options: dict) -> None:
+    """Raise a ValueError naming `credit.of` (or the stray option) unless `of` is a registered estimator other
+    than `owner` whose options `options` are valid; of='' (no wrapped method) takes no options."""
+    if not of:
+        check(not options, f"credit.{next(iter(options), '')} is not an option of {owner} "
+              "(options of a wrapped method need of=<method>)")
+        return
+    check(of != owner, f"credit.of: {owner} cannot wrap itself")
+    try:
+        inner = get(of)
+    except KeyError as err:
+        raise ValueError(f"credit.of: {err.args[0]}") from None
+    inner.make_config(options)  # the wrapped method's options are checked now, naming the field
+
+
+def wrapped_credit(of: str, options: dict, rollouts: Rollouts, probe: Any) -> tuple[Credit, Any]:
+    """(the wrapped estimator's Credit on `rollouts`, its config)."""
+    inner = get(of)
+    config = inner.make_config(options)
+    return inner(rollouts, probe, config), config
+
+
+def wrapped_privileged(config: Any) -> bool:
+    """Whether the method a wrapper's `config` wraps reads privileged task data (False when it wraps none)."""
+    if not config.of:
+        return False
+    inner = get(config.of)
+    return inner.reads_privileged(inner.make_config(config.options))

@@ -1,0 +1,60 @@
+"""One estimator built on another's credit (credo.credit.compose): `entropy_mask:of=`, `tempo:of=`, `shuffled:of=`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from builders import PROPERTY_POLICY, run_estimator, text_rollouts
+from credo import credit
+from credo.credit.entropy import high_entropy_mask
+from credo.train.methods import privileged
+
+TEXTS = ["4+4=8\n8", "4+4=9\n9", "4+5=9\n9", "1+2=3\n3", "1+2=4\n4", "2+2=4\n4"]
+REWARDS, GROUPS = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1]
+
+
+def test_entropy_mask_of_a_method_keeps_its_advantages_and_multiplies_its_weights_by_the_mask():
+    r = text_rollouts(TEXTS, REWARDS, GROUPS)
+    _, entropies = PROPERTY_POLICY.score(r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, entropy=True)
+    keep = high_entropy_mask(entropies, r.completion_mask, 0.2).float()
+    for inner, options in (("rredcot", {}), ("lambda_grpo", {"lam": 1.0})):
+        base = run_estimator(inner, r, **options)
+        masked = run_estimator("entropy_mask", r, of=inner, **options)
+        assert torch.equal(masked.advantages, base.advantages)
+        expected = keep if base.weights is None else base.weights * keep
+        assert torch.equal(masked.weights, expected)
+    assert masked.weights.count_nonzero() < base.weights.count_nonzero()  # the mask removed tokens
+
+
+def test_tempo_of_grpo_is_tempo_and_of_another_method_adds_the_same_trie_term():
+    r = text_rollouts(TEXTS, REWARDS, GROUPS)
+    tempo, grpo = run_estimator("tempo", r).advantages, run_estimator("grpo", r).advantages
+    assert torch.allclose(run_estimator("tempo", r, of="grpo").advantages, tempo, atol=1e-6)
+    rredcot = run_estimator("rredcot", r)
+    combined = run_estimator("tempo", r, of="rredcot")
+    assert torch.allclose(combined.advantages, rredcot.advantages + (tempo - grpo), atol=1e-6)
+    assert not torch.allclose(tempo, grpo)  # the trie term is not zero here, so the sum says something
+    own = run_estimator("rredcot", r, include_reference=False)  # an option of the wrapped method reaches it
+    combined = run_estimator("tempo", r, of="rredcot", include_reference=False)
+    assert torch.allclose(combined.advantages, own.advantages + (tempo - grpo), atol=1e-6)
+    assert combined.cost.tokens_scored == own.cost.tokens_scored > 0
+    assert own.cost.tokens_scored < rredcot.cost.tokens_scored  # no reference tails were scored
+
+
+def test_a_wrapper_is_privileged_exactly_when_the_method_it_wraps_is():
+    assert privileged("tempo:of=rredcot") and privileged("entropy_mask:of=rredcot")
+    assert not privileged("tempo:of=rredcot:include_reference=false")
+    assert not privileged("entropy_mask:of=rredcot:include_reference=false")
+    assert not privileged("tempo") and not privileged("entropy_mask")
+
+
+@pytest.mark.parametrize("name, options, field", [
+    ("entropy_mask", {"lam": 1.0}, "credit.lam"),  # a wrapped method's option with no wrapped method
+    ("tempo", {"of": "tempo"}, "credit.of"),
+    ("entropy_mask", {"of": "no_such_method"}, "credit.of"),
+    ("tempo", {"of": "rredcot", "include_reference": "maybe"}, "include_reference"),
+])
+def test_a_bad_wrapped_method_or_stray_option_is_refused_naming_the_field(name, options, field):
+    with pytest.raises(ValueError, match=field):
+        credit.get(name).make_config(options)
