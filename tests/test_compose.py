@@ -58,3 +58,13 @@ def test_a_wrapper_is_privileged_exactly_when_the_method_it_wraps_is():
 def test_a_bad_wrapped_method_or_stray_option_is_refused_naming_the_field(name, options, field):
     with pytest.raises(ValueError, match=field):
         credit.get(name).make_config(options)
+
+
+def test_a_wrapper_needs_a_probe_exactly_when_what_it_wraps_does():
+    tempo = credit.get("tempo")
+    assert not tempo.probes_model(tempo.make_config({})) and not tempo.probes_model(tempo.make_config({"of": "grpo"}))
+    assert tempo.probes_model(tempo.make_config({"of": "rredcot"}))
+    r = text_rollouts(TEXTS, REWARDS, GROUPS)
+    with pytest.raises(ValueError, match="'tempo' uses the model"):  # named before any work, not deep inside
+        tempo(r, None, tempo.make_config({"of": "rredcot"}))
+    assert torch.allclose(tempo(r, None, tempo.make_config({})).advantages, run_estimator("tempo", r).advantages)

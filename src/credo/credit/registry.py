@@ -44,6 +44,17 @@ class EstimatorSpec:
             return bool(self.privileged(config if config is not None else self.make_config()))
         return bool(self.privileged)
 
+    def probes_model(self, config: Any = None) -> bool:
+        """Whether this estimator, configured by `config`, needs a Probe: it uses the model, or it wraps one
+        that does (`of=<method>`, credo.credit.compose)."""
+        if self.uses_model:
+            return True
+        wrapped = getattr(config, "of", "")
+        if not wrapped:
+            return False
+        inner = get(wrapped)
+        return inner.probes_model(inner.make_config(getattr(config, "options", {})))
+
     def reads_batch_segments(self, config: Any) -> bool:
         """Whether this estimator, configured by `config`, reads the batch's own segments (it needs segments
         and names no `segmenter` of its own): the trainer then cuts them before credit."""
@@ -65,10 +76,10 @@ class EstimatorSpec:
 
     def __call__(self, rollouts: Any, probe: Any = None, config: Any = None) -> Any:
         """Run the estimator; its Credit's cost is what it spent through `probe` (metered here)."""
-        if self.uses_model and probe is None:
+        config = config if config is not None else self.make_config()
+        if probe is None and self.probes_model(config):
             raise ValueError(f"estimator {self.name!r} uses the model: pass a Probe")
         check_rewards(rollouts)
-        config = config if config is not None else self.make_config()
         if probe is None:
             return self.fn(rollouts, probe, config)
         with probe.metered() as spent:  # everything the call spends, a wrapped estimator's work included

@@ -88,7 +88,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         if credit == "grpo":
             options.setdefault("eps", 1e-4)  # TRL adds 1e-4 to the std
         self.credit_options = self.credit_spec.make_config(options)
-        if self.credit_spec.uses_model and task is None:
+        if self.credit_spec.probes_model(self.credit_options) and task is None:
             raise ValueError(f"estimator {credit!r} probes the model: pass task=credo.tasks.make_task(...)")
         args_ = kwargs.get("args", args[2] if len(args) > 2 else None)  # GRPOTrainer(model, reward_funcs, args, ...)
         if args_ is not None:
@@ -233,7 +233,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         old = output.get("old_per_token_logps")
         if old is not None:
             old = old.detach().float().cpu()
-        elif self.credit_spec.uses_model:
+        elif self.credit_spec.probes_model(self.credit_options):
             # on-policy TRL returns none (its loss then takes the current log-probs as the old ones): score them,
             # since SPO-chain's cut points and the cutpoints segmenter read p_old (zeros read as p = 1 everywhere)
             old, _ = probe.score(output["prompt_ids"].cpu(), output["prompt_mask"].bool().cpu(), completion_ids.cpu(),
