@@ -4,7 +4,7 @@
   the trainer (`train`), the lab and the commands (`lab`, `cli`); a module imports only its own layer or lower ones
   (so the library never imports the trainer or the lab, and the trainer never the lab);
 - `policy/` (a backend) never imports `tasks` or `credit`; an estimator module never imports a sibling estimator
-  (the package, its registry and the `credit` localiser are shared);
+  (the package, its registry, the `credit` localiser and compose.py, the one wrapping mechanism, are shared);
 - importing the strategies loads no estimator (checked in a fresh interpreter);
 - the import graph has no cycle (function-level imports included);
 - at most 11 entries at the top of src/credo; no file in src/ is longer than 400 lines and no function longer than 60.
@@ -19,7 +19,7 @@ import sys
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "src")
 PACKAGE = os.path.join(SRC, "credo")
-CREDIT_SHARED = {"credo.credit", "credo.credit.registry", "credo.credit.localiser"}
+CREDIT_SHARED = {"credo.credit", "credo.credit.registry", "credo.credit.localiser", "credo.credit.compose"}
 LAYERS = (("credo.core", "credo.policy", "credo.tasks"), ("credo.strategies",), ("credo.credit",),
           ("credo.integrations",), ("credo.train",), ("credo.lab", "credo.cli"))
 """The layers, lowest first: a module may import its own layer's modules and lower layers' only."""
