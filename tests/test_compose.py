@@ -18,7 +18,7 @@ def test_entropy_mask_of_a_method_keeps_its_advantages_and_multiplies_its_weight
     r = text_rollouts(TEXTS, REWARDS, GROUPS)
     _, entropies = PROPERTY_POLICY.score(r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, entropy=True)
     keep = high_entropy_mask(entropies, r.completion_mask, 0.2).float()
-    for inner, options in (("rredcot", {}), ("lambda_grpo", {"lam": 1.0})):
+    for inner, options in (("rredcot", {}), ("lambda_grpo", {"lam": 0.5})):  # 0.5: not lambda_grpo's default
         base = run_estimator(inner, r, **options)
         masked = run_estimator("entropy_mask", r, of=inner, **options)
         assert torch.equal(masked.advantages, base.advantages)
@@ -68,3 +68,39 @@ def test_a_wrapper_needs_a_probe_exactly_when_what_it_wraps_does():
     with pytest.raises(ValueError, match="'tempo' uses the model"):  # named before any work, not deep inside
         tempo(r, None, tempo.make_config({"of": "rredcot"}))
     assert torch.allclose(tempo(r, None, tempo.make_config({})).advantages, run_estimator("tempo", r).advantages)
+
+
+def test_spec_keys_are_paths_in_the_wrappers_config_and_wrappers_nest():
+    """A key the wrapper knows is its own, options.<key> the wrapped method's, an unknown key a shortcut into
+    options; a key given twice is refused (the later one would silently win)."""
+    tempo = credit.get("tempo")
+    own = tempo.make_config(credit.parse_spec("tempo:of=rredcot:lam=0.25")[1])
+    assert own.lam == 0.25 and "lam" not in own.options
+    handed = tempo.make_config(credit.parse_spec("tempo:of=rredcot:options.lam=0.25")[1])
+    assert handed.lam == 1.0 and handed.options == {"lam": "0.25"}
+    assert credit.get("rredcot").make_config(handed.options).lam == 0.25  # not its default (0.5)
+    spec = "shuffled:of=tempo:options.of=rredcot:include_reference=false"
+    shuffled = credit.get("shuffled").make_config(credit.parse_spec(spec)[1])
+    assert shuffled.of == "tempo" and shuffled.options == {"of": "rredcot", "include_reference": "false"}
+    inner = tempo.make_config(shuffled.options)
+    assert inner.of == "rredcot" and inner.options == {"include_reference": "false"}
+    assert not privileged(spec) and privileged("shuffled:of=tempo:options.of=rredcot")
+    with pytest.raises(ValueError, match="'of' is given twice"):
+        credit.parse_spec("shuffled:of=tempo:of=rredcot")
+
+
+def test_an_option_that_does_nothing_under_of_is_refused_and_wrapped_errors_name_their_path():
+    with pytest.raises(ValueError, match="credit.std/eps do nothing with of=rredcot"):
+        credit.get("entropy_mask").make_config({"of": "rredcot", "std": "population"})
+    credit.get("entropy_mask").make_config({"std": "population"})  # without of= it is the mask's own GRPO's
+    with pytest.raises(ValueError, match=r"credit\.options\.include_reference"):
+        credit.get("tempo").make_config({"of": "rredcot", "include_reference": "maybe"})
+
+
+def test_a_wrapper_reads_the_batch_segments_exactly_when_what_it_wraps_does():
+    tempo, shuffled = credit.get("tempo"), credit.get("shuffled")
+    assert not tempo.reads_batch_segments(tempo.make_config({}))  # tokens: no segments
+    assert tempo.reads_batch_segments(tempo.make_config({"of": "rredcot"}))
+    assert not tempo.reads_batch_segments(tempo.make_config({"of": "lambda_grpo"}))
+    nested = shuffled.make_config({"of": "tempo", "options.of": "rredcot"})
+    assert shuffled.reads_batch_segments(nested)

@@ -172,7 +172,16 @@ def test_the_preallocated_kv_cache_samples_exactly_what_dynamic_cache_samples(hf
     import credo.policy.hf_cache as hf_cache
     prompt_ids, prompt_mask = hf_policy.encode_prompts(["3 + 4 =", "3 + 4 =", "State the final answer: 4 - 1 - 7 ="])
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=16)
+    writes, original = [], hf_cache.PreallocatedLayer.update
+
+    def counted(self, keys, values, *args, **kwargs):  # the sampler really writes through PreallocatedLayer
+        writes.append(keys.shape[-2])
+        return original(self, keys, values, *args, **kwargs)
+
+    monkeypatch.setattr(hf_cache.PreallocatedLayer, "update", counted)
     preallocated = hf_policy.sample(prompt_ids, prompt_mask, sampling, torch.Generator().manual_seed(5))
+    assert len(writes) > 4
+    monkeypatch.undo()
     monkeypatch.setattr(hf_cache, "preallocated_cache", lambda capacity: DynamicCache())
     dynamic = hf_policy.sample(prompt_ids, prompt_mask, sampling, torch.Generator().manual_seed(5))
     assert preallocated.completion_ids.shape[1] > 4  # several decode steps ran through the cache
@@ -192,3 +201,23 @@ def test_a_preallocated_cache_layer_grows_past_its_capacity_and_gathers_rows():
     assert torch.equal(out_k, keys) and torch.equal(out_v, values) and layer.get_seq_length() == 5
     layer.batch_select_indices(torch.tensor([1, 1, 0]))
     assert torch.equal(layer.keys, keys[[1, 1, 0]]) and torch.equal(layer.values, values[[1, 1, 0]])
+
+
+def test_a_preallocated_layer_reorders_repeats_and_crops_its_buffers_not_only_its_views():
+    """Each of these replaces the views; the next write must see the same rows and length (DynamicLayer's own
+    reorder_cache would reorder the views only, and the write after it would bring the old order back)."""
+    from credo.policy.hf_cache import PreallocatedLayer
+    keys, values = torch.randn(2, 1, 4, 3), torch.randn(2, 1, 4, 3)
+    layer = PreallocatedLayer(capacity=8)
+    layer.update(keys[:, :, :3], values[:, :, :3])
+    layer.reorder_cache(torch.tensor([1, 0]))
+    out_k, _ = layer.update(keys[:, :, 3:], values[:, :, 3:])
+    assert torch.equal(out_k[:, :, :3], keys[[1, 0], :, :3]) and torch.equal(out_k[:, :, 3:], keys[:, :, 3:])
+    layer.crop(-2)  # drop the last two columns: the next write lands at column 2
+    out_k, _ = layer.update(keys[:, :, :1], values[:, :, :1])
+    assert out_k.shape[2] == 3 and torch.equal(out_k[:, :, 2:], keys[:, :, :1])
+    layer.batch_repeat_interleave(2)
+    out_k, _ = layer.update(keys[[0, 0, 1, 1], :, 1:2], values[[0, 0, 1, 1], :, 1:2])
+    assert out_k.shape == (4, 1, 4, 3) and torch.equal(out_k[0], out_k[1]) and torch.equal(out_k[2], out_k[3])
+    with pytest.raises(NotImplementedError):
+        layer.offload()

@@ -76,7 +76,7 @@ def test_spec_parsing_in_train_and_errors_name_the_field():
     config = load_train_config(None, ["method=shuffled:of=rredcot:lam=0.5"])
     made = credit.get("shuffled").make_config(config.credit)
     assert made.of == "rredcot" and made.options == {"lam": "0.5"}
-    with pytest.raises(ConfigError, match="credit.lam"):
+    with pytest.raises(ConfigError, match=r"^credit\.options\.lam"):  # the path of the wrapped method's field
         credit.get("shuffled").make_config({"of": "rredcot", "lam": "-1"})
     with pytest.raises(ConfigError, match="credit.of"):
         credit.get("shuffled").make_config({"of": "nope"})

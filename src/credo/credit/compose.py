@@ -1,10 +1,13 @@
 """Credit built on another estimator's credit: the one way an estimator wraps another (`of=<method>`).
 
-A wrapping estimator's config has `of` (the wrapped estimator's name) and `options` (its options: any key the
-wrapper does not know itself lands there, so `entropy_mask:of=rredcot:include_reference=false` hands
-`include_reference` to RREDCoT). Used by `shuffled` (the controls), `entropy_mask` (the mask on any credit) and
-`tempo` (the trie's branch credit added to any credit). The wrapped estimator's cost is counted inside the
-wrapper's (the registry meters the whole call), and the wrapper is privileged when the method it wraps is.
+A wrapping estimator's config has `of` (the wrapped estimator's name) and `options` (its options). A method
+spec's keys are paths in the wrapper's config: a key the wrapper knows is its own (`tempo:of=rredcot:lam=0.5`
+sets TEMPO's lam), `options.<key>` is the wrapped method's (`options.lam=0.5`: RREDCoT's), and a key the
+wrapper does not know lands in `options` as a shortcut (`entropy_mask:of=rredcot:include_reference=false`).
+Wrappers nest the same way: `shuffled:of=tempo:options.of=rredcot` is the control of `tempo:of=rredcot`.
+Used by `shuffled` (the controls), `entropy_mask` (the mask on any credit) and `tempo` (the trie's branch
+credit added to any credit). The wrapped estimator's cost is counted inside the wrapper's (the registry meters
+the whole call), and the wrapper is privileged when the method it wraps is.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def check_wrapped(owner: str, of: str, options: dict) -> None:
         inner = get(of)
     except KeyError as err:
         raise ValueError(f"credit.of: {err.args[0]}") from None
-    inner.make_config(options)  # the wrapped method's options are checked now, naming the field
+    inner.make_config(options, prefix="options.")  # checked now; from_dict puts the path before it
 
 
 def wrapped_credit(of: str, options: dict, rollouts: Rollouts, probe: Any) -> tuple[Credit, Any]:

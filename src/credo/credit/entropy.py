@@ -76,6 +76,10 @@ class EntropyMaskConfig(GroupNormConfig):
         super().__post_init__()  # std, eps
         check(0 <= self.q <= 1, f"credit.q must be in [0, 1], got {self.q}")
         check_wrapped("entropy_mask", self.of, self.options)
+        # with of=, the wrapped method's advantages are kept as they are: std and eps would do nothing
+        check(not self.of or (self.std, self.eps) == (GroupNormConfig.std, GroupNormConfig.eps),
+              f"credit.std/eps do nothing with of={self.of} (its advantages are kept): write options.std=... or "
+              "options.eps=... for the wrapped method's")
 
 
 @register("entropy_mask", "high-entropy token mask: GRPO on the top q (0.2) of the batch's tokens by the "

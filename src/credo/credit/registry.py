@@ -58,7 +58,13 @@ class EstimatorSpec:
     def reads_batch_segments(self, config: Any) -> bool:
         """Whether this estimator, configured by `config`, reads the batch's own segments (it needs segments
         and names no `segmenter` of its own): the trainer then cuts them before credit."""
-        return self.needs_segments and getattr(config, "segmenter", "") == ""
+        if self.needs_segments and getattr(config, "segmenter", "") == "":
+            return True
+        wrapped = getattr(config, "of", "")  # a wrapper reads them when what it wraps does (`tempo:of=rredcot`)
+        if not wrapped:
+            return False
+        inner = get(wrapped)
+        return inner.reads_batch_segments(inner.make_config(getattr(config, "options", {})))
 
     def make_config(self, values: Any = None, prefix: str = "credit.") -> Any:
         """The estimator's frozen config from a mapping of options (an instance of it is returned as is)."""
@@ -66,11 +72,13 @@ class EstimatorSpec:
             return values
         values = dict(values or {})
         # A wrapper estimator (e.g. `shuffled`) names a field that collects the options it does not know
-        # itself, which it hands on to the estimator it wraps.
+        # itself, which it hands on to the estimator it wraps; `options.<key>` hands on a key it knows too
+        # (`shuffled:of=tempo:options.of=rredcot`: the method tempo wraps).
         extra_field = getattr(self.config_cls, "EXTRA_OPTIONS_FIELD", None)
         if extra_field:
-            known = {f.name for f in fields(self.config_cls)}
-            extra = {k: values.pop(k) for k in list(values) if k not in known}
+            known, nested = {f.name for f in fields(self.config_cls)}, extra_field + "."
+            extra = {k.removeprefix(nested): values.pop(k) for k in list(values)
+                     if k not in known or k.startswith(nested)}
             values[extra_field] = {**dict(values.get(extra_field) or {}), **extra}
         return from_dict(self.config_cls, values, prefix=prefix)
 
@@ -141,5 +149,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
         if "=" not in item:
             raise ValueError(f"method {spec!r}: option {item!r} must look like key=value")
         key, value = item.split("=", 1)
+        if key in options:  # the later one would silently win: `shuffled:of=tempo:of=rredcot` shuffles rredcot
+            raise ValueError(f"method {spec!r}: option {key!r} is given twice (the method a wrapped method wraps "
+                             f"is options.of=..., its options options.<key>=...)")
         options[key] = value
     return name, options

@@ -10,6 +10,8 @@ whose completions agree with row i on tokens 0..t (the root, before any token, i
   lambda_grpo  A_{i,t} = A_i^GRPO, token weight w_{i,t} = |S_{i,t}|^(-lam)  (lam=1: a prefix shared by n
                members counts once in all, as the public code coli-saar/grpo-prm weights it)
 Both read only token ids, rewards and group ids: they run wherever GRPO runs (uses_model=False).
+`tempo:of=<m>` adds the same lam * d_{i,t} / (std_g + eps) to m's advantages instead of GRPO's (credo.credit.compose);
+it then needs what m needs (a Probe, when m uses the model).
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ class TempoConfig(GroupNormConfig):
     """TEMPO-style prefix-tree credit (docs/methods.md, "## Prefix-tree credit")."""
 
     lam: float = 1.0
-    """Weight of the trie's value change d_{i,t} added to GRPO's r_i - mean (0: plain GRPO)."""
+    """Weight of the trie's value change d_{i,t} added to GRPO's r_i - mean, or to the wrapped method's credit
+    with of= (0: plain GRPO, or that credit unchanged)."""
     at: str = "tokens"
     """'tokens': d at the token where the trie branches; 'segments': d between segment ends, on every token
     of the segment (the trie read at step boundaries)."""

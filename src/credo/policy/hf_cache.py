@@ -4,7 +4,7 @@ transformers' DynamicCache concatenates every layer's keys and values with the n
 so sampling T tokens copies the whole cache T times (quadratic in the length): on SmolLM2-135M on a CPU that copy
 was a third of the sampling time (bench/vs_trl.py). Here each layer keeps buffers[B, H, capacity, D] and hands the
 model views of their first `length` columns: the attention reads the same numbers in the same order, so sampling
-is bit-identical to DynamicCache (tests/test_hf_cache.py). Imported lazily: it needs transformers.
+is bit-identical to DynamicCache (tests/test_hf.py). Imported lazily: it needs transformers.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from transformers.cache_utils import DynamicLayer
 
 class PreallocatedLayer(DynamicLayer):
     """One layer's cache: keys/values are views [B, H, length, D] of buffers [B, H, capacity, D]; a write past
-    the capacity grows the buffers (doubling), so a wrong capacity costs a copy, never a wrong result."""
+    the capacity grows the buffers (doubling), so a wrong capacity costs a copy, never a wrong result. Every
+    inherited method that replaces `keys`/`values` acts on the buffers here (crop needs nothing: the length is
+    read from `keys`, and the next write lands after it) or refuses (offloading, which credo never asks for)."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
@@ -56,7 +58,20 @@ class PreallocatedLayer(DynamicLayer):
             self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
             self.keys, self.values = self.key_buffer[:, :, :length], self.value_buffer[:, :, :length]
 
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        """Beam search's reordering: the rows `beam_idx`, buffers included (DynamicLayer's would reorder the
+        views only, and the next write would bring back the old order)."""
+        self.batch_select_indices(beam_idx.to(self.key_buffer.device) if self.key_buffer is not None else beam_idx)
+
+    def offload(self) -> None:
+        raise NotImplementedError("PreallocatedLayer does not offload (its buffers would stay behind); "
+                                  "use transformers' DynamicCache for an offloaded cache")
+
+    def prefetch(self) -> None:
+        raise NotImplementedError("PreallocatedLayer does not offload, so there is nothing to prefetch")
+
     def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat every row `repeats` times in place of it (transformers' expansion for num_return_sequences)."""
         length = self.get_seq_length()
         if length > 0:
             self.key_buffer = self.key_buffer.repeat_interleave(repeats, dim=0)
