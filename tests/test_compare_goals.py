@@ -153,3 +153,14 @@ def test_equal_updates_warn_where_grpo_is_interpolated_from_its_start():
     text = report(results)
     assert ("At 4 update(s) GRPO had not been evaluated yet on some seed "
             "(its first evaluation came at step 10-10)") in text
+
+
+def test_a_control_names_the_method_it_controls_with_the_options_handed_to_it():
+    """A nested control is paired with its own method, not with the outer wrapper's bare name (tempo alone
+    is another method than tempo:of=rredcot:include_reference=false)."""
+    from credo.lab.compare.stats import control_target
+    assert control_target("shuffled:of=tempo:options.of=rredcot:include_reference=false") == \
+        "tempo:of=rredcot:include_reference=false"
+    assert control_target("shuffled:of=sc_grpo:level=token") == "sc_grpo"  # level is the control's own option
+    assert control_target("shuffled:of=rredcot:lam=0.25") == "rredcot:lam=0.25"
+    assert control_target("tempo:of=rredcot") is None

@@ -14,6 +14,7 @@ from typing import Any
 
 from scipy import stats as scipy_stats
 
+from credo.credit import registry as credit_registry
 from credo.credit.registry import parse_spec
 
 LEVEL = 0.95
@@ -174,9 +175,14 @@ def equal_updates(results: dict[str, Any]) -> dict[str, Any]:
 
 # --- controls ------------------------------------------------------------------------------------------
 def control_target(spec: str) -> str | None:
-    """The method a `shuffled:of=<m>` control is the control of; None for any other method."""
+    """The method a `shuffled:of=<m>` control is the control of, as a spec with the options handed to it
+    ('shuffled:of=tempo:options.of=rredcot:include_reference=false' -> 'tempo:of=rredcot:include_reference=false');
+    None for any other method."""
     name, options = parse_spec(spec)
-    return options.get("of") if name == "shuffled" else None
+    if name != "shuffled":
+        return None
+    handed = credit_registry.get("shuffled").make_config(options).options  # what the wrapped method receives
+    return ":".join([options["of"], *(f"{key}={value}" for key, value in handed.items())])
 
 
 def control_pairs(results: dict[str, Any]) -> list[dict[str, Any]]:
