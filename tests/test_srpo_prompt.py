@@ -69,6 +69,9 @@ def test_prompt_localiser_sends_a_bare_user_turn_and_parses_the_reply(hf_policy,
     assert all("Find the originating step, not just the symptom" in t and "\\boxed{N}" in t for t in asked)
     assert policy.samplings[-1] == SamplingConfig(0.3, 0.9, 77)
     assert spent.tokens_generated > 0
+    asked_before = len(policy.samplings)  # no wrong trace to localise: no request, no sampling of an empty batch
+    assert localise("prompt", r, [], probe, seg, random.Random(0), 0.3, prompt_max_new_tokens=77) == []
+    assert len(policy.samplings) == asked_before
 
 
 def test_srpo_with_the_prompt_localiser_collects_resets_on_a_tiny_chat_model(hf_policy, gym_task):

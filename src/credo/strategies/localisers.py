@@ -193,6 +193,8 @@ def localisation_replies(rollouts: Rollouts, rows: Sequence[int], probe: Probe, 
     if builder is None:
         raise ValueError(f"the prompt localiser needs a task with localisation_prompt (chat models); "
                          f"task {getattr(probe.task, 'name', '?')!r} has none: use value, random or oracle")
+    if not rows:  # nothing to ask (no wrong trace in the batch): sampling an empty batch would fail
+        return []
     policy = probe.policy
     prompts = localisation_requests(rollouts, rows, probe, segment_ids)
     missing = unreadable(policy, prompts)
