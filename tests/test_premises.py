@@ -8,6 +8,7 @@ import torch
 
 from builders import CHAIN, rollouts_of
 from credo import credit
+from credo.core.config import ConfigError
 from credo.lab.audit.run import AuditConfig, audit_localisers, parse_figures
 from credo.lab.audit.premises import (conditions_on_solution, kl_argmax_hits, teacher_gain, teacher_table,
                                   teacher_warning, unprivileged_twins)
@@ -120,6 +121,23 @@ def test_a_localiser_that_always_answers_step_1_scores_the_step1_share(policy, b
     assert one["step1_share"] == 1.0 and math.isnan(one["parse_rate"])
     assert out["localisers"]["oracle"]["localisation_top1"] == 1.0
     assert out["random_top1_expectation"] == pytest.approx(1 / 5)
+
+
+def test_the_audit_hands_its_reply_limit_to_the_localiser(policy, batch, monkeypatch):
+    task, rollouts = batch
+    limits = []
+    monkeypatch.setitem(LOCALISERS._entries, "records", Entry(
+        "records", lambda parents, options: limits.append(options.prompt_max_new_tokens) or [0] * len(parents.rows),
+        None, "test"))
+    segment_ids = Probe(policy, task, SamplingConfig(), torch.Generator()).segment(rollouts, "lines")
+    values = [torch.tensor([0.5] * 5 + [float(r)]) for r in rollouts.rewards.tolist()]
+    reference = MCValues(values, [torch.zeros(5, 2) for _ in values])
+    for config in (AuditConfig(n=4, group_size=4, localisers=("records",)),
+                   AuditConfig(n=4, group_size=4, localisers=("records",), localiser_max_new_tokens=256)):
+        audit_localisers(config, rollouts, segment_ids, reference, Labels(FIRST, FIRST), policy, task, False)
+    assert limits == [4096, 256]  # SRPO's limit unless the audit caps it
+    with pytest.raises(ConfigError, match="audit.localiser_max_new_tokens"):
+        AuditConfig(localiser_max_new_tokens=0)
 
 
 def test_parse_rate_counts_replies_the_parser_read():

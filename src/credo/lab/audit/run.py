@@ -102,9 +102,13 @@ class AuditConfig:
     """The weights' dtype: float32, or bfloat16 for a Hugging Face model on a GPU."""
     seed: int = 0
     """Seed of the sampled traces and the reference."""
+    localiser_max_new_tokens: int = field(default=4096, metadata={"omit_default": True})
+    """Reply limit of the `prompt` localiser's request (SRPO's public code and reset.prompt_max_new_tokens: 4096;
+    a small chat model on a CPU may ramble to it, so an audit there may cap it and says so in audit.json)."""
 
     def __post_init__(self) -> None:
         check_device_fields(self.device, self.dtype, "audit.")
+        check_in(self.localiser_max_new_tokens, 1, 4096, "audit.localiser_max_new_tokens")
         check_in(self.group_size, 2, MAX_GROUP, "audit.group_size")
         check(self.n >= self.group_size >= 2,
               f"audit.n must be >= audit.group_size >= 2, got {self.n}/{self.group_size}")
@@ -365,7 +369,8 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
         try:
             notes: dict[str, Any] = {}
             with probe.metered() as spent:
-                picks = localise(name, rollouts, rows, probe, segment_ids, _random.Random(config.seed), notes=notes)
+                picks = localise(name, rollouts, rows, probe, segment_ids, _random.Random(config.seed), notes=notes,
+                                 prompt_max_new_tokens=config.localiser_max_new_tokens)
         except Exception as err:  # noqa: BLE001 (reported, the audit goes on)
             out["failures"][name] = f"{type(err).__name__}: {err}"
             continue

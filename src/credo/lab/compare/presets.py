@@ -112,8 +112,9 @@ PRESETS = {
                                     "sc_grpo", "shuffled:of=sc_grpo:level=token", "srpo:localiser=prompt", "rrpo"),
                            seeds=(0, 1, 2), token_budget=50_000, eval_every_tokens=10_000, eval_n=100,
                            final_eval_n=300, audit_n=0, premise_n=32, task="gym:chain_sum",
+                           # step_labels: the localisation premise check needs each trace's first wrong line
                            train={"task_options": {"min_terms": 5, "max_terms": 8, "min_digits": 1,
-                                                   "max_digits": 1}},
+                                                   "max_digits": 1, "step_labels": True}},
                            schedule={"epochs": 1, "minibatches": 1, "lr": 2e-6}, jobs=2,
                            note="budget: smollm2's 50k tokens, not yet measured on 5-8 term chains",
                            needs_start="a SmolLM2 format/answer SFT start on 5-8 term chains: `credo sft --config "
