@@ -26,6 +26,12 @@ ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain"
 MAX_GRAD_CLIP = 1e6  # a clip norm above any real gradient: clipping off
 SCHEDULE = ("epochs", "minibatches", "lr", "grad_clip")  # the optimiser schedule every method of a comparison shares
 MAX_JOBS = 256  # runs at a time: each is a process holding a policy; more is a typo, not a machine
+CREDO_METHOD = "tempo:of=rredcot:include_reference=false"
+"""The credo method (issue 38): chosen by the rule of docs/methods.md on the validation split, seed 10
+(docs/results/beyond-seeds/selection/: 0.666 against tempo:of=rredcot † 0.671, within one standard error, and
+entropy_mask:of=rredcot:include_reference=false 0.660; GRPO 0.629). Unprivileged: RREDCoT's own-group value."""
+CREDO_CONTROL = "shuffled:of=tempo:options.of=rredcot:include_reference=false"
+"""Its shuffled control (segment level: the credit is RREDCoT's segment credit plus the trie's token term)."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,14 @@ PRESETS = {
                            needs_start="a SmolLM2 format/answer SFT start on 5-8 term chains: `credo sft --config "
                                        "examples/smollm2/sft.yaml --set task_options.min_terms=5 --set "
                                        "task_options.max_terms=8 --out DIR`"),
+    # Beyond the seeds (issue 38): the free and cheap methods users compare against and the credo method, on the
+    # `long` protocol (arith-long's start, 1M tokens, 5 seeds), with controls. The credo method is the one the rule
+    # of docs/methods.md chose on the validation split (docs/results/beyond-seeds/selection/), before this ran.
+    "beyond": Preset(methods=("grpo", "rredcot", "tempo", "lambda_grpo", "entropy_mask", "gtpo", "otb",
+                              "prefix_shaping", CREDO_METHOD, CREDO_CONTROL,
+                              "shuffled:of=tempo:level=token"), seeds=(0, 1, 2, 3, 4),
+                     token_budget=1_000_000, eval_every_tokens=125_000, eval_n=300, final_eval_n=1000, audit_n=0,
+                     task="arith-long", jobs=2),
     # for tests: a minute on a tiny model
     "smoke": Preset(methods=("grpo", "rredcot"), seeds=(0,), token_budget=1_500, eval_every_tokens=600, eval_n=8,
                     final_eval_n=8, train={"prompts_per_step": 2, "group_size": 4, "sampling": {"max_new_tokens": 24}},
