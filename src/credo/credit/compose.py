@@ -16,7 +16,7 @@ from typing import Any
 
 from credo.core.config import check
 from credo.core.rollouts import Credit, Rollouts
-from credo.credit.registry import get
+from credo.credit.registry import get, wrapped
 
 
 def check_wrapped(owner: str, of: str, options: dict) -> None:
@@ -43,7 +43,5 @@ def wrapped_credit(of: str, options: dict, rollouts: Rollouts, probe: Any) -> tu
 
 def wrapped_privileged(config: Any) -> bool:
     """Whether the method a wrapper's `config` wraps reads privileged task data (False when it wraps none)."""
-    if not config.of:
-        return False
-    inner = get(config.of)
-    return inner.reads_privileged(inner.make_config(config.options))
+    inner = wrapped(config)
+    return inner is not None and inner[0].reads_privileged(inner[1])

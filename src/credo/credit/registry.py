@@ -49,22 +49,16 @@ class EstimatorSpec:
         that does (`of=<method>`, credo.credit.compose)."""
         if self.uses_model:
             return True
-        wrapped = getattr(config, "of", "")
-        if not wrapped:
-            return False
-        inner = get(wrapped)
-        return inner.probes_model(inner.make_config(getattr(config, "options", {})))
+        inner = wrapped(config)
+        return inner is not None and inner[0].probes_model(inner[1])
 
     def reads_batch_segments(self, config: Any) -> bool:
         """Whether this estimator, configured by `config`, reads the batch's own segments (it needs segments
         and names no `segmenter` of its own): the trainer then cuts them before credit."""
         if self.needs_segments and getattr(config, "segmenter", "") == "":
             return True
-        wrapped = getattr(config, "of", "")  # a wrapper reads them when what it wraps does (`tempo:of=rredcot`)
-        if not wrapped:
-            return False
-        inner = get(wrapped)
-        return inner.reads_batch_segments(inner.make_config(getattr(config, "options", {})))
+        inner = wrapped(config)  # a wrapper reads them when what it wraps does (`tempo:of=rredcot`)
+        return inner is not None and inner[0].reads_batch_segments(inner[1])
 
     def make_config(self, values: Any = None, prefix: str = "credit.") -> Any:
         """The estimator's frozen config from a mapping of options (an instance of it is returned as is)."""
@@ -138,6 +132,16 @@ def get(name: str) -> EstimatorSpec:
 
 def names() -> list[str]:
     return list(_REGISTRY)
+
+
+def wrapped(config: Any) -> tuple[EstimatorSpec, Any] | None:
+    """(the estimator a wrapper's `config` wraps, its config) for a wrapper with `of=<method>`
+    (credo.credit.compose); None for any other config."""
+    name = getattr(config, "of", "")
+    if not name:
+        return None
+    inner = get(name)
+    return inner, inner.make_config(getattr(config, "options", {}))
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:

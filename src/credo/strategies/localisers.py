@@ -75,6 +75,8 @@ def localise(name: str, rollouts: Rollouts, rows: Sequence[int], probe: Probe, s
     """The 0-based step to reset at for each row in `rows` (each a failed trace), by the localiser `name`
     (`notes`: see Parents)."""
     fn = LOCALISERS.get(name).fn
+    if not rows:  # no failed trace to localise: nothing to ask or score (a policy cannot sample an empty batch)
+        return []
     n_steps = [len(b) for b in segment_bounds(segment_ids[list(rows)])]
     parents = Parents(rollouts, list(rows), segment_ids, n_steps, probe, rng, notes)
     return fn(parents, LocaliserOptions(prompt_temperature, prompt_max_new_tokens, value_drop, credit_method))
@@ -193,8 +195,6 @@ def localisation_replies(rollouts: Rollouts, rows: Sequence[int], probe: Probe, 
     if builder is None:
         raise ValueError(f"the prompt localiser needs a task with localisation_prompt (chat models); "
                          f"task {getattr(probe.task, 'name', '?')!r} has none: use value, random or oracle")
-    if not rows:  # nothing to ask (no wrong trace in the batch): sampling an empty batch would fail
-        return []
     policy = probe.policy
     prompts = localisation_requests(rollouts, rows, probe, segment_ids)
     missing = unreadable(policy, prompts)

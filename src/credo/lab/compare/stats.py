@@ -14,8 +14,7 @@ from typing import Any
 
 from scipy import stats as scipy_stats
 
-from credo.credit import registry as credit_registry
-from credo.credit.registry import parse_spec
+from credo.credit.registry import get, parse_spec
 
 LEVEL = 0.95
 POWER = 0.8  # "seeds needed": the seeds at which a rerun would resolve the observed difference 4 times in 5
@@ -181,7 +180,7 @@ def control_target(spec: str) -> str | None:
     name, options = parse_spec(spec)
     if name != "shuffled":
         return None
-    handed = credit_registry.get("shuffled").make_config(options).options  # what the wrapped method receives
+    handed = get("shuffled").make_config(options).options  # what the wrapped method receives
     return ":".join([options["of"], *(f"{key}={value}" for key, value in handed.items())])
 
 
