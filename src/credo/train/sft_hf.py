@@ -6,6 +6,14 @@ teaches the format on the task's worked solutions (`task.worked_solution`; for r
 left-to-right running sum) followed by the task's own answer marker (`task.answer_probe`), and stops at the
 first validation check at or above `target_accuracy`, so the start leaves room for RL.
 
+Two more kinds of example, off by default, teach what the seed methods assume a policy can do (as
+credo.train.sft does for the tiny policy; docs/methods.md, "## Premise checks"):
+  - reference (`reference_frac`): SC-GRPO's teacher context, exactly as `credit/sc_grpo.py` builds it
+    (`task.reference_prompt` with the worked solution and answer as tau, system prompt included) -> that text;
+  - localise (`localisation_frac`): SRPO's localisation request as the `prompt` localiser sends it (a bare user
+    turn) about a worked solution with one corrupted line -> `\\boxed{k}` (credo.tasks.gym_skills; needs a
+    task with step labels, `task_options.step_labels=true`).
+
 Prompts are rendered exactly as training renders them (the chat template with the task's system prompt);
 the loss is the mean cross-entropy over completion tokens (the solution, the answer, the end-of-turn token).
 Optimiser: AdamW, linear warm-up then constant. Validation problems come from the training split with a
@@ -16,6 +24,7 @@ fixed seed (the held-out set is never used to choose the checkpoint); the best c
 from __future__ import annotations
 
 import os
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -24,9 +33,12 @@ from tqdm import tqdm
 
 from credo.core.config import (MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_STEP_COMPLETIONS, ConfigError, check,
                                check_in, dump_yaml)
+from credo.core.rollouts import Prompt
+from credo.policy.base import left_pad
 from credo.policy.device import check_device_fields, resolve_device, resolve_dtype
 from credo.train.evaluate import evaluate
 from credo.core.files import MetricsLog, atomic_directory, atomic_write_json, atomic_write_text
+from credo.tasks.gym_skills import localisation_example
 from credo.train.sft import VALIDATION_SEED
 
 
@@ -64,6 +76,13 @@ class HFSFTConfig:
     """Generation limit of the validation checks."""
     target_accuracy: float = 0.3
     """Stop at the first check at or above it (1.0 = train all `steps`); leaves room for RL."""
+    keep: str = field(default="best", metadata={"omit_default": True})
+    """Which weights are saved: 'best' (the best validation check, the later on a tie) or 'last' (the final
+    step's: a stage that teaches skills the accuracy check does not measure, from a start that has the format)."""
+    reference_frac: float = field(default=0.0, metadata={"omit_default": True})
+    """Share of solution-in-context examples (SC-GRPO's teacher context with the worked solution -> that solution)."""
+    localisation_frac: float = field(default=0.0, metadata={"omit_default": True})
+    """Share of localisation examples (SRPO's request about a trace with one wrong line -> \\boxed{its step})."""
     device: str = "auto"
     """Where the model runs: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N (docs/gpu.md)."""
     dtype: str = "float32"
@@ -86,6 +105,11 @@ class HFSFTConfig:
               f"{self.lora_r}/{self.lora_alpha}")
         check_in(self.lora_r, 0, MAX_LORA_RANK, "sft.lora_r")
         check(0 < self.target_accuracy <= 1, f"sft.target_accuracy must be in (0, 1], got {self.target_accuracy}")
+        check(self.keep in ("best", "last"), f"sft.keep must be 'best' or 'last', got {self.keep!r}")
+        check(0 <= self.reference_frac < 1 and 0 <= self.localisation_frac < 1
+              and self.reference_frac + self.localisation_frac < 1,
+              "sft.reference_frac and sft.localisation_frac must be in [0, 1) and leave room for plain examples "
+              f"(their sum < 1), got {self.reference_frac} and {self.localisation_frac}")
 
 
 def sft_example(task, problem) -> str:  # noqa: ANN001
@@ -99,11 +123,33 @@ def sft_example(task, problem) -> str:  # noqa: ANN001
     return solution.rstrip() + marker + answer
 
 
-def make_batch(policy, task, problems) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # noqa: ANN001
+def example_kind(u: float, config: HFSFTConfig) -> str:
+    """The kind of example a uniform draw `u` in [0, 1) picks, by the mixture's shares."""
+    if u < config.reference_frac:
+        return "reference"
+    return "localise" if u < config.reference_frac + config.localisation_frac else "plain"
+
+
+def mixture_example(task, problem, kind: str, rng: random.Random) -> tuple[str | Prompt, bool, str]:  # noqa: ANN001
+    """(prompt, whether the task's system prompt goes with it, target text) of one example of `kind` in
+    {'plain', 'reference', 'localise'} (module docstring)."""
+    if kind == "localise":
+        request, target = localisation_example(task, problem, rng)
+        return request, False, target  # a bare user turn, as credo.strategies.localisers sends it
+    target = sft_example(task, problem)
+    return (task.reference_prompt(problem, target) if kind == "reference" else problem.prompt), True, target
+
+
+def make_batch(policy, task, problems, kinds: list[str] | None = None,  # noqa: ANN001
+               rng: random.Random | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(prompt ids, prompt mask) left-padded (B, P) and (target ids, target mask) right-padded (B, C): the
-    worked solution, the answer and the end-of-turn token, the only tokens the loss reads."""
-    prompt_ids, prompt_mask = policy.encode_prompts([p.prompt for p in problems])
-    target_ids, target_mask = policy.encode_completions([sft_example(task, p) for p in problems], eos=True)
+    target text (worked solution and answer, or a localisation reply) and the end-of-turn token, the only
+    tokens the loss reads. `kinds` (default: all 'plain') picks each problem's kind of example."""
+    rng = rng or random.Random(0)
+    examples = [mixture_example(task, p, k, rng) for p, k in zip(problems, kinds or ["plain"] * len(problems))]
+    prompt_ids, prompt_mask = left_pad([policy.prompt_row(p, system) for p, system, _ in examples], policy.pad_id,
+                                       policy.device)
+    target_ids, target_mask = policy.encode_completions([t for _, _, t in examples], eos=True)
     return prompt_ids, prompt_mask, target_ids, target_mask
 
 
@@ -125,6 +171,9 @@ def check_sft_inputs(config: HFSFTConfig):  # noqa: ANN201
     task = make_task(config.task, config.task_options, prefix="sft.task_options.")
     resolve_dtype(config.dtype, resolve_device(config.device, "sft.device"), "sft.dtype")
     sft_example(task, task.train_problems(1, torch.Generator().manual_seed(config.seed))[0])
+    if config.localisation_frac > 0 and not getattr(task, "has_step_labels", False):
+        raise ConfigError(f"sft.localisation_frac={config.localisation_frac} needs a task with step labels (the "
+                          "targets are its first wrong steps): set sft.task_options.step_labels=true on a +/- chain")
     if config.start not in ALIASES and not os.path.isfile(os.path.join(config.start, "config.json")):
         raise ConfigError(f"sft.start={config.start!r} is neither 'smollm2-135m' nor a Hugging Face model directory "
                           "(no config.json)")
@@ -146,7 +195,7 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
     torch.manual_seed(config.seed)
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
-    generator = torch.Generator().manual_seed(config.seed)
+    generator, rng = torch.Generator().manual_seed(config.seed), random.Random(config.seed)
     validation = task.train_problems(config.eval_n, torch.Generator().manual_seed(VALIDATION_SEED))
 
     def check_now() -> float:
@@ -163,7 +212,9 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
         policy.model.train()
         for group in optimizer.param_groups:
             group["lr"] = config.lr * min(1.0, (step + 1) / (config.warmup_steps + 1))
-        loss = sft_loss(policy, *make_batch(policy, task, task.train_problems(config.batch_size, generator)))
+        problems = task.train_problems(config.batch_size, generator)
+        kinds = [example_kind(rng.random(), config) for _ in problems]
+        loss = sft_loss(policy, *make_batch(policy, task, problems, kinds, rng))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, config.grad_clip)
@@ -173,7 +224,8 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
             history.append({"step": step + 1, "loss": round(float(loss.detach()), 6), "val_accuracy": accuracy,
                             "seconds": round(time.time() - start, 1)})
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", val_acc=f"{accuracy:.3f}")
-            if accuracy >= best[0]:  # a tie goes to the more trained weights (a tiny model scores 0 throughout)
+            # a tie goes to the more trained weights (a tiny model scores 0 throughout)
+            if accuracy >= best[0] or config.keep == "last":
                 best = (accuracy, step + 1, _state(policy))
     bar.close()
     policy.model.load_state_dict(best[2])
