@@ -110,3 +110,18 @@ def test_localisation_needs_step_labels_named_in_one_line(hf_dir):
     with pytest.raises(ConfigError, match="sft.localisation_frac=0.2 needs a task with step labels"):
         check_sft_inputs(HFSFTConfig(start=hf_dir, task_options=plain, localisation_frac=0.2))
     check_sft_inputs(HFSFTConfig(start=hf_dir, task_options=CHAIN, localisation_frac=0.2))
+
+
+@pytest.mark.parametrize("keep, saved_step", [("best", 0), ("last", 2)])
+def test_keep_last_saves_the_final_weights_where_best_would_keep_the_start(hf_dir, tmp_path, monkeypatch, keep,
+                                                                           saved_step):
+    import credo.train.sft_hf as sft_hf
+    falling = iter([0.5, 0.2, 0.1])  # validation accuracy falls as the skills are taught
+    monkeypatch.setattr(sft_hf, "evaluate", lambda *a, **k: type("R", (), {"accuracy": next(falling)})())
+    config = HFSFTConfig(start=hf_dir, task_options=CHAIN, steps=2, batch_size=2, lr=1e-2, warmup_steps=0,
+                         eval_every=1, eval_n=2, max_new_tokens=4, target_accuracy=1.0, keep=keep,
+                         reference_frac=0.5, localisation_frac=0.5 - 1e-9)
+    summary = sft_hf.train_hf_sft(config, str(tmp_path / keep), progress=False)
+    start, saved = HFPolicy.load(hf_dir).model.state_dict(), HFPolicy.load(str(tmp_path / keep)).model.state_dict()
+    unchanged = all(torch.equal(start[k], saved[k]) for k in start)
+    assert summary["step"] == saved_step and unchanged == (saved_step == 0)
