@@ -197,3 +197,14 @@ def test_audit_plot_with_an_undefined_metric_and_cost(tmp_path):
             "broken": {"spearman": 0.5, "first_error_top1": nan, "cost_vs_grpo_step": nan}}
     plot_audit({"methods": rows}, str(tmp_path / "audit.png"))
     assert os.path.getsize(tmp_path / "audit.png") > 1000
+
+
+def test_audit_plot_marks_privileged_methods(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+    from credo.lab.audit.report import plot_audit
+    labels = []
+    real = Axes.annotate
+    monkeypatch.setattr(Axes, "annotate", lambda self, text, *a, **k: labels.append(text) or real(self, text, *a, **k))
+    rows = {name: {"spearman": 0.1, "first_error_top1": 0.2, "cost_vs_grpo_step": 1.0} for name in ("grpo", "rredcot")}
+    plot_audit({"methods": rows, "config": {"privileged_methods": ["rredcot"]}}, str(tmp_path / "audit.png"))
+    assert sorted(set(labels)) == ["grpo", "rredcot †"]

@@ -260,12 +260,14 @@ def plot_audit(report: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    privileged = set(report.get("config", {}).get("privileged_methods", ()))
     for ax, metric in zip(axes, ("spearman", "first_error_top1")):
         points = [(name, max(m["cost_vs_grpo_step"], COST_FLOOR), m[metric]) for name, m in report["methods"].items()
                   if math.isfinite(m["cost_vs_grpo_step"]) and math.isfinite(m[metric])]
         for name, x, y in points:
             ax.scatter(x, y, s=40)
-            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            ax.annotate(name + (" †" if name in privileged else ""), (x, y), textcoords="offset points",
+                        xytext=(4, 4), fontsize=8)
         ax.set_xscale("log")
         if not points:  # a log axis with no data has no limits to draw ticks from: give it some
             ax.set_xlim(COST_FLOOR, 10)
@@ -277,7 +279,9 @@ def plot_audit(report: dict[str, Any], path: str) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_title("credit fidelity vs cost")
     axes[1].set_title("first wrong step found vs cost")
-    fig.tight_layout()
+    if privileged:
+        fig.text(0.01, 0.01, "† privileged: reads the reference solution, step labels or gold answer", fontsize=8)
+    fig.tight_layout(rect=(0, 0.04 if privileged else 0, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
