@@ -123,8 +123,10 @@ PRESETS = {
                                                    "max_digits": 1, "step_labels": True}},
                            schedule={"epochs": 1, "minibatches": 1, "lr": 2e-6}, jobs=2,
                            note="budget: smollm2's 50k tokens, not yet measured on 5-8 term chains",
-                           needs_start="a SmolLM2 format/answer SFT start on 5-8 term chains: `credo sft --config "
-                                       "examples/smollm2/sft-long.yaml --out DIR` (held-out greedy 0.47)"),
+                           needs_start="the skilled SmolLM2 start on 5-8 term chains: `credo sft --config "
+                                       "examples/smollm2/sft-long.yaml --out runs/smol-sft-long`, then `credo sft "
+                                       "--config examples/smollm2/sft-long-skilled.yaml --out DIR` (held-out greedy "
+                                       "0.39; its teacher reads its solution, its localisation is at chance)"),
     # Beyond the seeds (issue 38): the free and cheap methods users compare against and the credo method, on the
     # `long` protocol (arith-long's start, 1M tokens, 5 seeds), with controls. The credo method is the one the rule
     # of docs/methods.md chose on the validation split (docs/results/beyond-seeds/selection/), before this ran.
