@@ -42,6 +42,12 @@ def running_sum_solution(expression: object) -> str | None:
     return "\n".join(lines)
 
 
+def chain(expression: str) -> tuple[list[int], list[str]]:
+    """(terms, operators) of a +/- chain such as "4 - 1 + -7" (one `running_sum_solution` accepts)."""
+    tokens = expression.split()
+    return [int(t) for t in tokens[::2]], tokens[1::2]
+
+
 def running_sum_step_truth(expression: str, completion: str, extract_answer: Any) -> StepTruth | None:
     """Which lines of `completion` are right, for the running-sum solution of the +/- chain `expression`:
     line k (k < the number of operations) must be "previous op term_k+1 = result" with the value the line
@@ -50,8 +56,7 @@ def running_sum_step_truth(expression: str, completion: str, extract_answer: Any
     not a +/- chain. The layout follows `running_sum_solution`, which the SFT start learns."""
     if running_sum_solution(expression) is None:
         return None
-    tokens = expression.split()
-    terms, ops = [int(t) for t in tokens[::2]], tokens[1::2]
+    terms, ops = chain(expression)
     lines = completion.split("\n")
     if lines and lines[-1].strip() == "":
         lines = lines[:-1]

@@ -16,17 +16,9 @@ from __future__ import annotations
 
 import random
 
+from credo.tasks.arith_skills import CORRUPTIONS  # the same kinds of slip, in the same proportions
 from credo.tasks.base import Problem
-
-CORRUPTIONS = ("result", "result", "result", "operand", "carry")
-"""Kinds of slip, drawn uniformly from this tuple (as arith_skills.CORRUPTIONS): a wrong result (3 in 5), a
-miscopied term, a wrong carried value (the left operand differs from the line before)."""
-
-
-def chain(expression: str) -> tuple[list[int], list[str]]:
-    """(terms, operators) of a +/- chain such as "4 - 1 + -7" (the form running_sum_solution accepts)."""
-    tokens = expression.split()
-    return [int(t) for t in tokens[::2]], tokens[1::2]
+from credo.tasks.gym import chain
 
 
 def corrupted_trace(task, problem: Problem, line: int, rng: random.Random) -> str:  # noqa: ANN001

@@ -241,10 +241,14 @@ def make_batch(task: ArithTask, tokenizer: CharTokenizer, config: SFTConfig, gen
 
 def example_kind(u: float, config: SFTConfig) -> str:
     """The kind of example a uniform draw `u` in [0, 1) picks, by the mixture's shares."""
-    bounds = (("early", config.early_answer_frac), ("reference", config.reference_frac),
-              ("localise", config.localisation_frac), ("copy", config.copy_frac))
+    return draw_kind(u, (("early", config.early_answer_frac), ("reference", config.reference_frac),
+                         ("localise", config.localisation_frac), ("copy", config.copy_frac)))
+
+
+def draw_kind(u: float, shares: tuple[tuple[str, float], ...]) -> str:
+    """The kind a uniform draw `u` in [0, 1) picks from (kind, share) pairs laid end to end; 'plain' past them."""
     edge = 0.0
-    for kind, share in bounds:
+    for kind, share in shares:
         edge += share
         if u < edge:
             return kind

@@ -39,7 +39,7 @@ from credo.policy.device import check_device_fields, resolve_device, resolve_dty
 from credo.train.evaluate import evaluate
 from credo.core.files import MetricsLog, atomic_directory, atomic_write_json, atomic_write_text
 from credo.tasks.gym_skills import localisation_example
-from credo.train.sft import VALIDATION_SEED
+from credo.train.sft import VALIDATION_SEED, draw_kind
 
 
 @dataclass(frozen=True)
@@ -125,9 +125,7 @@ def sft_example(task, problem) -> str:  # noqa: ANN001
 
 def example_kind(u: float, config: HFSFTConfig) -> str:
     """The kind of example a uniform draw `u` in [0, 1) picks, by the mixture's shares."""
-    if u < config.reference_frac:
-        return "reference"
-    return "localise" if u < config.reference_frac + config.localisation_frac else "plain"
+    return draw_kind(u, (("reference", config.reference_frac), ("localise", config.localisation_frac)))
 
 
 def mixture_example(task, problem, kind: str, rng: random.Random) -> tuple[str | Prompt, bool, str]:  # noqa: ANN001
