@@ -288,7 +288,8 @@ class ThreadGather:
     """Probe.gather across `world` threads (one per simulated data-parallel shard)."""
 
     def __init__(self, world):
-        self.slots, self.barrier = [None] * world, threading.Barrier(world)
+        # a timeout: a shard that skips a collective breaks the barrier (a test failure) instead of hanging
+        self.slots, self.barrier = [None] * world, threading.Barrier(world, timeout=120)
 
     def for_rank(self, rank):
         def gather(values):

@@ -20,7 +20,7 @@ from credo.credit.entropy import high_entropy_mask
 from credo.core.groups import grpo_advantages
 from credo.credit.otb import otb_advantages, sampled_token_statistics
 from credo.credit.prefix_shaping import positive_credit, shape_prefixes
-from credo.credit.tree import prefix_values, value_changes
+from credo.credit.tree import prefix_values, segment_changes, value_changes
 from credo.train.methods import privileged
 from credo.policy.base import SamplingConfig
 from credo.core.probe import Probe
@@ -197,6 +197,33 @@ def test_otb_estimator_feeds_verl_the_policys_own_probabilities():
 
 @PROPERTY
 @given(batch=token_groups(), data=st.data())
+def test_tempo_segment_changes_are_the_sums_of_the_token_changes_inside_each_segment(batch, data):
+    ids, mask, group, rewards = batch
+    values, _ = prefix_values(token_rollouts(*batch))
+    mean = torch.stack([rewards[group == g].mean() for g in group.tolist()])
+    token_change = value_changes(values, mask, mean)
+    # each row's valid tokens cut into consecutive segments at random boundaries (-1 on padding)
+    segment_ids = torch.full(ids.shape, -1)
+    for i in range(ids.shape[0]):
+        n = int(mask[i].sum())
+        cuts = data.draw(st.lists(st.booleans(), min_size=max(n - 1, 0), max_size=max(n - 1, 0)))
+        segment_ids[i, :n] = torch.tensor([0] + cuts, dtype=torch.long)[:n].cumsum(0) if n else segment_ids[i, :0]
+    changes = segment_changes(values, segment_ids, mean)
+    for i, bounds in enumerate(segment_bounds(segment_ids)):
+        assert len(changes[i]) == len(bounds)
+        for k, (a, b) in enumerate(bounds):
+            assert abs(float(changes[i][k]) - float(token_change[i, a:b].sum())) < 1e-5
+
+
+def test_tempo_reads_the_batch_segments_only_at_segments():
+    spec = credit.get("tempo")
+    assert spec.reads_batch_segments(spec.make_config({"at": "segments"}))
+    assert not spec.reads_batch_segments(spec.make_config({"at": "tokens"}))
+    assert not spec.reads_batch_segments(spec.make_config({"at": "segments", "segmenter": "lines"}))
+
+
+@PROPERTY
+@given(batch=token_groups(), data=st.data())
 def test_prefix_shaping_leaves_the_prefix_credit_untouched_and_padding_zero(batch, data):
     ids, mask, group, rewards = batch
     adv = grpo_advantages(rewards, group)
@@ -241,6 +268,31 @@ def test_credit_localiser_picks_the_estimators_most_negative_segment():
                                         at="segments").advantages, segments)
     assert picks == [int(torch.argmin(means[i])) for i in rows]
     assert picks[1] == 1 and picks[2] == 1  # the answer line of row 2, the wrong second line of row 4
+
+
+def test_the_credit_localiser_runs_its_estimators_collectives_on_a_shard_with_no_failed_trace():
+    """Every data-parallel shard must call Probe.gather as often as the others: a shard with no failed trace
+    (or, in prefix shaping, no row to shape) runs the credit localiser's estimator too."""
+    r = text_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
+
+    def gathers(run) -> int:
+        calls = []
+        probe = Probe(PROPERTY_POLICY, PROPERTY_TASK, SamplingConfig(), torch.Generator(),
+                      gather=lambda values: calls.append(values.numel()) or values)
+        run(probe)
+        return len(calls)
+
+    segments = Probe(PROPERTY_POLICY, PROPERTY_TASK, SamplingConfig(), torch.Generator()).segment(r, "lines")
+    some = gathers(lambda p: localise("credit", r, [1, 2], p, segments, None, credit_method="entropy_mask"))
+    none = gathers(lambda p: localise("credit", r, [], p, segments, None, credit_method="entropy_mask"))
+    assert some >= 1 and none == some
+    assert gathers(lambda p: localise("random", r, [], p, segments, None)) == 0
+    right = text_rollouts(TEXTS[:2], [1.0, 1.0], [0, 0])  # a shard whose traces are all right
+    cut = Probe(PROPERTY_POLICY, PROPERTY_TASK, SamplingConfig(), torch.Generator()).segment(right, "lines")
+    right = right.with_fields(correct=right.rewards > 0.5, segment_ids=cut)
+    spec = credit.get("prefix_shaping")
+    config = spec.make_config({"localiser": "credit", "credit_method": "entropy_mask"})
+    assert gathers(lambda p: spec(right, p, config)) == some
 
 
 def test_privileged_marks_follow_the_localiser_and_the_estimators_options():

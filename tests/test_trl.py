@@ -32,7 +32,7 @@ def make_trainer(tmp_path, credit, **extra):
                              credit=credit, task=task, **extra)
 
 
-@pytest.mark.parametrize("credit", ["grpo", "rredcot", "lambda_grpo", "entropy_mask"])
+@pytest.mark.parametrize("credit", ["grpo", "rredcot", "lambda_grpo", "entropy_mask", "otb", "prefix_shaping"])
 def test_two_training_steps(tmp_path, credit):
     trainer = make_trainer(tmp_path, credit)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}

@@ -109,6 +109,7 @@ def dispatch(policy, task, world, gather=True):
         def run(rank):
             outs[rank] = apply_credit(chunks[rank], data.meta_info["credo"]["estimator"], module=policy.model,
                                       tokenizer=policy.tokenizer, task=task,
+                                      config=data.meta_info["credo"].get("credit"),
                                       gather=shared.for_rank(rank) if gather else None)
         threads = [threading.Thread(target=run, args=(k,)) for k in range(world)]
         for th in threads:
@@ -117,6 +118,21 @@ def dispatch(policy, task, world, gather=True):
             th.join()
         return DataProto.concat(outs)
     return call
+
+
+def test_prefix_shaping_with_the_credit_localiser_on_shards_without_a_row_to_shape(hf_setup):
+    """4 shards, one group each: the all-wrong group's shard has no row to shape, yet runs the credit
+    localiser's RREDCoT, whose standardisation is a collective; the advantages equal one shard's."""
+    policy, task, r = hf_setup
+    order = shuffled_order(r.batch_size, seed=3)
+    # 3-token segments: the fixture's wrong traces are one line each
+    spec = {"estimator": "prefix_shaping", "credit": {"localiser": "credit", "credit_method": "rredcot",
+                                                      "segmenter": {"name": "fixed", "n": 3}}}
+    one = credit_on_shards(to_dataproto(r, task, order), spec, dispatch(policy, task, 1), 1).batch["advantages"]
+    four = credit_on_shards(to_dataproto(r, task, order), spec, dispatch(policy, task, 4), 4).batch["advantages"]
+    assert (four - one).abs().max() <= 1e-6 * max(1.0, float(one.abs().max()))
+    grpo = credit_on_shards(to_dataproto(r, task, order), {"estimator": "grpo"}, dispatch(policy, task, 1), 1)
+    assert (one - grpo.batch["advantages"]).abs().max() > 1e-3  # some wrong trace's prefix was shaped
 
 
 @pytest.mark.parametrize("method", ["grpo", "rredcot", "sc_grpo", "entropy_mask"])

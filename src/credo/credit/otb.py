@@ -31,12 +31,13 @@ class OTBConfig:
     handle_zero_tail: bool = True
     """verl's default: baseline 0 on the sole longest row's positions past the group's second longest."""
     epsilon: float = 1e-8
-    """Added to the baseline's denominator (verl's default)."""
+    """Added to the baseline's denominator (verl's default); > 0: with 0 a position no row of the group reaches
+    divides 0 by 0."""
     chunk_rows: int = 64
     """Rows per scoring pass (bounds the memory of the full next-token distributions)."""
 
     def __post_init__(self) -> None:
-        check(0 <= self.epsilon <= 1, f"credit.epsilon must be in [0, 1], got {self.epsilon}")
+        check(0 < self.epsilon <= 1, f"credit.epsilon must be in (0, 1], got {self.epsilon}")
         check(1 <= self.chunk_rows <= 65_536, f"credit.chunk_rows must be in 1..65,536, got {self.chunk_rows}")
 
 
@@ -84,9 +85,10 @@ def sampled_token_statistics(rollouts: Rollouts, probe: Probe, chunk_rows: int) 
         logits = probe.completion_logits(rollouts.prompt_ids[rows], rollouts.prompt_mask[rows],
                                          rollouts.completion_ids[rows], mask)
         log_pi = F.log_softmax(logits.float(), dim=-1)
+        del logits  # at most two [rows, T, V] tensors alive: the logits' float copy is log_pi's input only
         chosen = log_pi.gather(-1, rollouts.completion_ids[rows].unsqueeze(-1)).squeeze(-1)
         logprobs[rows] = (chosen * mask).cpu()
-        squares[rows] = (log_pi.exp().pow(2).sum(-1) * mask).cpu()
+        squares[rows] = (log_pi.exp_().square_().sum(-1) * mask).cpu()  # in place: pi, then pi^2
     device = rollouts.completion_ids.device
     return logprobs.to(device), squares.to(device)
 

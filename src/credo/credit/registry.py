@@ -22,7 +22,8 @@ class NoConfig:
 
 @dataclass(frozen=True)
 class EstimatorSpec:
-    """A registered estimator. uses_model: it needs a Probe. needs_segments: it reads segments; unless its config
+    """A registered estimator. uses_model: it needs a Probe. needs_segments: it reads segments (a bool, or a
+    function of its config where only some settings read them, e.g. `tempo:at=segments`); unless its config
     names a `segmenter` of its own (reads_batch_segments), those of the batch (`rollouts.segment_ids`), which the
     trainer's segmentation stage fills once per step (credo.core.segment.with_segments; a batch given without
     them is cut by the task's default segmenter when the estimator asks, credo.core.segment.segments_for).
@@ -35,7 +36,7 @@ class EstimatorSpec:
     config_cls: type
     description: str
     uses_model: bool
-    needs_segments: bool
+    needs_segments: bool | Callable[[Any], bool]
     privileged: bool | Callable[[Any], bool] = False
 
     def reads_privileged(self, config: Any = None) -> bool:
@@ -55,7 +56,8 @@ class EstimatorSpec:
     def reads_batch_segments(self, config: Any) -> bool:
         """Whether this estimator, configured by `config`, reads the batch's own segments (it needs segments
         and names no `segmenter` of its own): the trainer then cuts them before credit."""
-        if self.needs_segments and getattr(config, "segmenter", "") == "":
+        needs = self.needs_segments(config) if callable(self.needs_segments) else self.needs_segments
+        if needs and getattr(config, "segmenter", "") == "":
             return True
         inner = wrapped(config)  # a wrapper reads them when what it wraps does (`tempo:of=rredcot`)
         return inner is not None and inner[0].reads_batch_segments(inner[1])
@@ -111,7 +113,7 @@ _REGISTRY: dict[str, EstimatorSpec] = {}
 
 
 def register(name: str, description: str, config_cls: type = NoConfig, *, uses_model: bool = False,
-             needs_segments: bool = False,
+             needs_segments: bool | Callable[[Any], bool] = False,
              privileged: bool | Callable[[Any], bool] = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: register `fn(rollouts, probe, config) -> Credit` under `name` (`privileged`: see EstimatorSpec)."""
 

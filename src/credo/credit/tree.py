@@ -136,7 +136,8 @@ def _group_scale(rollouts: Rollouts, config: TempoConfig) -> tuple[torch.Tensor,
 
 @register("tempo", "TEMPO-style: GRPO + the change of the group trie's prefix value (mean reward of the "
           "completions sharing the prefix) where the trie branches; no extra rollouts (of=<method>: added to that "
-          "method's credit)", TempoConfig, privileged=wrapped_privileged)
+          "method's credit)", TempoConfig, privileged=wrapped_privileged,
+          needs_segments=lambda config: config.at == "segments")
 def tempo(rollouts: Rollouts, probe: Any, config: TempoConfig) -> Credit:
     mask = rollouts.trainable_mask().float()
     values, counts = prefix_values(rollouts)

@@ -19,7 +19,8 @@ Privileged localisers (Entry.privileged) read the task's reference solution (`va
 falls back to `value`) or its step labels (`oracle`); `credit` is as privileged as its estimator.
 A localiser is `fn(parents: Parents, options: LocaliserOptions) -> list[int]` (a 0-based step per
 parent) registered with `@LOCALISERS.register(name, description)`; its knobs are the reset
-config's (`LocaliserOptions`).
+config's (`LocaliserOptions`). `localise` calls it only for a non-empty list of parents, unless it sets
+`fn.every_shard = True` (it calls a collective, which every data-parallel shard must call: `credit`).
 """
 
 from __future__ import annotations
@@ -75,7 +76,10 @@ def localise(name: str, rollouts: Rollouts, rows: Sequence[int], probe: Probe, s
     """The 0-based step to reset at for each row in `rows` (each a failed trace), by the localiser `name`
     (`notes`: see Parents)."""
     fn = LOCALISERS.get(name).fn
-    if not rows:  # no failed trace to localise: nothing to ask or score (a policy cannot sample an empty batch)
+    # no failed trace to localise: nothing to ask or score (a policy cannot sample an empty batch), except for
+    # a localiser whose work holds a collective over data-parallel shards (credit: its estimator's Probe.gather),
+    # which every shard must run, also one with no row to localise
+    if not rows and not getattr(fn, "every_shard", False):
         return []
     n_steps = [len(b) for b in segment_bounds(segment_ids[list(rows)])]
     parents = Parents(rollouts, list(rows), segment_ids, n_steps, probe, rng, notes)

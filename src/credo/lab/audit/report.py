@@ -175,7 +175,7 @@ def weight_concentration(weights: torch.Tensor | None, mask: torch.Tensor) -> di
     nan = {"weight_gini": math.nan, "effective_token_ratio": math.nan}
     if weights is None:
         return nan
-    w = weights[mask.bool()].abs().double().flatten()
+    w = weights[mask.bool().to(weights.device)].abs().double().flatten().cpu()  # a GPU audit's weights too
     total = float(w.sum())
     if w.numel() == 0 or total <= 0:
         return nan
