@@ -85,7 +85,7 @@ def sampled_token_statistics(rollouts: Rollouts, probe: Probe, chunk_rows: int) 
         logits = probe.completion_logits(rollouts.prompt_ids[rows], rollouts.prompt_mask[rows],
                                          rollouts.completion_ids[rows], mask)
         log_pi = F.log_softmax(logits.float(), dim=-1)
-        del logits  # at most two [rows, T, V] tensors alive: the logits' float copy is log_pi's input only
+        del logits  # not needed past log_pi: free it before the work below (one [rows, T, V] tensor, not four)
         chosen = log_pi.gather(-1, rollouts.completion_ids[rows].unsqueeze(-1)).squeeze(-1)
         logprobs[rows] = (chosen * mask).cpu()
         squares[rows] = (log_pi.exp_().square_().sum(-1) * mask).cpu()  # in place: pi, then pi^2

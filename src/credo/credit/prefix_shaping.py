@@ -98,17 +98,16 @@ def prefix_shaping(rollouts: Rollouts, probe: Probe, config: PrefixShapingConfig
     adv = grpo_advantages(rollouts.rewards.float(), rollouts.group, std=config.std, eps=config.eps)
     rows = [i for i in range(rollouts.batch_size) if not bool(rollouts.correct[i]) and float(adv[i]) < 0]
     starts: dict[int, int] = {}
-    # the credit localiser runs an estimator whose batch statistics are collectives over data-parallel shards
-    # (Probe.gather): every shard must call it, also one with no row to shape
-    if rows or config.localiser == "credit":
-        digest = zlib.crc32(rollouts.completion_ids.cpu().numpy().tobytes())
-        picks = localisers.localise(config.localiser, rollouts, rows, probe, segment_ids,
-                                    random.Random(config.seed * 1_000_003 + digest), value_drop=config.value_drop,
-                                    credit_method=config.credit_method)
-        bounds = segment_bounds(segment_ids)
-        for row, step in zip(rows, picks):
-            if bounds[row]:
-                starts[row] = bounds[row][min(step, len(bounds[row]) - 1)][0]
+    # called with no row to shape too: localise() decides which localisers still run then (the credit
+    # localiser's estimator holds collectives every data-parallel shard must call)
+    digest = zlib.crc32(rollouts.completion_ids.cpu().numpy().tobytes())
+    picks = localisers.localise(config.localiser, rollouts, rows, probe, segment_ids,
+                                random.Random(config.seed * 1_000_003 + digest), value_drop=config.value_drop,
+                                credit_method=config.credit_method)
+    bounds = segment_bounds(segment_ids) if picks else []
+    for row, step in zip(rows, picks):
+        if bounds[row]:
+            starts[row] = bounds[row][min(step, len(bounds[row]) - 1)][0]
     prefix_value = config.prefix_credit * positive_credit(adv, rollouts.group)
     mask = rollouts.trainable_mask()
     adv, prefix_value = adv.to(mask.device), prefix_value.to(mask.device)  # verl's rows: rewards on the CPU
