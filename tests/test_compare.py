@@ -693,6 +693,15 @@ def test_a_comparison_on_the_validation_split_evaluates_there_and_says_so(saved_
     assert "final: the first 8 validation problems." in report
 
 
+def test_audit_n_zero_skips_the_start_audit_and_nothing_else(saved_policy, tmp_path):
+    """The smoke preset audits its start (audit_n=8); audit_n=0 trains and reports the same runs without it."""
+    out = str(tmp_path / "no-audit")
+    results = compare("smoke", out, methods=("grpo",), start=saved_policy, progress=False, audit_n=0)
+    assert results["failures"] == {} and "audit" not in results and "0" in results["methods"]["grpo"]["seeds"]
+    assert not os.path.exists(os.path.join(out, "audit")) and not os.path.exists(os.path.join(out, "audit.png"))
+    assert os.path.exists(os.path.join(out, "report.md"))
+
+
 def test_a_comparison_measures_the_premises_on_its_start_and_each_final_policy_once(tmp_path, monkeypatch):
     """premise_n > 0: the teacher check for sc_grpo, the localisation check for srpo:localiser=prompt, nothing
     for grpo; each measurement kept in premises/, read back (not measured again) by a rerun; a report section."""

@@ -207,6 +207,8 @@ def test_the_sizes_of_generation_estimators_and_resets_have_upper_bounds(overrid
     (["--schedule", "1000000x1"], "compare.epochs (--schedule EPOCHSxMINIBATCHES) must be in 1..100"),
     (["--schedule", "1x1000000"], "compare.minibatches (--schedule EPOCHSxMINIBATCHES) must be in 1..65,536"),
     (["--jobs", "100000"], "compare --jobs must be in 1..256"),
+    (["--set", "audit_n=2"], "compare.audit_n must be 0 (no audit) or in 4..100,000, got 2"),
+    (["--set", "premise_n=-1"], "compare.premise_n must be in 0..100,000 (0: no premise checks), got -1"),
 ])
 def test_compare_names_its_own_flag_when_a_schedule_or_jobs_is_out_of_range(tmp_path, capsys, argv, expect):
     out = tmp_path / "cmp"  # a start that does not exist: were the bound gone, it still stops at once

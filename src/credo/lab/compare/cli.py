@@ -116,7 +116,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                               command=" ".join(["credo", *args.argv]), schedule=config.schedule,
                               task=config.task or None, confirm=confirm_then_claim,
                               report_to=config.report_to, device=config.device, dtype=config.dtype,
-                              share_gpu=config.share_gpu, eval_split=config.eval_split)
+                              share_gpu=config.share_gpu, eval_split=config.eval_split,
+                              audit_n=config.audit_n, premise_n=config.premise_n)
         except Interrupted as stop:  # one line: what finished, and the command that finishes the rest
             from credo.lab.compare.run import stopped_at
             raise stopped_at(stop, _preset(config), out, shlex.join(["credo", *args.argv])) from None

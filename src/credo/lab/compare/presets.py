@@ -16,8 +16,8 @@ from typing import Any
 from credo.train import methods as method_registry
 from credo.credit.registry import parse_spec
 from credo.integrations import tracking
-from credo.core.config import (MAX_EPOCHS, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigError, check, parse_yaml_value,
-                               to_dict)
+from credo.core.config import (MAX_EPOCHS, MAX_HELD_OUT, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigError, check,
+                               parse_yaml_value, to_dict)
 from credo.policy.device import check_device_fields
 from credo.train.config import config_from_run, flatten_config, load_train_config
 
@@ -189,6 +189,11 @@ class CompareConfig:
     """Where every run's curve and final accuracy are measured: 'heldout' (the test set) or 'validation', a fixed
     set of training-split problems the runs never train on (train.eval_split; arith tasks): for choosing a
     method or a setting, after which the choice alone is judged on the held-out set."""
+    audit_n: int | None = None
+    """Traces of the credit audit of the start, run after the trainings, instead of the preset's (0 skips it;
+    else >= 4): its MC reference can take longer than a one-method measurement's training."""
+    premise_n: int | None = None
+    """Traces of the premise checks on the start and every final policy instead of the preset's (0 skips them)."""
 
     def __post_init__(self) -> None:
         check_device_fields(self.device, self.dtype, "compare.")
@@ -210,6 +215,10 @@ class CompareConfig:
         check(self.grad_clip is None or 0 < self.grad_clip <= MAX_GRAD_CLIP,
               f"compare.grad_clip must be in (0, {MAX_GRAD_CLIP:g}], got {self.grad_clip}")
         check(self.seeds is None or len(self.seeds) > 0, "compare.seeds: give at least one seed")
+        check(self.audit_n is None or self.audit_n == 0 or 4 <= self.audit_n <= MAX_HELD_OUT,
+              f"compare.audit_n must be 0 (no audit) or in 4..{MAX_HELD_OUT:,}, got {self.audit_n}")
+        check(self.premise_n is None or 0 <= self.premise_n <= MAX_HELD_OUT,
+              f"compare.premise_n must be in 0..{MAX_HELD_OUT:,} (0: no premise checks), got {self.premise_n}")
         check_method_specs(self.methods or (), where="compare --methods")
         object.__setattr__(self, "report_to", tracking.checked_names(self.report_to, "compare.report_to"))
 
@@ -316,8 +325,9 @@ def check_method_specs(specs: tuple[str, ...], where: str) -> None:
 
 def resolve_preset(preset_name: str, methods: tuple[str, ...] | None, seeds: tuple[int, ...] | None,
                    token_budget: int | None, schedule: dict[str, Any] | None, task: str | None = None,
-                   eval_split: str = "heldout") -> Preset:
-    """The preset with the caller's replacements, every method name and the task checked before any training."""
+                   eval_split: str = "heldout", audit_n: int | None = None, premise_n: int | None = None) -> Preset:
+    """The preset with the caller's replacements, every method name and the task checked before any training.
+    audit_n / premise_n (None = the preset's) size the measurements after the trainings."""
     if preset_name not in PRESETS:
         raise ConfigError(f"unknown preset {preset_name!r}; available: {', '.join(PRESETS)}")
     preset = PRESETS[preset_name]
@@ -325,7 +335,9 @@ def resolve_preset(preset_name: str, methods: tuple[str, ...] | None, seeds: tup
         preset = replace(preset, train={**preset.train, "eval_split": "validation"})
     preset = replace(preset, methods=tuple(methods or preset.methods),
                      seeds=tuple(seeds if seeds is not None else preset.seeds),
-                     schedule={**preset.schedule, **(schedule or {})}, task=task or preset.task)
+                     schedule={**preset.schedule, **(schedule or {})}, task=task or preset.task,
+                     audit_n=preset.audit_n if audit_n is None else audit_n,
+                     premise_n=preset.premise_n if premise_n is None else premise_n)
     if token_budget is not None:
         if token_budget <= 0:
             raise ConfigError("token_budget (--budget) must be a positive number of generated "

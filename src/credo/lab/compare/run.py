@@ -229,7 +229,8 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
             token_budget: int | None = None, command: str | None = None, schedule: dict[str, Any] | None = None,
             confirm: Callable[[float], None] | None = None, task: str | None = None,
             report_to: tuple[str, ...] = (), device: str = "auto", dtype: str = "float32",
-            share_gpu: bool = False, eval_split: str = "heldout") -> dict[str, Any]:
+            share_gpu: bool = False, eval_split: str = "heldout", audit_n: int | None = None,
+            premise_n: int | None = None) -> dict[str, Any]:
     """Runs the preset and writes the run directory; returns results.json's content.
 
     jobs (default: the preset's) > 1 runs that many (method, seed) trainings at once in worker processes,
@@ -242,8 +243,10 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     CLI's --yes gate, compare_eta.confirm). report_to: the trackers every run logs to, each run its own
     tracker run grouped by the comparison (credo.integrations.tracking). `device` (resolved here once: every run
     records the same one) and `dtype` place every run and the audit; on a GPU the runs go one after another
-    unless `share_gpu`."""
-    preset = resolve_preset(preset_name, methods, seeds, token_budget, schedule, task, eval_split)
+    unless `share_gpu`. audit_n / premise_n replace the preset's sizes of the start's audit and of the premise
+    checks (0 skips them)."""
+    preset = resolve_preset(preset_name, methods, seeds, token_budget, schedule, task, eval_split, audit_n,
+                            premise_n)
     report_to = checked_names(report_to, "compare.report_to")
     check_installed(report_to, "compare.report_to")  # before any timing or training
     jobs = preset.jobs if jobs is None else jobs
