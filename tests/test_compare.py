@@ -743,3 +743,24 @@ def test_a_comparison_measures_the_premises_on_its_start_and_each_final_policy_o
     again = compare("smoke", out, methods=("sc_grpo", "srpo:localiser=prompt"), start=start, progress=False)
     assert again["premises"]["methods"]["sc_grpo"]["0"]["accuracy"] == 0.123
     assert same(again["premises"]["start"], premises["start"])
+
+
+def test_the_curves_name_the_set_they_were_measured_on(tmp_path):
+    """A comparison on the validation split must not label its curves held-out (the selection runs are)."""
+    from credo.lab.compare.plots import eval_set, plot_curves
+    curve = [{"step": 0, "tokens_generated": 0, "accuracy": 0.5}, {"step": 4, "tokens_generated": 100, "accuracy": 0.6}]
+    results = {"methods": {"grpo": {"seeds": {"0": {"curve": curve}}}}, "protocol": {"eval_split": "validation"}}
+    assert eval_set(results) == "validation"
+    assert eval_set({"methods": {}, "protocol": {}}) == "held-out"
+    plot_curves(results, str(tmp_path / "curves.png"))  # one panel: the long title wraps instead of being cut
+    assert os.path.getsize(tmp_path / "curves.png") > 1000
+
+
+def test_a_long_method_name_breaks_at_its_colons_and_a_privileged_one_is_marked():
+    from credo.lab.compare.plots import panel_title
+    assert panel_title("grpo", 1) == "grpo (1 seed)"
+    assert panel_title("rredcot", 5, privileged=True) == "rredcot † (5 seeds)"
+    long = panel_title("shuffled:of=tempo:options.of=rredcot:include_reference=false", 5)
+    assert long.replace("\n", "") == "shuffled:of=tempo:options.of=rredcot:include_reference=false (5 seeds)"
+    assert all(len(line) <= 34 for line in long.split("\n")) and all(
+        line.endswith(":") for line in long.split("\n")[:-1])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 from typing import Any
 
 
@@ -24,6 +25,23 @@ def _mean_curve(entry: dict[str, Any],
     return xs, [statistics.mean(y) for y in ys], [min(y) for y in ys], [max(y) for y in ys]
 
 
+def panel_title(name: str, seeds: int, privileged: bool = False, width: int = 34) -> str:
+    """'rredcot † (5 seeds)', broken into lines of <= width characters at the spec's ':' (a long composed spec such
+    as shuffled:of=tempo:options.of=rredcot:include_reference=false would run into the next panel's title)."""
+    text = f"{name}{' †' if privileged else ''} ({seeds} seed{'s' if seeds != 1 else ''})"
+    lines = [""]
+    for part in text.replace(":", ":\n").split("\n"):
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+    return "\n".join(lines)
+
+
+def eval_set(results: dict[str, Any]) -> str:
+    """Where the curves were measured: 'validation' (training-split problems no run trained on) or 'held-out'."""
+    return "validation" if results.get("protocol", {}).get("eval_split") == "validation" else "held-out"
+
+
 def plot_curves(results: dict[str, Any], path: str, x: str = "tokens_generated") -> None:
     """One panel per method (mean over seeds, band min-max), GRPO in grey in every panel; x is
     generated tokens (the budget every method shares) or `step` (policy updates)."""
@@ -31,6 +49,7 @@ def plot_curves(results: dict[str, Any], path: str, x: str = "tokens_generated")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     label = {"tokens_generated": "generated tokens", "step": "policy updates"}[x]
+    split = eval_set(results)
     curves = {name: c for name, entry in results["methods"].items() if (c := _mean_curve(entry, x))}
     if not curves:
         return
@@ -46,8 +65,8 @@ def plot_curves(results: dict[str, Any], path: str, x: str = "tokens_generated")
             ax.fill_between(gx, gl, gh, color="0.55", alpha=0.15)
         ax.plot(xs, mean, color="C0" if name == "grpo" else "C3", marker="o", ms=3, lw=1.6, label=name)
         ax.fill_between(xs, low, high, color="C0" if name == "grpo" else "C3", alpha=0.2)
-        n = len(results["methods"][name]["seeds"])
-        ax.set_title(f"{name} ({n} seed{'s' if n != 1 else ''})", fontsize=10)
+        entry = results["methods"][name]
+        ax.set_title(panel_title(name, len(entry["seeds"]), bool(entry.get("privileged"))), fontsize=9)
         ax.grid(alpha=0.3)
         ax.set_ylim(min(lows) - 0.01, max(highs) + 0.01)
     for ax in axes.flat[len(curves):]:
@@ -63,8 +82,9 @@ def plot_curves(results: dict[str, Any], path: str, x: str = "tokens_generated")
             ax.set_xscale("symlog", linthresh=1)
             ax.set_xlim(left=0)
     for ax in axes[:, 0]:
-        ax.set_ylabel("held-out accuracy")
-    fig.suptitle(f"held-out greedy accuracy vs {label} (mean over seeds; band: min-max; grey: GRPO)", fontsize=11)
+        ax.set_ylabel(f"{split} accuracy")
+    title = f"{split} greedy accuracy vs {label} (mean over seeds; band: min-max; grey: GRPO)"
+    fig.suptitle(textwrap.fill(title, width=34 * cols), fontsize=11)  # a 3.2-inch panel holds ~36 characters
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
