@@ -164,3 +164,26 @@ def test_a_control_names_the_method_it_controls_with_the_options_handed_to_it():
     assert control_target("shuffled:of=sc_grpo:level=token") == "sc_grpo"  # level is the control's own option
     assert control_target("shuffled:of=rredcot:lam=0.25") == "rredcot:lam=0.25"
     assert control_target("tempo:of=rredcot") is None
+
+
+def test_exactly_five_points_meets_the_goal_whatever_the_float_sum():
+    """0.450-0.400, 0.471-0.420, 0.489-0.440 average to 0.04999999999999999 in floats: +5.0 points, which holds."""
+    ibpo = [_run(0.450, 40_000), _run(0.471, 40_000), _run(0.489, 40_000)]
+    results = _results({"grpo": GRPO, "ibpo": ibpo})
+    assert results["methods"]["ibpo"]["delta_vs_grpo"]["mean"] < 0.05  # the float sum this test is about
+    assert _goal(results, BEST)["holds"] is True
+
+
+def test_a_baseline_with_options_is_not_a_credit_method():
+    from credo.lab.compare.goals import credit_methods
+    assert credit_methods(["grpo", "grpo:std=population", "dapo:overlong_buffer=8", "rredcot",
+                           "shuffled:of=rredcot"]) == ["rredcot"]
+
+
+def test_a_control_finds_its_method_whatever_the_order_of_their_options():
+    method = "rredcot:lam=0.25:include_reference=false"
+    control = "shuffled:of=rredcot:include_reference=false:lam=0.25"
+    better = [_run(0.46, 100_000), _run(0.47, 100_000), _run(0.49, 100_000)]
+    results = _results({"grpo": GRPO, method: better, control: GRPO})
+    pair = results["controls"][0]
+    assert pair["method"] == method and pair["delta"]["mean"] > 0.04

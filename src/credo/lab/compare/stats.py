@@ -192,6 +192,9 @@ def control_pairs(results: dict[str, Any]) -> list[dict[str, Any]]:
         target = control_target(spec)
         if target is None:
             continue
+        # the method's row, whatever order its options were written in
+        same = [m for m in results["methods"] if parse_spec(m) == parse_spec(target)]
+        target = same[0] if same else target
         method = results["methods"].get(target)
         deltas = (paired_deltas(method["seeds"], entry["seeds"], lambda r: r.get("final_accuracy"))
                   if method else [])
