@@ -102,14 +102,16 @@ PRESETS = {
     # Round two (issue 37, grid 1): the claims judged on the skilled arith-long start, where the mechanisms can work:
     # rredcot with and without the reference solution (privileged with it), sc_grpo and its token-level control, srpo
     # with the paper's self-localisation (`prompt`) and with `value` (privileged), ibpo with and without mass
-    # preservation. The budget is long's until GRPO's curve is measured on this start (the note says so).
+    # preservation. Budget measured on sft:arith-long-skilled-band (docs/results/long-skilled-band-grpo-1m): GRPO is
+    # flat to 500k tokens, climbs to ~0.65 by 875k and is flat from 1M to 1.5M (0.663, 0.660 on 1000 problems).
     "long-skilled": Preset(methods=("grpo", "dr_grpo", "dapo", "rredcot", "rredcot:include_reference=false",
                                     "shuffled:of=rredcot", "sc_grpo", "shuffled:of=sc_grpo:level=token",
                                     "srpo:localiser=prompt", "srpo:localiser=value", "rrpo", "ibpo",
                                     "ibpo:preserve_mass=false"), seeds=(0, 1, 2, 3, 4),
                            token_budget=1_000_000, eval_every_tokens=125_000, eval_n=300, final_eval_n=1000,
                            audit_n=128, audit_k_ref=16, premise_n=64, task="arith-long", jobs=2,
-                           note="budget: long's 1M tokens, not yet measured on the skilled start",
+                           note="budget: 1M tokens, where GRPO's curve flattens on sft:arith-long-skilled-band (1 seed, "
+                                "flat from 1M to 1.5M: docs/results/long-skilled-band-grpo-1m)",
                            needs_start="a skilled arith-long start: --start sft:arith-long-skilled-band (its teacher "
                                        "reads its solution, greedy 0.60: room for RL) or sft:arith-long-skilled (0.83: "
                                        "GRPO does not improve it)"),
