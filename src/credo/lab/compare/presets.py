@@ -110,8 +110,8 @@ PRESETS = {
                                     "ibpo:preserve_mass=false"), seeds=(0, 1, 2, 3, 4),
                            token_budget=1_000_000, eval_every_tokens=125_000, eval_n=300, final_eval_n=1000,
                            audit_n=128, audit_k_ref=16, premise_n=64, task="arith-long", jobs=2,
-                           note="budget: 1M tokens, where GRPO's curve flattens on sft:arith-long-skilled-band (1 seed, "
-                                "flat from 1M to 1.5M: docs/results/long-skilled-band-grpo-1m)",
+                           note="budget: 1M tokens, where GRPO's curve flattens on sft:arith-long-skilled-band "
+                                "(1 seed, flat from 1M to 1.5M: docs/results/long-skilled-band-grpo-1m)",
                            needs_start="a skilled arith-long start: --start sft:arith-long-skilled-band (its teacher "
                                        "reads its solution, greedy 0.60: room for RL) or sft:arith-long-skilled (0.83: "
                                        "GRPO does not improve it)"),

@@ -221,7 +221,8 @@ def controls_lines(results: dict[str, Any]) -> list[str]:
         return []
     lines = ["## Credit methods against their shuffled controls", "",
              "The control trains on the method's own credit permuted among the segments of each trace "
-             "(a `level=token` control: among its tokens): same magnitudes, no structure. Δ = method − control, final accuracy, points, paired by seed [95% interval].",
+             "(a `level=token` control: among its tokens): same magnitudes, no structure. "
+             "Δ = method − control, final accuracy, points, paired by seed [95% interval].",
              "",
              f"| method | control | Δ vs control | seeds to resolve Δ ({100 * POWER:.0f}% power) |",
              "|---|---|---|---|"]
