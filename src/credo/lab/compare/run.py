@@ -243,8 +243,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     CLI's --yes gate, compare_eta.confirm). report_to: the trackers every run logs to, each run its own
     tracker run grouped by the comparison (credo.integrations.tracking). `device` (resolved here once: every run
     records the same one) and `dtype` place every run and the audit; on a GPU the runs go one after another
-    unless `share_gpu`. audit_n / premise_n replace the preset's sizes of the start's audit and of the premise
-    checks (0 skips them)."""
+    unless `share_gpu`. audit_n / premise_n: the preset's start audit and premise checks resized (0 skips)."""
     preset = resolve_preset(preset_name, methods, seeds, token_budget, schedule, task, eval_split, audit_n,
                             premise_n)
     report_to = checked_names(report_to, "compare.report_to")
