@@ -192,9 +192,8 @@ def control_pairs(results: dict[str, Any]) -> list[dict[str, Any]]:
         target = control_target(spec)
         if target is None:
             continue
-        # the method's row, whatever order its options were written in
-        same = [m for m in results["methods"] if parse_spec(m) == parse_spec(target)]
-        target = same[0] if same else target
+        wanted = parse_spec(target)  # the method's row, whatever order its options were written in
+        target = next((m for m in results["methods"] if parse_spec(m) == wanted), target)
         method = results["methods"].get(target)
         deltas = (paired_deltas(method["seeds"], entry["seeds"], lambda r: r.get("final_accuracy"))
                   if method else [])
