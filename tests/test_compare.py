@@ -104,12 +104,12 @@ def test_goal_checks_follow_their_rules():
     from credo.lab.compare.run import goals, summarise
     results = _synthetic(
         {"grpo": [0.40, 0.42, 0.44], "sc_grpo": [0.43, 0.46, 0.47], "rrpo": [0.41, 0.43, 0.45],
-         "srpo:localiser=prompt": [0.50, 0.52, 0.51]},
+         "srpo:localiser=prompt": [0.50, 0.52, 0.51], "shuffled:of=sc_grpo:level=token": [0.40, 0.42, 0.44]},
         {"grpo": [100_000, 100_000, 100_000], "sc_grpo": [None, None, None], "rrpo": [None, 150_000, None],
-         "srpo:localiser=prompt": [40_000, 40_000, 40_000]})
+         "srpo:localiser=prompt": [40_000, 40_000, 40_000], "shuffled:of=sc_grpo:level=token": [None] * 3})
     summarise(results)
     checks = {g["goal"]: g["holds"] for g in goals(results)}
-    assert checks[SC] is True          # +3.3 points, paired sd 0.6: interval [+1.9, +4.8]
+    assert checks[SC] is True          # +3.3 points, paired sd 0.6: interval [+1.9, +4.8], over GRPO and its control
     # 40k tokens vs rrpo 250k/150k/250k (never: 200k + one 50k interval) and grpo 100k
     assert checks[SRPO] is True
     # srpo, the best of 3 credit methods: +8.7 points, its interval at 1 - 0.05/3 above 0; at 0.2x GRPO's 200k tokens
@@ -138,6 +138,18 @@ def test_a_goal_holds_only_where_its_interval_excludes_zero():
                          {"grpo": [50_000, 60_000, 70_000], "rrpo": [None] * 3, srpo: [90_000, 100_000, 120_000]})
     summarise(results)
     assert {g["goal"]: g["holds"] for g in goals(results)}[SRPO] is False
+
+
+def test_two_seeds_that_agree_to_the_problem_do_not_make_a_zero_width_interval():
+    """Both seeds +1 problem in 300: the sample sd is 0, and an interval of zero width would exclude 0 and
+    decide a goal. The sd is floored at one problem (1/300): t(0.975, 1) = 12.706 -> half-width 0.0299489."""
+    from credo.lab.compare.stats import paired
+    plain = paired([1 / 300, 1 / 300])
+    assert plain["sd"] == 0 and plain["ci"][0] > 0  # what the floor is for
+    floored = paired([1 / 300, 1 / 300], resolution=1 / 300)
+    assert floored["sd_floored"] and abs(floored["ci"][0] - (1 / 300 - 0.0299489)) < 1e-6 and floored["ci"][0] < 0
+    spread = paired([0.03, 0.05], resolution=1 / 300)  # a real spread above one problem is left alone
+    assert "sd_floored" not in spread and abs(spread["sd"] - 0.0141421) < 1e-6
 
 
 def test_paired_interval_and_seeds_needed_match_hand_computed_values():

@@ -99,14 +99,61 @@ def test_a_privileged_row_never_alone_answers_a_claim_about_methods_that_read_no
     assert BEST_UNPRIVILEGED not in {g["goal"] for g in goals(_results({"grpo": GRPO, "ibpo": fast}))}
 
 
-def test_sc_grpo_must_also_beat_its_token_level_control_where_the_grid_has_it():
+def test_sc_grpo_must_also_beat_its_token_level_control_and_without_one_that_half_is_not_judged():
     sc = [_run(0.50, None), _run(0.52, None), _run(0.54, None)]
     results = _results({"grpo": GRPO, "sc_grpo": sc, "shuffled:of=sc_grpo:level=token": sc})
     goal = _goal(results, SC)
     assert goal["holds"] is False and "sc_grpo − shuffled:of=sc_grpo:level=token: +0.0" in goal["evidence"]
-    results = _results({"grpo": GRPO, "sc_grpo": sc, "shuffled:of=sc_grpo": GRPO})  # a segment-level control only
+    below = [_run(0.46, None), _run(0.48, None), _run(0.50, None)]
+    results = _results({"grpo": GRPO, "sc_grpo": sc, "shuffled:of=sc_grpo:level=token": below})
+    assert _goal(results, SC)["holds"] is True
+    # a segment-level control only: above GRPO is half the claim, so it is not judged (it read "yes" before)...
+    results = _results({"grpo": GRPO, "sc_grpo": sc, "shuffled:of=sc_grpo": GRPO})
     goal = _goal(results, SC)
-    assert goal["holds"] is True and "no token-level control in the grid" in goal["evidence"]
+    assert goal["holds"] is None
+    assert goal["evidence"] == ("sc_grpo +10.0 [+10.0, +10.0] points vs GRPO (paired over 3 seeds); not judged: no "
+                                "token-level control in the grid (shuffled:of=sc_grpo:level=token)")
+    # ...but SC-GRPO below GRPO fails the claim whatever its control would have said
+    results = _results({"grpo": GRPO, "sc_grpo": GRPO, "shuffled:of=sc_grpo": GRPO})
+    assert _goal(results, SC)["holds"] is False
+
+
+def test_a_goal_failed_on_a_judged_comparison_is_a_no_while_another_comparison_lacks_seeds():
+    """'Every method above its control': one judged pair below its control decides it; one judged pair above
+    and one without seeds leaves it open."""
+    above = [_run(0.50, None), _run(0.52, None), _run(0.54, None)]
+    results = _results({"grpo": GRPO, "rredcot": GRPO, "shuffled:of=rredcot": GRPO, "sc_grpo": above,
+                        "shuffled:of=sc_grpo": [_run(0.40, None)]})
+    goal = _goal(results, CONTROLS)
+    assert goal["holds"] is False
+    assert goal["evidence"] == ("rredcot − shuffled:of=rredcot: +0.0 [+0.0, +0.0] points; not judged: sc_grpo and "
+                                "shuffled:of=sc_grpo share 1 finished seed(s)")
+    results = _results({"grpo": GRPO, "rredcot": above, "shuffled:of=rredcot": GRPO, "sc_grpo": above,
+                        "shuffled:of=sc_grpo": [_run(0.40, None)]})
+    assert _goal(results, CONTROLS)["holds"] is None
+
+
+def test_srpo_is_judged_against_an_rrpo_row_under_either_name_and_without_one_reads_not_judged():
+    fast = [_run(0.50, 40_000), _run(0.52, 40_000), _run(0.54, 40_000)]
+    slow = [_run(0.40, None), _run(0.42, None), _run(0.44, None)]
+    results = _results({"grpo": GRPO, "srpo:localiser=random": slow, "srpo:localiser=prompt": fast})
+    goal = _goal(results, SRPO)
+    assert goal["holds"] is True and "srpo:localiser=prompt − srpo:localiser=random -177k" in goal["evidence"]
+    goal = _goal(_results({"grpo": GRPO, "srpo:localiser=prompt": fast}), SRPO)  # it used to vanish
+    assert goal["holds"] is None and goal["evidence"] == ("not judged: no RRPO row in the grid (rrpo, or "
+                                                          "srpo:localiser=random)")
+
+
+def test_a_method_this_version_no_longer_knows_answers_no_claim_about_unprivileged_methods():
+    gone = [_run(0.50, 40_000), _run(0.52, 40_000), _run(0.54, 40_000)]
+    ibpo = [_run(0.41, None), _run(0.43, None), _run(0.45, None)]
+    results = _results({"grpo": GRPO, "retired_method": gone, "ibpo": ibpo})
+    assert results["methods"]["retired_method"]["privileged"] is None
+    assert "no longer knows retired_method" in _goal(results, BEST)["evidence"]
+    fair = _goal(results, BEST_UNPRIVILEGED)
+    assert "the only credit method, ibpo" in fair["evidence"] and fair["holds"] is False
+    text = report(results)
+    assert "| retired_method †? |" in text and "†? a method this version of credo no longer knows" in text
 
 
 def test_a_goal_whose_methods_share_under_2_seeds_reads_not_judged_and_other_goals_are_still_judged():

@@ -1,9 +1,11 @@
 """The seed papers' claims, judged on a comparison's results (docs/methods.md, "How a comparison judges").
 
-Each goal is {goal, holds, evidence}; holds is True or False only when every method the goal needs has
-finished on >= 2 shared seeds (else None, "not judged", with the reason in the evidence). A difference counts only
-where its interval over seeds excludes 0 in the claimed direction. Decided before the decisive comparison
-finished, and applied to every comparison alike:
+Each goal is {goal, holds, evidence}. A goal needs every one of its comparisons (method pairs), and a comparison
+is judged when its two methods share >= 2 finished seeds (an interval). holds is False as soon as one judged
+comparison fails, True when all are judged and hold, else None ("not judged", the missing ones named in the
+evidence). A difference counts only where its interval over seeds excludes 0 in the claimed direction. Decided before
+the decisive comparison finished (the rule for partly judged goals, and goal (2)'s need of its token-level control,
+before round two's grids had results), and applied to every comparison alike:
 
 1. The best credit method is the one with the largest mean paired difference to GRPO, chosen after the fact
    among k candidates; its interval is therefore widened to the 1 - 0.05/k level (Bonferroni), and goal
@@ -19,7 +21,8 @@ A method marked privileged (†: it reads the task's reference solution or step 
 about methods that do not: when goal (1)'s best method is privileged, a second row judges the best among the
 methods that are not; goals (2) and (3) are answered by the grid's unprivileged SC-GRPO and SRPO rows (e.g.
 `srpo:localiser=prompt`, the paper's self-localisation) and read 'not judged' when only privileged ones ran.
-Goal (2) also needs SC-GRPO above its token-level control (`shuffled:of=sc_grpo:level=token`) where the grid has it.
+Goal (2) also needs SC-GRPO above its token-level control (`shuffled:of=sc_grpo:level=token`): without it in the grid
+that half is not judged. Goal (3) compares with the grid's RRPO row (`rrpo`, or `srpo:localiser=random`).
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from __future__ import annotations
 from typing import Any
 
 from credo.credit.registry import parse_spec
-from credo.lab.compare.stats import LEVEL, control_pairs, control_target, excludes_zero, paired, paired_deltas
+from credo.lab.compare.stats import (LEVEL, control_pairs, control_target, excludes_zero, paired, paired_deltas,
+                                     resolution)
 
 BASELINES = ("grpo", "dr_grpo", "rloo", "dapo", "gspo")
 BEST = ("the best credit method ends >= +5 points above GRPO (selection-adjusted interval above 0) and reaches "
         "GRPO's final accuracy on every seed with <= 0.5x the tokens GRPO took to reach it")
 BEST_UNPRIVILEGED = "the same among the credit methods that read no privileged data (no †)"
-SC = "SC-GRPO ends above GRPO and above its token-level control where the grid has it (intervals above 0)"
+SC = "SC-GRPO ends above GRPO and above its token-level control (intervals above 0)"
 SRPO = ("SRPO with self-localisation reaches GRPO's final accuracy sooner than RRPO and sooner than GRPO "
         "(intervals below 0)")
 CONTROLS = "every credit method with a shuffled control in the grid ends above it (interval above 0)"
@@ -53,18 +57,33 @@ def credit_methods(names: Any) -> list[str]:
     return [k for k in names if parse_spec(k)[0] not in BASELINES and control_target(k) is None]
 
 
+def unprivileged(entry: dict[str, Any]) -> bool:
+    """Whether a method's row is known to read no privileged data: a method this version no longer knows
+    (privileged None) answers no claim about unprivileged methods."""
+    return entry.get("privileged") is False
+
+
 def _final(run: dict[str, Any]) -> Any:
     return run.get("final_accuracy")
 
 
-def _unjudged(goal: str, pairs: list[tuple[str, str, int]]) -> dict[str, Any] | None:
-    """A 'not judged' row when two methods the goal compares share fewer than 2 finished seeds (no interval),
-    else None. pairs: (method, other, seeds both finished)."""
-    short = [(a, b, n) for a, b, n in pairs if n < 2]
-    if not short:
-        return None
-    return {"goal": goal, "holds": None,
-            "evidence": "not judged: " + "; ".join(f"{a} and {b} share {n} finished seed(s)" for a, b, n in short)}
+def _short(pairs: list[tuple[str, str, int]]) -> str:
+    """'a and b share 1 finished seed(s); ...' for the pairs with no interval (fewer than 2 shared seeds)."""
+    return "; ".join(f"{a} and {b} share {n} finished seed(s)" for a, b, n in pairs if n < 2)
+
+
+def _every(verdicts: list[bool | None]) -> bool | None:
+    """A goal that needs every one of its comparisons: False as soon as one judged comparison fails (more seeds
+    of the others cannot rescue it), True when all are judged and hold, else None (not judged)."""
+    if any(v is False for v in verdicts):
+        return False
+    return None if any(v is None for v in verdicts) else True
+
+
+def _verdict(interval: dict[str, Any] | None, direction: int) -> bool | None:
+    """One comparison: whether its interval lies wholly on the claimed side of 0; None without an interval."""
+    judged = excludes_zero(interval or {}, direction)
+    return None if judged is None else bool(judged)
 
 
 def _shared(results: dict[str, Any], a: str, b: str) -> tuple[str, str, int]:
@@ -81,7 +100,7 @@ def _variants(results: dict[str, Any], base: str) -> tuple[str | None, list[str]
     rows = [m for m in results["methods"] if parse_spec(m)[0] == base]
     if base == "srpo":
         rows = [m for m in rows if premises_of(m)[1] is not None]
-    fair = [m for m in rows if not results["methods"][m].get("privileged")]
+    fair = [m for m in rows if unprivileged(results["methods"][m])]
     return (base if base in fair else (fair[0] if fair else None)), [m for m in rows if m not in fair]
 
 
@@ -98,7 +117,7 @@ def _best_of(results: dict[str, Any], privileged: bool = True) -> tuple[str | No
     """(the credit method with the largest mean Δ vs GRPO or None, the candidates, those left out for want of
     2 seeds paired with GRPO); `privileged` False: among the methods without † only."""
     entries = results["methods"]
-    credit = [m for m in credit_methods(entries) if privileged or not entries[m].get("privileged")]
+    credit = [m for m in credit_methods(entries) if privileged or unprivileged(entries[m])]
     # a method paired with GRPO on fewer than 2 seeds has no interval: it cannot be judged the best
     candidates = [m for m in credit if (results["methods"][m].get("delta_vs_grpo") or {}).get("n", 0) >= 2]
     name = max(candidates, key=lambda m: results["methods"][m]["delta_vs_grpo"]["mean"]) if candidates else None
@@ -114,7 +133,8 @@ def _best_credit(results: dict[str, Any], goal: str = BEST, privileged: bool = T
                             + " shares 2 finished seeds with grpo"}
     grpo = results["methods"]["grpo"]["seeds"]
     entry, k = results["methods"][name], len(candidates)
-    adjusted = paired(paired_deltas(entry["seeds"], grpo, _final), level=1 - (1 - LEVEL) / k)
+    adjusted = paired(paired_deltas(entry["seeds"], grpo, _final), level=1 - (1 - LEVEL) / k,
+                      resolution=resolution(results))
     n, reached = len(entry["seeds"]), entry["seeds_reaching_grpo_final"]
     ratio = entry.get("tokens_to_grpo_final_ratio")
     # in points rounded to 1e-6: a mean of exactly +5 points must not fail on its float sum (0.04999999999999999)
@@ -132,7 +152,10 @@ def _best_credit(results: dict[str, Any], goal: str = BEST, privileged: bool = T
                         + (f" (left out, fewer than 2 seeds: {', '.join(left_out)})" if left_out else "")
                         + (f"; {name} is privileged (†: it reads the task's reference solution or labels), so this "
                            "answers the claim only for a method that does; the next row answers it for the others"
-                           if entry.get("privileged") else "")}
+                           if entry.get("privileged") else "")
+                        + (f"; this version of credo no longer knows {name} (†?: whether it reads privileged data "
+                           "cannot be told); the next row answers the claim for the methods known not to"
+                           if entry.get("privileged", False) is None else "")}
 
 
 def _ratio(value: float | None) -> str:
@@ -140,23 +163,31 @@ def _ratio(value: float | None) -> str:
 
 
 def _sc_above(results: dict[str, Any]) -> dict[str, Any]:
-    """Goal (2): the unprivileged SC-GRPO row above GRPO and, where the grid has it, above its token-level
-    control (the structure-free control for token weights)."""
+    """Goal (2): the unprivileged SC-GRPO row above GRPO and above its token-level control (the structure-free
+    control for token weights); without that control in the grid the second half is not judged."""
     name, privileged = _variants(results, "sc_grpo")
     if name is None:
         return _privileged_only(SC, "sc_grpo", privileged)
     controls = [p for p in (results.get("controls") or control_pairs(results))
                 if p["method"] == name and parse_spec(p["control"])[1].get("level") == "token"]
-    unjudged = _unjudged(SC, [_shared(results, name, "grpo")] + [_shared(results, name, p["control"])
-                                                                  for p in controls])
-    if unjudged:
-        return unjudged
     delta = results["methods"][name]["delta_vs_grpo"]
-    holds = bool(excludes_zero(delta, +1)) and all(bool(excludes_zero(p["delta"], +1)) for p in controls)
-    return {"goal": SC, "holds": holds,
-            "evidence": f"{name} {points(delta)} points vs GRPO (paired over {delta['n']} seeds)"
-                        + "".join(f"; {name} − {p['control']}: {points(p['delta'])} points" for p in controls)
-                        + ("" if controls else "; no token-level control in the grid")}
+    verdicts = [_verdict(delta, +1)] + [_verdict(p["delta"], +1) for p in controls] + ([] if controls else [None])
+    judged = [f"{name} {points(delta)} points vs GRPO (paired over {delta['n']} seeds)"] if delta["n"] >= 2 else []
+    judged += [f"{name} − {p['control']}: {points(p['delta'])} points" for p in controls
+               if (p["delta"] or {}).get("n", 0) >= 2]
+    missing = _short([_shared(results, name, "grpo")] + [_shared(results, name, p["control"]) for p in controls])
+    missing = "; ".join(filter(None, [missing, "" if controls else
+                                      f"no token-level control in the grid (shuffled:of={name}:level=token)"]))
+    return _judgement(SC, _every(verdicts), judged, missing)
+
+
+def _judgement(goal: str, holds: bool | None, judged: list[str], missing: str) -> dict[str, Any]:
+    """A goal's row from its judged comparisons (their figures) and what is missing ('' when nothing is): a
+    judged failure decides it even while another comparison lacks seeds (_every)."""
+    evidence = "; ".join(judged)
+    if missing:
+        evidence = (f"{evidence}; " if evidence else "") + "not judged: " + missing
+    return {"goal": goal, "holds": holds, "evidence": evidence}
 
 
 def _tokens_to_target(results: dict[str, Any]) -> Any:
@@ -168,30 +199,42 @@ def _tokens_to_target(results: dict[str, Any]) -> Any:
     return tokens
 
 
+def _rrpo_row(results: dict[str, Any]) -> str | None:
+    """The grid's RRPO row: `rrpo`, or an srpo row that resets at random steps (the same recipe); None if none."""
+    if "rrpo" in results["methods"]:
+        return "rrpo"
+    return next((m for m in results["methods"] if parse_spec(m)[0] == "srpo"
+                 and parse_spec(m)[1].get("localiser") == "random"), None)
+
+
 def _srpo_sooner(results: dict[str, Any]) -> dict[str, Any]:
     """SRPO reaches GRPO's final sooner than RRPO and than GRPO: per-seed differences in generated tokens
     to GRPO's mean final accuracy, each interval below 0."""
     srpo, privileged = _variants(results, "srpo")
     if srpo is None:
         return _privileged_only(SRPO, "srpo", privileged)
-    unjudged = _unjudged(SRPO, [_shared(results, srpo, "rrpo"), _shared(results, srpo, "grpo")])
-    if unjudged:
-        return unjudged
+    rrpo = _rrpo_row(results)
+    if rrpo is None:
+        return {"goal": SRPO, "holds": None,
+                "evidence": "not judged: no RRPO row in the grid (rrpo, or srpo:localiser=random)"}
     tokens, m = _tokens_to_target(results), results["methods"]
-    vs_rrpo = paired(paired_deltas(m[srpo]["seeds"], m["rrpo"]["seeds"], tokens))
+    vs_rrpo = paired(paired_deltas(m[srpo]["seeds"], m[rrpo]["seeds"], tokens))
     vs_grpo = paired(paired_deltas(m[srpo]["seeds"], m["grpo"]["seeds"], tokens))
 
     def k(iv: dict[str, Any]) -> str:
         return f"{iv['mean'] / 1e3:+,.0f}k" + (f" [{iv['ci'][0] / 1e3:+,.0f}k, {iv['ci'][1] / 1e3:+,.0f}k]"
                                                if iv["ci"] else "")
 
-    return {"goal": SRPO, "holds": bool(excludes_zero(vs_rrpo, -1)) and bool(excludes_zero(vs_grpo, -1)),
-            "evidence": f"generated tokens to GRPO's mean final (never reached: the run's tokens + one evaluation "
-                        f"interval), paired by seed: {srpo} − rrpo {k(vs_rrpo)}, {srpo} − grpo {k(vs_grpo)}; seeds "
-                        f"reaching: {srpo} {m[srpo]['seeds_reaching_grpo_final']}/{len(m[srpo]['seeds'])}, rrpo "
-                        f"{m['rrpo']['seeds_reaching_grpo_final']}/{len(m['rrpo']['seeds'])}"
-                        + (f" ({', '.join(f'{p} †' for p in privileged)} read the reference: shown, not judged here)"
-                           if privileged else "")}
+    judged = [f"{srpo} − {other} {k(iv)}" for other, iv in ((rrpo, vs_rrpo), ("grpo", vs_grpo)) if iv["n"] >= 2]
+    if judged:
+        judged[0] = ("generated tokens to GRPO's mean final (never reached: the run's tokens + one evaluation "
+                     "interval), paired by seed: " + judged[0])
+        judged.append(f"seeds reaching: {srpo} {m[srpo]['seeds_reaching_grpo_final']}/{len(m[srpo]['seeds'])}, "
+                      f"{rrpo} {m[rrpo]['seeds_reaching_grpo_final']}/{len(m[rrpo]['seeds'])}"
+                      + (f" ({', '.join(f'{p} †' for p in privileged)} read the reference: shown, not judged here)"
+                         if privileged else ""))
+    missing = _short([_shared(results, srpo, rrpo), _shared(results, srpo, "grpo")])
+    return _judgement(SRPO, _every([_verdict(vs_rrpo, -1), _verdict(vs_grpo, -1)]), judged, missing)
 
 
 def _controls(results: dict[str, Any], pairs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -203,11 +246,10 @@ def _controls(results: dict[str, Any], pairs: list[dict[str, Any]]) -> dict[str,
                      f" (controls without their method, left out: {', '.join(orphans)})" if orphans else ""]))
     if not pairs:
         return {"goal": CONTROLS, "holds": None, "evidence": "not judged: no credit method has its control" + note}
-    unjudged = _unjudged(CONTROLS, [_shared(results, p["method"], p["control"]) for p in pairs])
-    if unjudged:
-        return {**unjudged, "evidence": unjudged["evidence"] + note}
-    return {"goal": CONTROLS, "holds": all(bool(excludes_zero(p["delta"], +1)) for p in pairs), "evidence": "; ".join(
-        f"{p['method']} − {p['control']}: {points(p['delta'])} points" for p in pairs) + note}
+    judged = [f"{p['method']} − {p['control']}: {points(p['delta'])} points" for p in pairs if p["delta"]["n"] >= 2]
+    row = _judgement(CONTROLS, _every([_verdict(p["delta"], +1) for p in pairs]), judged,
+                     _short([_shared(results, p["method"], p["control"]) for p in pairs]))
+    return {**row, "evidence": row["evidence"] + note}
 
 
 def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -220,12 +262,12 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     if credit_methods(planned):
         out.append(_best_credit(results))
         best = _best_of(results)[0]
-        if best is not None and results["methods"][best].get("privileged"):
+        if best is not None and not unprivileged(results["methods"][best]):
             out.append(_best_credit(results, BEST_UNPRIVILEGED, privileged=False))
     bases = {parse_spec(m)[0] for m in planned}
     if "sc_grpo" in bases:
         out.append(_sc_above(results))
-    if "srpo" in bases and "rrpo" in planned:  # _srpo_sooner: only srpo rows that ask the policy answer it
+    if "srpo" in bases:  # _srpo_sooner: only srpo rows that ask the policy answer it, against an RRPO row
         out.append(_srpo_sooner(results))
     pairs = results.get("controls") or control_pairs(results)
     if pairs:

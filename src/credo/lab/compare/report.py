@@ -18,9 +18,10 @@ from credo.lab.compare.eta import describe
 from credo.lab.compare.premise_report import premise_lines
 from credo.train.provenance import short
 from credo.lab.compare.plots import plot_curves  # noqa: F401  (re-exported)
-from credo.lab.compare.goals import goals, points  # noqa: F401  (re-exported)
+from credo.lab.compare.goals import goals, points, unprivileged  # noqa: F401  (re-exported)
 from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, control_pairs, equal_updates,
-                                     figure, grpo_first_evaluations, method_clipping, paired, paired_deltas)
+                                     figure, grpo_first_evaluations, method_clipping, paired, paired_deltas,
+                                     resolution)
 
 
 def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
@@ -57,7 +58,9 @@ def summarise(results: dict[str, Any]) -> None:
         entry["final_mean"] = statistics.mean(finals) if finals else None
         entry["final_std"] = statistics.stdev(finals) if len(finals) > 1 else 0.0 if finals else None
         # paired by seed: a seed fixes the prompt order, so the difference cancels part of the prompt noise
-        delta = paired(paired_deltas(runs, grpo, lambda r: r["final_accuracy"]))
+        # GRPO against itself is exactly 0 on every seed (no floor: nothing was measured twice)
+        delta = paired(paired_deltas(runs, grpo, lambda r: r["final_accuracy"]),
+                       resolution=resolution(results) if name != "grpo" else 0.0)
         entry["delta_vs_grpo"] = delta
         entry["delta_vs_grpo_mean"] = delta["mean"]
         entry["delta_vs_grpo_std"] = delta["sd"] if delta["n"] > 1 else 0.0 if delta["n"] else None
@@ -103,23 +106,30 @@ def _updates(entry: dict[str, Any]) -> str:
     return "—" if not steps else str(steps[0]) if steps[0] == steps[-1] else f"{steps[0]}-{steps[-1]}"
 
 
-def reads_privileged(method: str) -> bool:
+def reads_privileged(method: str) -> bool | None:
     """Whether `method` reads the task's reference solution, step labels or gold answer beyond the reward
-    (credo.train.methods.privileged); False for a method this version no longer knows."""
+    (credo.train.methods.privileged); None for a method this version no longer knows (unknown, so it is never
+    taken for an unprivileged row)."""
     try:
         return method_registry.privileged(method)
     except (ConfigError, KeyError, ValueError):
-        return False
+        return None
 
 
 def shown_name(results: dict[str, Any], name: str) -> str:
-    """A method's name as the tables show it: marked † when it reads privileged task data."""
-    return f"{name} †" if results["methods"].get(name, {}).get("privileged") else name
+    """A method's name as the tables show it: marked † when it reads privileged task data, †? when this version
+    cannot tell (a method it no longer knows)."""
+    privileged = results["methods"].get(name, {}).get("privileged", False)
+    return f"{name} †" if privileged else f"{name} †?" if privileged is None else name
 
 
 PRIVILEGED_NOTE = ("† privileged: reads the task's reference solution, step labels or gold answer beyond the reward "
                    "(`credo methods`), which a deployed trainer does not have; its row answers a claim only about a "
                    "method that reads the same, and only beside the unprivileged row it is compared with.")
+
+
+UNKNOWN_NOTE = ("†? a method this version of credo no longer knows: whether it reads privileged data cannot be "
+                "told, so its row answers no claim about methods that do not.")
 
 
 def main_table(results: dict[str, Any]) -> list[str]:
@@ -151,6 +161,8 @@ def main_table(results: dict[str, Any]) -> list[str]:
         lines.append(f"| {run} | failed: {why} | | | | | | | | | |")
     if any(entry.get("privileged") for entry in results["methods"].values()):
         lines += ["", PRIVILEGED_NOTE]
+    if any(entry.get("privileged", False) is None for entry in results["methods"].values()):
+        lines += ["", UNKNOWN_NOTE]
     return lines
 
 
@@ -337,7 +349,7 @@ def reading(results: dict[str, Any]) -> str:
     parts = [f"GRPO ends at {g['final_mean']:.3f}. The best final accuracy is {best[0]}'s {best[1]['final_mean']:.3f} "
              f"({100 * (best[1]['final_mean'] - g['final_mean']):+.1f} points)."]
     if best[1].get("privileged"):
-        fair = [kv for kv in entries.items() if not kv[1].get("privileged")]
+        fair = [kv for kv in entries.items() if unprivileged(kv[1])]
         top = max(fair, key=lambda kv: kv[1]["final_mean"]) if fair else None
         parts.append(f"{best[0]} is privileged (†: it reads the task's reference solution or labels); "
                      + (f"the best method that does not is {top[0]} at {top[1]['final_mean']:.3f}." if top

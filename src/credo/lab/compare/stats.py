@@ -65,9 +65,12 @@ def seeds_needed(mean: float, sd: float, level: float = LEVEL, cap: int = MAX_SE
     return None
 
 
-def paired(deltas: list[float], level: float = LEVEL) -> dict[str, Any]:
+def paired(deltas: list[float], level: float = LEVEL, resolution: float = 0.0) -> dict[str, Any]:
     """Mean of per-seed differences with its t interval: {n, mean, sd, ci: [low, high] | None,
-    seeds_needed}. One difference has no spread, so no interval (ci None)."""
+    seeds_needed} (and sd_floored: True where the floor below acted). One difference has no spread, so no
+    interval (ci None). `resolution`: the smallest step a difference can take (1/n for accuracies on n
+    problems); the sd is floored there, since differences counted in whole problems can agree by chance, and
+    a zero spread would give a zero-width interval that excludes 0 on two seeds."""
     n = len(deltas)
     if n == 0:
         return {"n": 0, "mean": None, "sd": None, "ci": None, "seeds_needed": None}
@@ -75,8 +78,18 @@ def paired(deltas: list[float], level: float = LEVEL) -> dict[str, Any]:
     if n == 1:
         return {"n": 1, "mean": mean, "sd": None, "ci": None, "seeds_needed": None}
     sd = statistics.stdev(deltas)
+    floored = sd < resolution
+    sd = max(sd, resolution)
     w = half_width(sd, n, level)
-    return {"n": n, "mean": mean, "sd": sd, "ci": [mean - w, mean + w], "seeds_needed": seeds_needed(mean, sd, level)}
+    return {"n": n, "mean": mean, "sd": sd, "ci": [mean - w, mean + w], "seeds_needed": seeds_needed(mean, sd, level),
+            **({"sd_floored": True} if floored else {})}
+
+
+def resolution(results: dict[str, Any], final: bool = True) -> float:
+    """One problem's worth of accuracy on the comparison's final (or curve) evaluation: 1/final_eval_n (1/eval_n);
+    0 when the results do not record it."""
+    n = (results.get("protocol") or {}).get("final_eval_n" if final else "eval_n")
+    return 1 / n if n else 0.0
 
 
 def excludes_zero(interval: dict[str, Any], direction: int) -> bool | None:
@@ -156,6 +169,7 @@ def equal_updates(results: dict[str, Any]) -> dict[str, Any]:
     would favour them)."""
     chosen = update_levels(results)
     levels = [u for u, _ in chosen]
+    one_problem = resolution(results, final=False)  # these accuracies are the curves' (eval_n problems)
     grpo = results["methods"].get("grpo", {}).get("seeds", {})
     table: dict[str, Any] = {}
     for name, entry in results["methods"].items():
@@ -167,7 +181,7 @@ def equal_updates(results: dict[str, Any]) -> dict[str, Any]:
                 continue
             deltas = paired_deltas(entry["seeds"], grpo, lambda r, u=u: accuracy_at_step(r.get("curve", []), u))
             row[str(u)] = {"accuracy_mean": statistics.mean(accs), "seeds": len(accs),
-                           "delta_vs_grpo": paired(deltas) if name != "grpo" else None}
+                           "delta_vs_grpo": paired(deltas, resolution=one_problem) if name != "grpo" else None}
         table[name] = row
     return {"updates": levels, "why": [why for _, why in chosen], "methods": table}
 
@@ -197,7 +211,8 @@ def control_pairs(results: dict[str, Any]) -> list[dict[str, Any]]:
         method = results["methods"].get(target)
         deltas = (paired_deltas(method["seeds"], entry["seeds"], lambda r: r.get("final_accuracy"))
                   if method else [])
-        out.append({"method": target, "control": spec, "delta": paired(deltas) if method else None})
+        out.append({"method": target, "control": spec,
+                    "delta": paired(deltas, resolution=resolution(results)) if method else None})
     return out
 
 

@@ -138,7 +138,7 @@ def status_text(preset: Preset, out_dir: str, jobs: int | None = None) -> str:
         done = [r["final_accuracy"] for r in finals[method].values()]
         mean = f"{sum(done) / len(done):.3f}" if done else "—"
         delta = "" if method == "grpo" else points(paired(paired_deltas(
-            finals[method], finals["grpo"], lambda run: run["final_accuracy"])))
+            finals[method], finals["grpo"], lambda run: run["final_accuracy"]), resolution=1 / preset.final_eval_n))
         cells = " ".join(f"{_cell(runs[s], preset.token_budget):>7}" for s in preset.seeds)
         lines.append(f"{method:<{width}}{cells}   {mean:>6}   {delta}")
     return "\n".join(lines)
