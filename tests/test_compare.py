@@ -772,6 +772,7 @@ def test_a_long_method_name_breaks_at_its_colons_and_a_privileged_one_is_marked(
     from credo.lab.compare.plots import panel_title
     assert panel_title("grpo", 1) == "grpo (1 seed)"
     assert panel_title("rredcot", 5, privileged=True) == "rredcot † (5 seeds)"
+    assert panel_title("retired_method", 2, privileged=None) == "retired_method †? (2 seeds)"
     long = panel_title("shuffled:of=tempo:options.of=rredcot:include_reference=false", 5)
     assert long.replace("\n", "") == "shuffled:of=tempo:options.of=rredcot:include_reference=false (5 seeds)"
     assert all(len(line) <= 34 for line in long.split("\n")) and all(

@@ -17,10 +17,10 @@ def _run(final: float, reach_at: int | None, tokens: int = 200_000, step_seconds
             "tokens_generated": tokens}
 
 
-def _results(methods: dict[str, list[dict]]) -> dict:
+def _results(methods: dict[str, list[dict]], protocol: dict | None = None) -> dict:
     results = {"methods": {m: {"seeds": {str(i): r for i, r in enumerate(runs)}} for m, runs in methods.items()},
                "token_budget": 200_000, "failures": {}, "preset": "t", "start": "s", "commit": "c", "date": "d",
-               "machine": "m", "protocol": None}
+               "machine": "m", "protocol": protocol}
     summarise(results)
     return results
 
@@ -67,12 +67,14 @@ def test_tokens_are_compared_with_grpos_own_counted_the_same_way():
 def test_a_run_that_never_reaches_counts_later_than_one_that_reaches_at_its_end():
     """srpo reaches on its last evaluations (200k, 200k, 190k); rrpo never does (its finals are below GRPO's mean
     final, 0.43): each of its seeds counts as 200k + one 50k interval, so srpo − rrpo is -50k, -50k, -60k.
-    (Counted as the budget, 200k, reaching at the end looked slower than never reaching.)"""
+    (Counted as the budget, 200k, reaching at the end looked slower than never reaching.) Their sd, 5.8k, is
+    under what rounding each count up to its 50k evaluation gives a difference (50k / sqrt(6) = 20.4k): floored
+    there, t(2) = 4.303 -> half-width 50.7k (unfloored [-68k, -39k])."""
     srpo = [_run(0.41, 200_000), _run(0.43, 200_000), _run(0.45, 190_000)]
     rrpo = [_run(0.40, None), _run(0.40, None), _run(0.40, None)]
     grpo = [_run(0.41, None), _run(0.43, None), _run(0.45, None)]  # seeds 1 and 2 reach on their final (200k)
     goal = _goal(_results({"grpo": grpo, "rrpo": rrpo, "srpo:localiser=prompt": srpo}), SRPO)
-    assert "srpo:localiser=prompt − rrpo -53k [-68k, -39k]" in goal["evidence"]
+    assert "srpo:localiser=prompt − rrpo -53k [-104k, -3k]" in goal["evidence"]
     assert "srpo:localiser=prompt − grpo -20k" in goal["evidence"] and goal["holds"] is False  # -50k, 0, -10k
 
 
@@ -92,7 +94,8 @@ def test_a_privileged_row_never_alone_answers_a_claim_about_methods_that_read_no
     # an unprivileged srpo row answers, and the privileged one is named beside it
     results = _results({"grpo": GRPO, "rrpo": slow, "srpo": fast, "srpo:localiser=prompt": fast})
     srpo = _goal(results, SRPO)
-    assert srpo["holds"] is True and "(srpo † read the reference: shown, not judged here)" in srpo["evidence"]
+    assert srpo["holds"] is True
+    assert "(not judged here, as they read or may read the reference: srpo †)" in srpo["evidence"]
     # an srpo row that does not ask the policy (random resets: RRPO) is no self-localisation
     srpo = _goal(_results({"grpo": GRPO, "rrpo": slow, "srpo:localiser=random": fast}), SRPO)
     assert srpo["holds"] is None and "no srpo row in the grid localises by asking the policy" in srpo["evidence"]
@@ -133,15 +136,40 @@ def test_a_goal_failed_on_a_judged_comparison_is_a_no_while_another_comparison_l
     assert _goal(results, CONTROLS)["holds"] is None
 
 
-def test_srpo_is_judged_against_an_rrpo_row_under_either_name_and_without_one_reads_not_judged():
+def test_srpo_is_judged_against_an_rrpo_row_under_either_name_and_without_one_only_against_grpo():
     fast = [_run(0.50, 40_000), _run(0.52, 40_000), _run(0.54, 40_000)]
     slow = [_run(0.40, None), _run(0.42, None), _run(0.44, None)]
     results = _results({"grpo": GRPO, "srpo:localiser=random": slow, "srpo:localiser=prompt": fast})
     goal = _goal(results, SRPO)
     assert goal["holds"] is True and "srpo:localiser=prompt − srpo:localiser=random -177k" in goal["evidence"]
-    goal = _goal(_results({"grpo": GRPO, "srpo:localiser=prompt": fast}), SRPO)  # it used to vanish
-    assert goal["holds"] is None and goal["evidence"] == ("not judged: no RRPO row in the grid (rrpo, or "
-                                                          "srpo:localiser=random)")
+    # without an RRPO row (the goal used to vanish) that half is open: 60k sooner than GRPO on every seed
+    goal = _goal(_results({"grpo": GRPO, "srpo:localiser=prompt": fast}), SRPO)
+    assert goal["holds"] is None
+    assert "srpo:localiser=prompt − grpo -60k [-111k, -9k]" in goal["evidence"]
+    assert goal["evidence"].endswith("not judged: no RRPO row in the grid (rrpo, or srpo:localiser=random)")
+    # ...and an SRPO that never reaches GRPO's final fails the GRPO half, so the goal is a no whatever RRPO does
+    assert _goal(_results({"grpo": GRPO, "srpo:localiser=prompt": slow}), SRPO)["holds"] is False
+
+
+def test_the_sd_floor_decides_a_verdict_that_exact_agreement_would_have_passed():
+    """+10 points on every seed: a zero spread makes a zero-width interval above 0. On a final evaluation of 10
+    problems one problem is 10 points, so the sd is floored there and the same seeds no longer resolve it."""
+    sc = [_run(0.50, None), _run(0.52, None), _run(0.54, None)]
+    methods = {"grpo": GRPO, "sc_grpo": sc, "shuffled:of=sc_grpo:level=token": GRPO}
+    assert _goal(_results(methods), CONTROLS)["holds"] is True  # no evaluation size recorded: no floor
+    results = _results(methods, protocol={"final_eval_n": 10, "eval_n": 10, "eval_every_tokens": 50_000})
+    control = _goal(results, CONTROLS)
+    # t(2) = 4.303 x 10 / sqrt(3) = 24.8 points
+    assert control["holds"] is False and "+10.0 [-14.8, +34.8]" in control["evidence"]
+    assert results["methods"]["sc_grpo"]["delta_vs_grpo"]["sd_floored"] is True
+
+
+def test_one_problems_worth_comes_from_the_protocol_or_from_results_older_than_it():
+    from credo.lab.compare.stats import resolution
+    assert resolution({"protocol": {"final_eval_n": 1000, "eval_n": 300}}) == 1 / 1000
+    assert resolution({"protocol": {"final_eval_n": 1000, "eval_n": 300}}, final=False) == 1 / 300
+    assert resolution({"protocol": None, "final_eval_n": 500}) == 1 / 500  # e.g. docs/results/rredcot-check
+    assert resolution({"protocol": None}) == 0.0
 
 
 def test_a_method_this_version_no_longer_knows_answers_no_claim_about_unprivileged_methods():
@@ -154,6 +182,11 @@ def test_a_method_this_version_no_longer_knows_answers_no_claim_about_unprivileg
     assert "the only credit method, ibpo" in fair["evidence"] and fair["holds"] is False
     text = report(results)
     assert "| retired_method †? |" in text and "†? a method this version of credo no longer knows" in text
+    assert ("this version of credo no longer knows retired_method (†?: whether it reads privileged data cannot be "
+            "told); the best method known to read none is ibpo at 0.430.") in text  # the Reading
+    # an unknown sc_grpo variant is not said to read the reference: it may
+    unknown = _goal(_results({"grpo": GRPO, "sc_grpo:bogus=1": gone}), SC)
+    assert unknown["holds"] is None and "(sc_grpo:bogus=1 †?)" in unknown["evidence"]
 
 
 def test_a_goal_whose_methods_share_under_2_seeds_reads_not_judged_and_other_goals_are_still_judged():

@@ -22,11 +22,13 @@ about methods that do not: when goal (1)'s best method is privileged, a second r
 methods that are not; goals (2) and (3) are answered by the grid's unprivileged SC-GRPO and SRPO rows (e.g.
 `srpo:localiser=prompt`, the paper's self-localisation) and read 'not judged' when only privileged ones ran.
 Goal (2) also needs SC-GRPO above its token-level control (`shuffled:of=sc_grpo:level=token`): without it in the grid
-that half is not judged. Goal (3) compares with the grid's RRPO row (`rrpo`, or `srpo:localiser=random`).
+that half is not judged. Goal (3) compares with the grid's RRPO row (`rrpo`, or `srpo:localiser=random`): without
+one that half is not judged (the GRPO half still is).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from credo.credit.registry import parse_spec
@@ -104,13 +106,20 @@ def _variants(results: dict[str, Any], base: str) -> tuple[str | None, list[str]
     return (base if base in fair else (fair[0] if fair else None)), [m for m in rows if m not in fair]
 
 
-def _privileged_only(goal: str, base: str, rows: list[str]) -> dict[str, Any]:
+def _marked(results: dict[str, Any], rows: list[str]) -> str:
+    """Rows named with their mark: † reads privileged data, †? this version of credo cannot tell."""
+    return ", ".join(f"{m} {'†?' if results['methods'][m].get('privileged', True) is None else '†'}" for m in rows)
+
+
+def _privileged_only(goal: str, base: str, rows: list[str], results: dict[str, Any]) -> dict[str, Any]:
     if not rows:  # e.g. only srpo:localiser=random, which is RRPO
         return {"goal": goal, "holds": None,
                 "evidence": f"not judged: no {base} row in the grid localises by asking the policy (prompt or self)"}
+    unknown = any(results["methods"][m].get("privileged", True) is None for m in rows)
     return {"goal": goal, "holds": None,
-            "evidence": f"not judged: the grid's {base} rows ({', '.join(f'{m} †' for m in rows)}) read the task's "
-                        "reference solution or labels, and the claim is about one that does not"}
+            "evidence": f"not judged: the grid's {base} rows ({_marked(results, rows)}) read the task's reference "
+                        f"solution or labels{' (†), or may (†?)' if unknown else ''}, and the claim is about one that "
+                        "does not"}
 
 
 def _best_of(results: dict[str, Any], privileged: bool = True) -> tuple[str | None, list[str], list[str]]:
@@ -167,7 +176,7 @@ def _sc_above(results: dict[str, Any]) -> dict[str, Any]:
     control for token weights); without that control in the grid the second half is not judged."""
     name, privileged = _variants(results, "sc_grpo")
     if name is None:
-        return _privileged_only(SC, "sc_grpo", privileged)
+        return _privileged_only(SC, "sc_grpo", privileged, results)
     controls = [p for p in (results.get("controls") or control_pairs(results))
                 if p["method"] == name and parse_spec(p["control"])[1].get("level") == "token"]
     delta = results["methods"][name]["delta_vs_grpo"]
@@ -190,8 +199,13 @@ def _judgement(goal: str, holds: bool | None, judged: list[str], missing: str) -
     return {"goal": goal, "holds": holds, "evidence": evidence}
 
 
+def _eval_every(results: dict[str, Any]) -> int:
+    """Generated tokens between two curve evaluations (a quarter of the budget in results without a protocol)."""
+    return (results.get("protocol") or {}).get("eval_every_tokens") or results["token_budget"] // 4
+
+
 def _tokens_to_target(results: dict[str, Any]) -> Any:
-    every = (results.get("protocol") or {}).get("eval_every_tokens") or results["token_budget"] // 4
+    every = _eval_every(results)
 
     def tokens(run: dict[str, Any]) -> int:  # never reached: no sooner than the evaluation after its last
         reached = run.get("tokens_to_grpo_final")
@@ -209,32 +223,35 @@ def _rrpo_row(results: dict[str, Any]) -> str | None:
 
 def _srpo_sooner(results: dict[str, Any]) -> dict[str, Any]:
     """SRPO reaches GRPO's final sooner than RRPO and than GRPO: per-seed differences in generated tokens
-    to GRPO's mean final accuracy, each interval below 0."""
+    to GRPO's mean final accuracy, each interval below 0. Those counts are rounded up to the next evaluation, so
+    their paired sd is floored at what that rounding alone gives a difference of two (one interval / sqrt(6)):
+    seeds that agree to the evaluation must not make a zero-width interval. Without an RRPO row that half is
+    not judged; the GRPO half still is."""
     srpo, privileged = _variants(results, "srpo")
     if srpo is None:
-        return _privileged_only(SRPO, "srpo", privileged)
+        return _privileged_only(SRPO, "srpo", privileged, results)
     rrpo = _rrpo_row(results)
-    if rrpo is None:
-        return {"goal": SRPO, "holds": None,
-                "evidence": "not judged: no RRPO row in the grid (rrpo, or srpo:localiser=random)"}
-    tokens, m = _tokens_to_target(results), results["methods"]
-    vs_rrpo = paired(paired_deltas(m[srpo]["seeds"], m[rrpo]["seeds"], tokens))
-    vs_grpo = paired(paired_deltas(m[srpo]["seeds"], m["grpo"]["seeds"], tokens))
+    tokens, m, rounding = _tokens_to_target(results), results["methods"], _eval_every(results) / math.sqrt(6)
+    vs = {other: paired(paired_deltas(m[srpo]["seeds"], m[other]["seeds"], tokens), resolution=rounding)
+          for other in (rrpo, "grpo") if other is not None}
 
     def k(iv: dict[str, Any]) -> str:
         return f"{iv['mean'] / 1e3:+,.0f}k" + (f" [{iv['ci'][0] / 1e3:+,.0f}k, {iv['ci'][1] / 1e3:+,.0f}k]"
                                                if iv["ci"] else "")
 
-    judged = [f"{srpo} − {other} {k(iv)}" for other, iv in ((rrpo, vs_rrpo), ("grpo", vs_grpo)) if iv["n"] >= 2]
+    judged = [f"{srpo} − {other} {k(iv)}" for other, iv in vs.items() if iv["n"] >= 2]
     if judged:
         judged[0] = ("generated tokens to GRPO's mean final (never reached: the run's tokens + one evaluation "
                      "interval), paired by seed: " + judged[0])
-        judged.append(f"seeds reaching: {srpo} {m[srpo]['seeds_reaching_grpo_final']}/{len(m[srpo]['seeds'])}, "
-                      f"{rrpo} {m[rrpo]['seeds_reaching_grpo_final']}/{len(m[rrpo]['seeds'])}"
-                      + (f" ({', '.join(f'{p} †' for p in privileged)} read the reference: shown, not judged here)"
+        judged.append("seeds reaching: " + ", ".join(f"{r} {m[r]['seeds_reaching_grpo_final']}/{len(m[r]['seeds'])}"
+                                                     for r in (srpo, rrpo) if r is not None)
+                      + (f" (not judged here, as they read or may read the reference: {_marked(results, privileged)})"
                          if privileged else ""))
-    missing = _short([_shared(results, srpo, rrpo), _shared(results, srpo, "grpo")])
-    return _judgement(SRPO, _every([_verdict(vs_rrpo, -1), _verdict(vs_grpo, -1)]), judged, missing)
+    missing = _short([_shared(results, srpo, other) for other in vs])
+    if rrpo is None:
+        missing = "; ".join(filter(None, [missing, "no RRPO row in the grid (rrpo, or srpo:localiser=random)"]))
+    verdicts = [_verdict(iv, -1) for iv in vs.values()] + ([None] if rrpo is None else [])
+    return _judgement(SRPO, _every(verdicts), judged, missing)
 
 
 def _controls(results: dict[str, Any], pairs: list[dict[str, Any]]) -> dict[str, Any]:

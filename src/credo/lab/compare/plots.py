@@ -25,10 +25,12 @@ def _mean_curve(entry: dict[str, Any],
     return xs, [statistics.mean(y) for y in ys], [min(y) for y in ys], [max(y) for y in ys]
 
 
-def panel_title(name: str, seeds: int, privileged: bool = False, width: int = 34) -> str:
-    """'rredcot † (5 seeds)', broken into lines of <= width characters at the spec's ':' (a long composed spec such
-    as shuffled:of=tempo:options.of=rredcot:include_reference=false would run into the next panel's title)."""
-    text = f"{name}{' †' if privileged else ''} ({seeds} seed{'s' if seeds != 1 else ''})"
+def panel_title(name: str, seeds: int, privileged: bool | None = False, width: int = 34) -> str:
+    """'rredcot † (5 seeds)' (†? where privileged is None: a method this version cannot tell), broken into lines of
+    <= width characters at the spec's ':' (a long composed spec such as
+    shuffled:of=tempo:options.of=rredcot:include_reference=false would run into the next panel's title)."""
+    mark = " †" if privileged else " †?" if privileged is None else ""
+    text = f"{name}{mark} ({seeds} seed{'s' if seeds != 1 else ''})"
     lines = [""]
     for part in text.replace(":", ":\n").split("\n"):
         if lines[-1] and len(lines[-1]) + len(part) > width:
@@ -66,7 +68,7 @@ def plot_curves(results: dict[str, Any], path: str, x: str = "tokens_generated")
         ax.plot(xs, mean, color="C0" if name == "grpo" else "C3", marker="o", ms=3, lw=1.6, label=name)
         ax.fill_between(xs, low, high, color="C0" if name == "grpo" else "C3", alpha=0.2)
         entry = results["methods"][name]
-        ax.set_title(panel_title(name, len(entry["seeds"]), bool(entry.get("privileged"))), fontsize=9)
+        ax.set_title(panel_title(name, len(entry["seeds"]), entry.get("privileged", False)), fontsize=9)
         ax.grid(alpha=0.3)
         ax.set_ylim(min(lows) - 0.01, max(highs) + 0.01)
     for ax in axes.flat[len(curves):]:

@@ -348,11 +348,15 @@ def reading(results: dict[str, Any]) -> str:
     seeds = max(len(v["seeds"]) for v in entries.values())
     parts = [f"GRPO ends at {g['final_mean']:.3f}. The best final accuracy is {best[0]}'s {best[1]['final_mean']:.3f} "
              f"({100 * (best[1]['final_mean'] - g['final_mean']):+.1f} points)."]
-    if best[1].get("privileged"):
+    if not unprivileged(best[1]):
         fair = [kv for kv in entries.items() if unprivileged(kv[1])]
         top = max(fair, key=lambda kv: kv[1]["final_mean"]) if fair else None
-        parts.append(f"{best[0]} is privileged (†: it reads the task's reference solution or labels); "
-                     + (f"the best method that does not is {top[0]} at {top[1]['final_mean']:.3f}." if top
+        parts.append((f"{best[0]} is privileged (†: it reads the task's reference solution or labels); "
+                      if best[1].get("privileged") else
+                      f"this version of credo no longer knows {best[0]} (†?: whether it reads privileged data cannot "
+                      "be told); ")
+                     + (f"the best method {'that does not' if best[1].get('privileged') else 'known to read none'} is "
+                        f"{top[0]} at {top[1]['final_mean']:.3f}." if top
                         else "no method in the grid does without them."))
     faster = [k for k, v in entries.items() if k != "grpo" and v.get("tokens_to_grpo_final_ratio") is not None
               and v["seeds_reaching_grpo_final"] == len(v["seeds"]) and v["tokens_to_grpo_final_ratio"] < 0.995]

@@ -87,8 +87,9 @@ def paired(deltas: list[float], level: float = LEVEL, resolution: float = 0.0) -
 
 def resolution(results: dict[str, Any], final: bool = True) -> float:
     """One problem's worth of accuracy on the comparison's final (or curve) evaluation: 1/final_eval_n (1/eval_n);
-    0 when the results do not record it."""
-    n = (results.get("protocol") or {}).get("final_eval_n" if final else "eval_n")
+    0 when the results do not record it. Results from before the protocol block record final_eval_n at the top."""
+    key = "final_eval_n" if final else "eval_n"
+    n = (results.get("protocol") or {}).get(key) or results.get(key)
     return 1 / n if n else 0.0
 
 

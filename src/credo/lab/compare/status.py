@@ -137,8 +137,9 @@ def status_text(preset: Preset, out_dir: str, jobs: int | None = None) -> str:
     for method, runs in states.items():
         done = [r["final_accuracy"] for r in finals[method].values()]
         mean = f"{sum(done) / len(done):.3f}" if done else "—"
+        one_problem = 1 / preset.final_eval_n if preset.final_eval_n else 0.0
         delta = "" if method == "grpo" else points(paired(paired_deltas(
-            finals[method], finals["grpo"], lambda run: run["final_accuracy"]), resolution=1 / preset.final_eval_n))
+            finals[method], finals["grpo"], lambda run: run["final_accuracy"]), resolution=one_problem))
         cells = " ".join(f"{_cell(runs[s], preset.token_budget):>7}" for s in preset.seeds)
         lines.append(f"{method:<{width}}{cells}   {mean:>6}   {delta}")
     return "\n".join(lines)
