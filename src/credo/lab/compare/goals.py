@@ -65,6 +65,11 @@ def unprivileged(entry: dict[str, Any]) -> bool:
     return entry.get("privileged") is False
 
 
+def privilege_mark(privileged: bool | None) -> str:
+    """A row's mark: '†' reads privileged data, '†?' this version of credo cannot tell (None), '' neither."""
+    return "†" if privileged else "†?" if privileged is None else ""
+
+
 def _final(run: dict[str, Any]) -> Any:
     return run.get("final_accuracy")
 
@@ -107,19 +112,18 @@ def _variants(results: dict[str, Any], base: str) -> tuple[str | None, list[str]
 
 
 def _marked(results: dict[str, Any], rows: list[str]) -> str:
-    """Rows named with their mark: † reads privileged data, †? this version of credo cannot tell."""
-    return ", ".join(f"{m} {'†?' if results['methods'][m].get('privileged', True) is None else '†'}" for m in rows)
+    """Rows named with their mark (privilege_mark)."""
+    return ", ".join(f"{m} {privilege_mark(results['methods'][m].get('privileged'))}" for m in rows)
 
 
 def _privileged_only(goal: str, base: str, rows: list[str], results: dict[str, Any]) -> dict[str, Any]:
     if not rows:  # e.g. only srpo:localiser=random, which is RRPO
         return {"goal": goal, "holds": None,
                 "evidence": f"not judged: no {base} row in the grid localises by asking the policy (prompt or self)"}
-    unknown = any(results["methods"][m].get("privileged", True) is None for m in rows)
+    marked = _marked(results, rows)
     return {"goal": goal, "holds": None,
-            "evidence": f"not judged: the grid's {base} rows ({_marked(results, rows)}) read the task's reference "
-                        f"solution or labels{' (†), or may (†?)' if unknown else ''}, and the claim is about one that "
-                        "does not"}
+            "evidence": f"not judged: the grid's {base} rows ({marked}) read the task's reference solution or labels"
+                        f"{' (†), or may (†?)' if '†?' in marked else ''}, and the claim is about one that does not"}
 
 
 def _best_of(results: dict[str, Any], privileged: bool = True) -> tuple[str | None, list[str], list[str]]:
@@ -184,16 +188,15 @@ def _sc_above(results: dict[str, Any]) -> dict[str, Any]:
     judged = [f"{name} {points(delta)} points vs GRPO (paired over {delta['n']} seeds)"] if delta["n"] >= 2 else []
     judged += [f"{name} − {p['control']}: {points(p['delta'])} points" for p in controls
                if (p["delta"] or {}).get("n", 0) >= 2]
-    missing = _short([_shared(results, name, "grpo")] + [_shared(results, name, p["control"]) for p in controls])
-    missing = "; ".join(filter(None, [missing, "" if controls else
-                                      f"no token-level control in the grid (shuffled:of={name}:level=token)"]))
+    missing = [_short([_shared(results, name, "grpo")] + [_shared(results, name, p["control"]) for p in controls]),
+               "" if controls else f"no token-level control in the grid (shuffled:of={name}:level=token)"]
     return _judgement(SC, _every(verdicts), judged, missing)
 
 
-def _judgement(goal: str, holds: bool | None, judged: list[str], missing: str) -> dict[str, Any]:
-    """A goal's row from its judged comparisons (their figures) and what is missing ('' when nothing is): a
+def _judgement(goal: str, holds: bool | None, judged: list[str], missing: list[str]) -> dict[str, Any]:
+    """A goal's row from its judged comparisons (their figures) and what is missing (empty parts skipped): a
     judged failure decides it even while another comparison lacks seeds (_every)."""
-    evidence = "; ".join(judged)
+    evidence, missing = "; ".join(judged), "; ".join(filter(None, missing))
     if missing:
         evidence = (f"{evidence}; " if evidence else "") + "not judged: " + missing
     return {"goal": goal, "holds": holds, "evidence": evidence}
@@ -247,9 +250,8 @@ def _srpo_sooner(results: dict[str, Any]) -> dict[str, Any]:
                                                      for r in (srpo, rrpo) if r is not None)
                       + (f" (not judged here, as they read or may read the reference: {_marked(results, privileged)})"
                          if privileged else ""))
-    missing = _short([_shared(results, srpo, other) for other in vs])
-    if rrpo is None:
-        missing = "; ".join(filter(None, [missing, "no RRPO row in the grid (rrpo, or srpo:localiser=random)"]))
+    missing = [_short([_shared(results, srpo, other) for other in vs]),
+               "no RRPO row in the grid (rrpo, or srpo:localiser=random)" if rrpo is None else ""]
     verdicts = [_verdict(iv, -1) for iv in vs.values()] + ([None] if rrpo is None else [])
     return _judgement(SRPO, _every(verdicts), judged, missing)
 
@@ -265,7 +267,7 @@ def _controls(results: dict[str, Any], pairs: list[dict[str, Any]]) -> dict[str,
         return {"goal": CONTROLS, "holds": None, "evidence": "not judged: no credit method has its control" + note}
     judged = [f"{p['method']} − {p['control']}: {points(p['delta'])} points" for p in pairs if p["delta"]["n"] >= 2]
     row = _judgement(CONTROLS, _every([_verdict(p["delta"], +1) for p in pairs]), judged,
-                     _short([_shared(results, p["method"], p["control"]) for p in pairs]))
+                     [_short([_shared(results, p["method"], p["control"]) for p in pairs])])
     return {**row, "evidence": row["evidence"] + note}
 
 

@@ -10,6 +10,8 @@ import statistics
 import textwrap
 from typing import Any
 
+from credo.lab.compare.goals import privilege_mark
+
 
 def _mean_curve(entry: dict[str, Any],
                 x: str = "tokens_generated") -> tuple[list[float], list[float], list[float], list[float]] | None:
@@ -29,8 +31,8 @@ def panel_title(name: str, seeds: int, privileged: bool | None = False, width: i
     """'rredcot † (5 seeds)' (†? where privileged is None: a method this version cannot tell), broken into lines of
     <= width characters at the spec's ':' (a long composed spec such as
     shuffled:of=tempo:options.of=rredcot:include_reference=false would run into the next panel's title)."""
-    mark = " †" if privileged else " †?" if privileged is None else ""
-    text = f"{name}{mark} ({seeds} seed{'s' if seeds != 1 else ''})"
+    mark = privilege_mark(privileged)
+    text = f"{name}{' ' + mark if mark else ''} ({seeds} seed{'s' if seeds != 1 else ''})"
     lines = [""]
     for part in text.replace(":", ":\n").split("\n"):
         if lines[-1] and len(lines[-1]) + len(part) > width:

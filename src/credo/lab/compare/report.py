@@ -18,7 +18,7 @@ from credo.lab.compare.eta import describe
 from credo.lab.compare.premise_report import premise_lines
 from credo.train.provenance import short
 from credo.lab.compare.plots import plot_curves  # noqa: F401  (re-exported)
-from credo.lab.compare.goals import goals, points, unprivileged  # noqa: F401  (re-exported)
+from credo.lab.compare.goals import goals, points, privilege_mark, unprivileged  # noqa: F401  (re-exported)
 from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, control_pairs, equal_updates,
                                      figure, grpo_first_evaluations, method_clipping, paired, paired_deltas,
                                      resolution)
@@ -119,8 +119,8 @@ def reads_privileged(method: str) -> bool | None:
 def shown_name(results: dict[str, Any], name: str) -> str:
     """A method's name as the tables show it: marked † when it reads privileged task data, †? when this version
     cannot tell (a method it no longer knows)."""
-    privileged = results["methods"].get(name, {}).get("privileged", False)
-    return f"{name} †" if privileged else f"{name} †?" if privileged is None else name
+    mark = privilege_mark(results["methods"].get(name, {}).get("privileged", False))
+    return f"{name} {mark}" if mark else name
 
 
 PRIVILEGED_NOTE = ("† privileged: reads the task's reference solution, step labels or gold answer beyond the reward "
