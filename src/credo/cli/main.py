@@ -133,7 +133,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from credo.train.evaluate import EvalConfig, evaluate
     from credo.policy import bind_task, load_policy
     from credo.train.starts import resolve_checkpoint
-    from credo.policy.device import resolve_device, resolve_dtype
+    from credo.policy.device import autocast_dtype, resolve_device, resolve_dtype
     from credo.tasks import make_task
     known = {f for f in EvalConfig.__dataclass_fields__}
     for item in args.set:  # before EvalConfig, `eval --set` set task options
@@ -150,8 +150,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     device = resolve_device(config.device, "eval.device")
     dtype = resolve_dtype(config.dtype, device, "eval.dtype")
     checkpoint = resolve_checkpoint(config.checkpoint, "eval.checkpoint", task=config.task, progress=not args.quiet)
-    policy = bind_task(load_policy(checkpoint, device=device, dtype=dtype), task, check_as="eval.checkpoint",
-                       max_new_tokens=config.max_new_tokens)
+    policy = bind_task(load_policy(checkpoint, device=device, dtype=dtype, autocast=autocast_dtype(config.dtype)),
+                       task, check_as="eval.checkpoint", max_new_tokens=config.max_new_tokens)
     result = evaluate(policy, task, task.heldout_problems(config.n), k=config.k, max_new_tokens=config.max_new_tokens,
                       seed=config.seed, progress=not args.quiet)
     print(json.dumps(result.as_dict()))

@@ -70,7 +70,7 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
     from credo.core.config import ConfigError, load_config
     from credo.train.evaluate import evaluate
     from credo.policy import load_policy
-    from credo.policy.device import resolve_device, resolve_dtype
+    from credo.policy.device import autocast_dtype, resolve_device, resolve_dtype
     from credo.core.files import claim_output
     from credo.train.sft_hf import HFSFTConfig, check_sft_inputs, train_hf_sft
     flags = {k: v for k, v in (("task", args.task), ("start", args.start), ("device", args.device)) if v}
@@ -87,7 +87,8 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {args.out} already holds an SFT start; pass --retrain to train it again")
     summary = train_hf_sft(config, args.out, progress=not args.quiet, task=task)
     device = resolve_device(config.device, "sft.device")
-    result = evaluate(load_policy(args.out, device=device, dtype=resolve_dtype(config.dtype, device, "sft.dtype")),
+    result = evaluate(load_policy(args.out, device=device, dtype=resolve_dtype(config.dtype, device, "sft.dtype"),
+                                  autocast=autocast_dtype(config.dtype)),
                       task, task.heldout_problems(args.eval_n), max_new_tokens=config.max_new_tokens,
                       progress=not args.quiet)
     print(f"SFT start in {args.out}: validation accuracy {summary['val_accuracy']:.3f} at step {summary['step']} "

@@ -13,9 +13,11 @@ from credo.policy.locate import check_policy_path, check_task_fits  # noqa: F401
 
 
 def load_policy(path: str, device: str | torch.device = "cpu", lora_r: int = 0, lora_alpha: int = 16,
-                lora_targets: tuple[str, ...] = ("q_proj", "v_proj"), dtype: torch.dtype = torch.float32) -> "Policy":
+                lora_targets: tuple[str, ...] = ("q_proj", "v_proj"), dtype: torch.dtype = torch.float32,
+                autocast: torch.dtype | None = None) -> "Policy":
     """A policy from a credo checkpoint, any Hugging Face model directory, or an alias (smollm2-135m), with
-    its weights on `device` (credo.policy.device.resolve_device) in `dtype` (a Hugging Face model's only)."""
+    its weights on `device` (credo.policy.device.resolve_device) in `dtype`, computing under torch.autocast in
+    `autocast` when set (credo.policy.device.autocast_dtype; both a Hugging Face model's only)."""
     from credo.policy.smollm import ALIASES, ensure_smollm2
     if path in ALIASES:
         path = ensure_smollm2()
@@ -25,14 +27,15 @@ def load_policy(path: str, device: str | torch.device = "cpu", lora_r: int = 0, 
             from credo.core.config import ConfigError
             raise ConfigError(f"train.lora_r={lora_r}: LoRA needs a Hugging Face model; {path} is a tiny policy, "
                               "which trains in full (set lora_r=0)")
-        if dtype != torch.float32:
+        if dtype != torch.float32 or autocast is not None:
             from credo.core.config import ConfigError
-            raise ConfigError(f"dtype={str(dtype).replace('torch.', '')}: {path} is a tiny policy, which runs float32 "
+            named = "bfloat16-mixed" if autocast is not None else str(dtype).replace("torch.", "")
+            raise ConfigError(f"dtype={named}: {path} is a tiny policy, which runs float32 "
                               "(dtype is for a Hugging Face model)")
         return _checked_load(TinyPolicy.load, path, device)
     if os.path.isfile(os.path.join(path, "config.json")):
         from credo.policy.hf import HFPolicy
-        policy = _checked_load(functools.partial(HFPolicy.load, dtype=dtype), path, device)
+        policy = _checked_load(functools.partial(HFPolicy.load, dtype=dtype, autocast=autocast), path, device)
         if lora_r:
             policy.add_lora(lora_r, lora_alpha, lora_targets)
         return policy

@@ -1,11 +1,13 @@
 """Where a command's model runs: the `device` and `dtype` settings of every command's config.
 
 `device` is 'auto' (CUDA when torch says it is available, else the CPU), 'cpu', 'cuda' (the current CUDA
-device) or 'cuda:N'; `dtype` is 'float32' (the default, and the only one on the CPU) or 'bfloat16' (a
-Hugging Face model on a GPU). The format is checked when a config loads (`check_device_fields`, naming the
-field); whether the machine has that device is checked when a command starts (`resolve_device`), so
-`--help-config` and a config file written on one machine load on another. Random draws stay on credo's
-seeded CPU generators whatever the device (docs/gpu.md says what is bit-identical across devices).
+device) or 'cuda:N'; `dtype` is 'float32' (the default), 'bfloat16' (a Hugging Face model's weights in
+bfloat16, on a GPU) or 'bfloat16-mixed' (a Hugging Face model's weights and optimiser state in float32, its
+matrix products in bfloat16 under torch.autocast: on a CPU with AMX or AVX512-BF16 about twice as fast).
+The format is checked when a config loads (`check_device_fields`, naming the field); whether the machine has
+that device is checked when a command starts (`resolve_device`), so `--help-config` and a config file written on
+one machine load on another. Random draws stay on credo's seeded CPU generators whatever the device (docs/gpu.md
+says what is bit-identical across devices).
 """
 
 from __future__ import annotations
@@ -18,8 +20,17 @@ from credo.core.config import ConfigError, check
 
 DEVICE_PATTERN = re.compile(r"(auto|cpu|cuda(:(0|[1-9][0-9]{0,3}))?)")
 """auto, cpu, cuda or cuda:N with N in 0..9999 (no sign, no leading zero)."""
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-"""The weights' dtypes a command may ask for, by name."""
+MIXED = "bfloat16-mixed"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, MIXED: torch.float32}
+"""The weights' dtype of each `dtype` a command may ask for, by name."""
+AUTOCAST = {MIXED: torch.bfloat16}
+"""The dtype of the matrix products torch.autocast runs in, for a `dtype` that computes in lower precision than
+its weights (mixed precision: an update smaller than bfloat16's resolution still moves a float32 weight)."""
+
+
+def autocast_dtype(dtype: str) -> torch.dtype | None:
+    """The autocast dtype of the `dtype` setting (None: the model computes in its weights' dtype)."""
+    return AUTOCAST.get(dtype)
 
 
 def check_device_fields(device: str, dtype: str, prefix: str) -> None:
@@ -29,7 +40,8 @@ def check_device_fields(device: str, dtype: str, prefix: str) -> None:
           f"{prefix}device must be auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:0), got {device!r}")
     check(dtype in DTYPES, f"{prefix}dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     check(not (dtype == "bfloat16" and device == "cpu"),
-          f"{prefix}dtype=bfloat16 needs a GPU (device=cuda or auto on a GPU machine); on the CPU credo runs float32")
+          f"{prefix}dtype=bfloat16 needs a GPU (device=cuda or auto on a GPU machine); on the CPU use float32 or "
+          f"{MIXED}")
 
 
 def resolve_device(device: str, field: str = "device") -> torch.device:
@@ -54,11 +66,12 @@ def resolve_device(device: str, field: str = "device") -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device, field: str = "dtype") -> torch.dtype:
-    """The torch dtype named `dtype`, on `device` (bfloat16 only on a GPU: a ConfigError naming `field`)."""
+    """The weights' torch dtype of the setting `dtype`, on `device` (bfloat16 weights only on a GPU: a
+    ConfigError naming `field`; bfloat16-mixed keeps float32 weights, so runs anywhere)."""
     if dtype not in DTYPES:
         raise ConfigError(f"{field} must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if dtype != "float32" and device.type == "cpu":
-        raise ConfigError(f"{field}={dtype} needs a GPU, and the device is the CPU; on the CPU credo runs float32")
+    if dtype == "bfloat16" and device.type == "cpu":
+        raise ConfigError(f"{field}={dtype} needs a GPU, and the device is the CPU; on the CPU use float32 or {MIXED}")
     return DTYPES[dtype]
 
 

@@ -1,4 +1,5 @@
-"""Hugging Face backend: any `AutoModelForCausalLM` behind the Policy interface (fp32 on CPU).
+"""Hugging Face backend: any `AutoModelForCausalLM` behind the Policy interface (fp32 on CPU; with `autocast`,
+fp32 weights whose matrix products run in bfloat16: credo.policy.device's bfloat16-mixed).
 
 Prompts are left-padded and completions right-padded, as in the tiny backend; positions come from
 the attention mask, so padded rows match unpadded ones. Sampling runs the shared loop of
@@ -69,8 +70,9 @@ class HFPolicy(CompletionScoring):
 
     def __init__(self, model: torch.nn.Module, tokenizer: object, device: str | torch.device = "cpu",
                  chat: bool | None = None, system_prompt: str | None = None, cast: bool = True,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, autocast: torch.dtype | None = None) -> None:
         self.device = torch.device(device)
+        self.autocast = autocast  # every forward under torch.autocast(dtype=autocast) when set (_forward)
         # float32, or bfloat16 on a GPU (credo.policy.device); a wrapped model (cast=False) keeps its own
         self.dtype = dtype if cast else getattr(model, "dtype", dtype)
         # cast=False wraps a model owned by someone else (a TRL trainer) without touching its dtype/device
@@ -89,7 +91,7 @@ class HFPolicy(CompletionScoring):
     @classmethod
     def from_pretrained(cls, path: str, device: str | torch.device = "cpu", chat: bool | None = None, lora_r: int = 0,
                         lora_alpha: int = 16, lora_targets: Sequence[str] = ("q_proj", "v_proj"),
-                        dtype: torch.dtype = torch.float32) -> "HFPolicy":
+                        dtype: torch.dtype = torch.float32, autocast: torch.dtype | None = None) -> "HFPolicy":
         from transformers import AutoModelForCausalLM, AutoTokenizer
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
@@ -97,7 +99,7 @@ class HFPolicy(CompletionScoring):
         tokenizer = AutoTokenizer.from_pretrained(path)
         with quiet_loading():
             model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype)
-        policy = cls(model, tokenizer, device, chat, dtype=dtype)
+        policy = cls(model, tokenizer, device, chat, dtype=dtype, autocast=autocast)
         if lora_r > 0:
             policy.add_lora(lora_r, lora_alpha, lora_targets)
         return policy
@@ -172,6 +174,24 @@ class HFPolicy(CompletionScoring):
         return ["" if int(i) in (self.eos_id, self.pad_id) else self.tokenizer.decode([int(i)]) for i in ids]
 
     # --- model calls --------------------------------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """torch.autocast in `autocast` (no-op without it). Inside one such context each weight is cast once
+        and reused: sampling enters it around the whole token loop, not per token (~135M casts a token)."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast)
+
+    def _forward(self, **inputs: object) -> object:
+        """self.model(**inputs); with `autocast`, under torch.autocast so that the matrix products run in that
+        dtype while the weights (and the gradients and AdamW state they give) stay in theirs, and with the
+        logits[B, L, V] returned in float32 (a log-softmax over bfloat16 logits would lose ~2 decimal digits)."""
+        if self.autocast is None:
+            return self.model(**inputs)
+        with self._autocast():
+            out = self.model(**inputs)
+        out.logits = out.logits.float()
+        return out
+
     @staticmethod
     def _positions(mask: torch.Tensor, offset: torch.Tensor | int = 0) -> torch.Tensor:
         return (offset + mask.long().cumsum(1) - 1).clamp(min=0)
@@ -208,7 +228,7 @@ class HFPolicy(CompletionScoring):
             positions = self._positions(mask, 0 if first else state["next"][:, None])
             # logits of the last position only: the prompt's first call would otherwise run the LM head over
             # every prompt position (a 49k vocabulary x ~100 chat-prompt tokens per row for SmolLM2)
-            out = self.model(input_ids=ids, attention_mask=mask.long() if rows is not None else full.long(),
+            out = self._forward(input_ids=ids, attention_mask=mask.long() if rows is not None else full.long(),
                              position_ids=positions, cache=state["cache"], use_cache=True, logits_to_keep=1)
             logits = out.logits[:, -1]
             if rows is not None:
@@ -218,8 +238,9 @@ class HFPolicy(CompletionScoring):
             state["next"] = state["next"] + mask.long().sum(1)
             return logits
 
-        result = generate(step, prompt_ids, prompt_mask, sampling, generator, eos_id=self.eos_id, pad_id=self.pad_id,
-                          banned_ids=self.banned_ids)
+        with self._autocast():
+            result = generate(step, prompt_ids, prompt_mask, sampling, generator, eos_id=self.eos_id,
+                              pad_id=self.pad_id, banned_ids=self.banned_ids)
         self.model.train(was_training)
         return result
 
@@ -236,7 +257,7 @@ class HFPolicy(CompletionScoring):
         return logprobs, (torch.cat([p[1] for p in parts]) if entropy else None)
 
     def forward_logits(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids, attention_mask=mask.long(), position_ids=self._positions(mask)).logits
+        return self._forward(input_ids=ids, attention_mask=mask.long(), position_ids=self._positions(mask)).logits
 
     def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                           completion_mask: torch.Tensor) -> torch.Tensor:
@@ -249,8 +270,8 @@ class HFPolicy(CompletionScoring):
             return shared
         T = completion_ids.shape[1]
         ids, mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
-        out = self.model(input_ids=ids, attention_mask=mask.long(), position_ids=self._positions(mask),
-                         logits_to_keep=T + 1)
+        out = self._forward(input_ids=ids, attention_mask=mask.long(), position_ids=self._positions(mask),
+                            logits_to_keep=T + 1)
         return out.logits[:, -(T + 1):-1]
 
     @property
@@ -279,9 +300,9 @@ class HFPolicy(CompletionScoring):
         if distinct is None or T == 0:
             return None
         unique_ids, unique_mask, inverse = distinct
-        out = self.model(input_ids=unique_ids, attention_mask=unique_mask.long(),
-                         position_ids=self._positions(unique_mask),
-                         cache=DynamicCache(), use_cache=True, logits_to_keep=1)
+        out = self._forward(input_ids=unique_ids, attention_mask=unique_mask.long(),
+                            position_ids=self._positions(unique_mask),
+                            cache=DynamicCache(), use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         if cache is None:  # a model without a KV cache: read every row in full
             return None
@@ -289,8 +310,8 @@ class HFPolicy(CompletionScoring):
         first = out.logits[:, -1][inverse]  # (B, V): predicts each row's first completion token
         mask = torch.cat([prompt_mask, completion_mask], 1)
         positions = self._positions(completion_mask, prompt_mask.long().sum(1, keepdim=True))
-        rest = self.model(input_ids=completion_ids, attention_mask=mask.long(), position_ids=positions, cache=cache,
-                          use_cache=True, logits_to_keep=T).logits  # (B, T, V): predicts tokens 2 .. T + 1
+        rest = self._forward(input_ids=completion_ids, attention_mask=mask.long(), position_ids=positions, cache=cache,
+                             use_cache=True, logits_to_keep=T).logits  # (B, T, V): predicts tokens 2 .. T + 1
         return torch.cat([first[:, None], rest[:, :-1]], 1)
 
     @torch.no_grad()
@@ -330,15 +351,16 @@ class HFPolicy(CompletionScoring):
         self.model.load_state_dict(HFPolicy.load(directory, dtype=self.dtype).model.state_dict())
 
     @classmethod
-    def load(cls, directory: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> "HFPolicy":
+    def load(cls, directory: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+             autocast: torch.dtype | None = None) -> "HFPolicy":
         meta = read_policy_meta(directory)
-        policy = cls.from_pretrained(directory, device, meta.get("chat"), dtype=dtype)
+        policy = cls.from_pretrained(directory, device, meta.get("chat"), dtype=dtype, autocast=autocast)
         policy.system_prompt = meta.get("system_prompt")
         return policy
 
     def copy(self) -> "HFPolicy":
         clone = HFPolicy(copy.deepcopy(self.model), self.tokenizer, self.device, self.chat, self.system_prompt,
-                         dtype=self.dtype)
+                         dtype=self.dtype, autocast=self.autocast)
         clone.banned_ids = list(self.banned_ids)
         clone.max_prompt_tokens, clone.max_batch_tokens = self.max_prompt_tokens, self.max_batch_tokens
         return clone

@@ -123,7 +123,8 @@ class TrainConfig:
     device: str = "auto"
     """Where the model runs: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N (docs/gpu.md)."""
     dtype: str = "float32"
-    """The weights' dtype: float32, or bfloat16 for a Hugging Face model on a GPU."""
+    """float32; bfloat16 (a Hugging Face model's weights, on a GPU); or bfloat16-mixed (float32 weights, matrix
+    products in bfloat16 under torch.autocast: a Hugging Face model, on a CPU with AMX/AVX512-BF16 or a GPU)."""
     seed: int = 0
     """Seed of every random draw of the run."""
 

@@ -35,7 +35,7 @@ from credo.core.config import (MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_
                                check_in, dump_yaml)
 from credo.core.rollouts import Prompt
 from credo.policy.base import left_pad
-from credo.policy.device import check_device_fields, resolve_device, resolve_dtype
+from credo.policy.device import autocast_dtype, check_device_fields, resolve_device, resolve_dtype
 from credo.train.evaluate import evaluate
 from credo.core.files import MetricsLog, atomic_directory, atomic_write_json, atomic_write_text
 from credo.tasks.gym_skills import localisation_example
@@ -86,7 +86,8 @@ class HFSFTConfig:
     device: str = "auto"
     """Where the model runs: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N (docs/gpu.md)."""
     dtype: str = "float32"
-    """The weights' dtype: float32, or bfloat16 for a Hugging Face model on a GPU."""
+    """float32; bfloat16 (a Hugging Face model's weights, on a GPU); or bfloat16-mixed (float32 weights, matrix
+    products in bfloat16 under torch.autocast: a Hugging Face model, on a CPU with AMX/AVX512-BF16 or a GPU)."""
     seed: int = 0
     """Seed of the examples."""
 
@@ -186,7 +187,8 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
     task = task or check_sft_inputs(config)
     device = resolve_device(config.device, "sft.device")
     policy = bind_task(load_policy(config.start, device=device, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
-                                   dtype=resolve_dtype(config.dtype, device, "sft.dtype")), task)
+                                   dtype=resolve_dtype(config.dtype, device, "sft.dtype"),
+                                   autocast=autocast_dtype(config.dtype)), task)
     if not isinstance(policy, HFPolicy):
         raise ConfigError(f"sft.start={config.start!r} is a tiny credo policy; "
                           "`credo sft --task arith...` builds those")

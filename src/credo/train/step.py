@@ -28,7 +28,7 @@ from credo.core.rollouts import Cost, Credit, Rollouts
 from credo.core.segment import segmentation_stage
 from credo.policy import bind_task, check_policy_path, load_policy
 from credo.policy.base import Policy
-from credo.policy.device import device_name, resolve_device, resolve_dtype
+from credo.policy.device import autocast_dtype, device_name, resolve_device, resolve_dtype
 from credo.strategies import Collected, SamplingContext, Strategy
 from credo.tasks import make_task
 from credo.train.config import TrainConfig
@@ -54,7 +54,8 @@ class TrainerStep:
             device = resolve_device(config.device, "train.device")  # before the start is read: one line, exit 2
             dtype = resolve_dtype(config.dtype, device, "train.dtype")
             policy = load_policy(self.start_path(), device=device, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
-                                 lora_targets=config.lora_targets, dtype=dtype)
+                                 lora_targets=config.lora_targets, dtype=dtype,
+                                 autocast=autocast_dtype(config.dtype))
         # config.yaml records the device the run trains on ('auto' resolved), so that a resume or a comparison
         # reusing the run continues on it, and moving it elsewhere is asked for explicitly (docs/gpu.md)
         self.config = config = replace(config, device=device_name(policy.device))

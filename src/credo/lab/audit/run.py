@@ -48,7 +48,7 @@ from credo.core.config import MAX_GROUP, MAX_HELD_OUT, MAX_SAMPLES, UserError, c
 from credo.core.values import MCValues, mc_values
 from credo.policy import check_task_fits, load_policy
 from credo.train.starts import resolve_checkpoint
-from credo.policy.device import check_device_fields, device_name, resolve_device, resolve_dtype
+from credo.policy.device import autocast_dtype, check_device_fields, device_name, resolve_device, resolve_dtype
 from credo.policy.base import SamplingConfig
 from credo.core.probe import Probe
 from credo.core.rollouts import Rollouts
@@ -99,7 +99,8 @@ class AuditConfig:
     device: str = "auto"
     """Where the model runs: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N (docs/gpu.md)."""
     dtype: str = "float32"
-    """The weights' dtype: float32, or bfloat16 for a Hugging Face model on a GPU."""
+    """float32; bfloat16 (a Hugging Face model's weights, on a GPU); or bfloat16-mixed (float32 weights, matrix
+    products in bfloat16 under torch.autocast: a Hugging Face model, on a CPU with AMX/AVX512-BF16 or a GPU)."""
     seed: int = 0
     """Seed of the sampled traces and the reference."""
     localiser_max_new_tokens: int = field(default=4096, metadata={"omit_default": True})
@@ -171,18 +172,19 @@ def audit_device(config: AuditConfig) -> tuple[torch.device, torch.dtype]:
 def reference_key(config: AuditConfig, checkpoint: str, device: torch.device, dtype: torch.dtype) -> str:
     """The cache key of the traces and their reference. A reference sampled elsewhere than on the CPU in
     float32 is another entry (its draws differ: docs/gpu.md); the CPU's keys are those of audits cached
-    before devices were a setting."""
+    before devices were a setting; bfloat16-mixed is its own entry too."""
     fields = (_weights_digest(checkpoint), config.task, sorted(config.task_options.items()), config.seed, config.n,
               config.group_size, config.k_ref, config.segmenter, config.temperature, config.max_new_tokens)
-    if device.type != "cpu" or dtype != torch.float32:
-        fields += (device.type, str(dtype))
+    autocast = autocast_dtype(config.dtype)
+    if device.type != "cpu" or dtype != torch.float32 or autocast is not None:
+        fields += (device.type, str(dtype)) + ((f"autocast {autocast}",) if autocast is not None else ())
     return hashlib.sha256(repr(fields).encode()).hexdigest()[:16]
 
 
 def audited_policy(checkpoint: str, task: Any, config: AuditConfig, device: torch.device, dtype: torch.dtype) -> Any:
     """The checkpoint's policy in eval mode, its context checked against the task's prompts (and set to cut
     them when the task asks for it: check_task_fits). No task system prompt: the audit samples bare prompts."""
-    policy = load_policy(checkpoint, device=device, dtype=dtype)
+    policy = load_policy(checkpoint, device=device, dtype=dtype, autocast=autocast_dtype(config.dtype))
     check_task_fits(policy, task, "audit.checkpoint", config.max_new_tokens)
     policy.model.eval()
     return policy

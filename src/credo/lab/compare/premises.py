@@ -38,7 +38,7 @@ def _premises(plan: list[tuple[str, int, str]], preset: Preset, start: str, out_
               progress: bool, dtype: str) -> dict[str, Any]:
     from credo.lab.audit.run import _weights_digest
     from credo.policy import load_policy
-    from credo.policy.device import resolve_dtype
+    from credo.policy.device import autocast_dtype, resolve_dtype
     from credo.tasks import make_task
     from credo.train.starts import resolve_checkpoint
     needs = {m: premises_of(m) for m in preset.methods}
@@ -67,7 +67,7 @@ def _premises(plan: list[tuple[str, int, str]], preset: Preset, start: str, out_
         if progress:
             print(f"compare: premise checks of {name} ...", flush=True)
         placed = resolve_dtype(dtype, device, "compare.dtype")
-        policy = load_policy(checkpoint, device=device, dtype=placed)
+        policy = load_policy(checkpoint, device=device, dtype=placed, autocast=autocast_dtype(dtype))
         policy.model.eval()
         result = measure_premises(policy, task, problems, GROUP, sampling, seed, teacher, localisers)
         atomic_write_json(path, {"key": key, "result": result})

@@ -183,7 +183,8 @@ class CompareConfig:
     """Where every run and the audit run: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N
     (docs/gpu.md); each run records the device it resolved to, and a comparison continues only on it."""
     dtype: str = "float32"
-    """The weights' dtype: float32, or bfloat16 for a Hugging Face start on a GPU."""
+    """float32; bfloat16 (a Hugging Face start's weights, on a GPU); or bfloat16-mixed (float32 weights, matrix
+    products in bfloat16 under torch.autocast: a Hugging Face start, on a CPU with AMX/AVX512-BF16 or a GPU)."""
     share_gpu: bool = False
     """On a GPU, run `jobs` trainings at once, each process with its own copy of the model on the one device
     (default false: one after another, as one training keeps a GPU busy)."""

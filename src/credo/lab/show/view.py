@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from credo.core.config import check
-from credo.policy.device import check_device_fields, resolve_device, resolve_dtype
+from credo.policy.device import autocast_dtype, check_device_fields, resolve_device, resolve_dtype
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,8 @@ class ShowConfig:
     device: str = "auto"
     """Where the model runs: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N (docs/gpu.md)."""
     dtype: str = "float32"
-    """The weights' dtype: float32, or bfloat16 for a Hugging Face model on a GPU."""
+    """float32; bfloat16 (a Hugging Face model's weights, on a GPU); or bfloat16-mixed (float32 weights, matrix
+    products in bfloat16 under torch.autocast: a Hugging Face model, on a CPU with AMX/AVX512-BF16 or a GPU)."""
     seed: int = 0
     """Seed of the sampled traces."""
 
@@ -202,7 +203,8 @@ def collect(config: ShowConfig, progress: bool = True) -> Page:
     checkpoint = resolve_checkpoint(config.checkpoint, "show.checkpoint", task=config.task, progress=progress)
     task = make_task(config.task, config.task_options, prefix="show.task_options.")
     device = resolve_device(config.device, "show.device")
-    policy = bind_task(load_policy(checkpoint, device=device, dtype=resolve_dtype(config.dtype, device, "show.dtype")),
+    policy = bind_task(load_policy(checkpoint, device=device, dtype=resolve_dtype(config.dtype, device, "show.dtype"),
+                                   autocast=autocast_dtype(config.dtype)),
                        task, check_as="show.checkpoint", max_new_tokens=config.max_new_tokens)
     policy.model.eval()
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
