@@ -32,6 +32,7 @@ def test_mixed_precision_scores_in_float32_close_to_but_not_bitwise_float32():
     reference, _ = full.score(ids, mask, out.completion_ids, out.completion_mask)
     logprobs, entropy = mixed.score(ids, mask, out.completion_ids, out.completion_mask, entropy=True)
     assert logprobs.dtype == torch.float32 and entropy.dtype == torch.float32
+    assert mixed.completion_logits(ids, mask, out.completion_ids, out.completion_mask).dtype == torch.float32
     gap = (logprobs - reference).abs()[out.completion_mask]
     assert gap.max() > 0  # the products did run in bfloat16
     assert gap.max() < 0.05  # ... and only rounding separates them (tiny Llama: logits of ~0.1)
@@ -39,19 +40,23 @@ def test_mixed_precision_scores_in_float32_close_to_but_not_bitwise_float32():
     assert mixed.copy().autocast == torch.bfloat16
 
 
-def test_mixed_precision_sampling_repeats_from_a_seed():
-    _, mixed = _pair()
+def test_mixed_precision_sampling_repeats_from_a_seed_and_samples_in_bfloat16():
+    full, mixed = _pair()
     ids, mask = mixed.encode_prompts(["Let me add 3", "State the final answer: 2 + 2 ="])
-    draws = [mixed.sample(ids, mask, SamplingConfig(max_new_tokens=10), torch.Generator().manual_seed(3))
-             for _ in range(2)]
+    draws = [p.sample(ids, mask, SamplingConfig(max_new_tokens=10), torch.Generator().manual_seed(3))
+             for p in (mixed, mixed, full)]
     assert torch.equal(draws[0].completion_ids, draws[1].completion_ids)
     assert torch.equal(draws[0].logprobs, draws[1].logprobs)
+    # the first token is drawn from the same prompt logits up to rounding: its log-prob differs, a little
+    assert torch.equal(draws[0].completion_ids[:, 0], draws[2].completion_ids[:, 0])
+    first = (draws[0].logprobs[:, 0] - draws[2].logprobs[:, 0]).abs()
+    assert first.max() > 0 and first.max() < 0.05
 
 
 def _train(start: str, out: str, dtype: str) -> tuple[list[dict], Trainer]:
     config = load_train_config(None, [f"start={start}", "task=gym:chain_sum", "prompts_per_step=2", "group_size=2",
                                       "sampling.max_new_tokens=8", "steps=2", "eval_n=2", "final_eval_n=0",
-                                      "lr=1e-3", f"dtype={dtype}", "device=cpu"])
+                                      "lr=1e-3", "loss.kl_coef=0.1", f"dtype={dtype}", "device=cpu"])
     trainer = Trainer(config, out, progress=False)
     trainer.train()
     with open(f"{out}/metrics.jsonl") as f:
@@ -59,8 +64,18 @@ def _train(start: str, out: str, dtype: str) -> tuple[list[dict], Trainer]:
     return [{k: v for k, v in row.items() if k != "seconds"} for row in rows], trainer
 
 
-def test_a_mixed_precision_run_repeats_from_its_seed_and_keeps_float32_weights(hf_dir, tmp_path):
+def test_a_mixed_precision_run_repeats_from_its_seed_and_keeps_float32_weights(hf_dir, tmp_path, monkeypatch):
+    entered = []  # (policy, gradient on) of every autocast entry
+    original = HFPolicy._autocast
+
+    def spy(self):
+        entered.append((id(self), torch.is_grad_enabled()))
+        return original(self)
+
+    monkeypatch.setattr(HFPolicy, "_autocast", spy)
     first, trainer = _train(hf_dir, str(tmp_path / "a"), "bfloat16-mixed")
+    assert any(grad for _, grad in entered)  # the update's forward, not only sampling
+    assert len({policy for policy, _ in entered}) == 2  # the policy and its KL reference (a copy)
     again, _ = _train(hf_dir, str(tmp_path / "b"), "bfloat16-mixed")
     assert first == again and len(first) == 3  # the evaluation before training and two steps
     assert trainer.policy.autocast == torch.bfloat16
@@ -83,3 +98,44 @@ def test_a_mixed_precision_audit_caches_its_reference_apart(saved_policy):
     keys = {dtype: reference_key(AuditConfig(checkpoint=saved_policy, n=4, group_size=2, dtype=dtype), saved_policy,
                                  torch.device("cpu"), torch.float32) for dtype in ("float32", "bfloat16-mixed")}
     assert keys["float32"] != keys["bfloat16-mixed"]
+
+
+class _Reached(Exception):
+    """Raised by the load_policy spy: the command got as far as loading its model."""
+
+
+@pytest.mark.parametrize("command,where", [("train", "credo.train.step.load_policy"),
+                                           ("eval", "credo.policy.load_policy"),
+                                           ("audit", "credo.lab.audit.run.load_policy"),
+                                           ("show", "credo.policy.load_policy"),
+                                           ("sft", "credo.policy.load_policy")])
+def test_every_command_loads_its_model_for_mixed_precision(command, where, hf_dir, tmp_path, monkeypatch):
+    asked = []
+
+    def spy(path, device="cpu", *args, **kwargs):
+        asked.append((kwargs.get("dtype", torch.float32), kwargs.get("autocast")))
+        raise _Reached
+
+    monkeypatch.setattr(where, spy)
+    line = {"train": ["train", "--steps", "1", "--start", hf_dir, "--task", "gym:chain_sum"],
+            "eval": ["eval", "--checkpoint", hf_dir, "--task", "gym:chain_sum", "--n", "2"],
+            "audit": ["audit", "--checkpoint", hf_dir, "--task", "gym:chain_sum", "--n", "2", "--group-size", "2",
+                      "--k-ref", "2"],
+            "show": ["show", "--checkpoint", hf_dir, "--task", "gym:chain_sum", "--n", "1"],
+            "sft": ["sft", "--start", hf_dir, "--task", "gym:chain_sum"]}[command]
+    out = [] if command == "eval" else ["--out", str(tmp_path / "out")]
+    with pytest.raises(_Reached):
+        main(line + out + ["--set", "device=cpu", "--set", "dtype=bfloat16-mixed", "--quiet"])
+    assert asked == [(torch.float32, torch.bfloat16)]
+
+
+def test_a_mixed_precision_comparison_says_so_in_its_protocol_and_report():
+    from dataclasses import replace
+    from credo.lab.compare.presets import PRESETS, protocol
+    from credo.lab.compare.report import protocol_lines
+    smoke = PRESETS["smoke"]
+    mixed = protocol(replace(smoke, train={**smoke.train, "dtype": "bfloat16-mixed"}), "", 1)
+    full = protocol(replace(smoke, train={**smoke.train, "dtype": "float32"}), "", 1)
+    assert mixed["dtype"] == "bfloat16-mixed" and "dtype" not in full  # float32 results keep their bytes
+    assert "every run in dtype `bfloat16-mixed`" in protocol_lines({"protocol": mixed})[0]
+    assert "dtype" not in protocol_lines({"protocol": full})[0]

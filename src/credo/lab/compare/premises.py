@@ -55,7 +55,9 @@ def _premises(plan: list[tuple[str, int, str]], preset: Preset, start: str, out_
     def measured(name: str, checkpoint: str, sampling: Any, seed: int, teacher: bool, localisers: list[str]) -> dict:
         key = {"weights": _weights_digest(checkpoint), "teacher": teacher, "localisers": localisers,
                "problems": len(problems), "split": "validation" if validation else "held-out",
-               "sampling": to_dict(sampling), "seed": seed}
+               "sampling": to_dict(sampling), "seed": seed,
+               # off the CPU's float32 the numbers differ (docs/gpu.md); float32 CPU keys are as they were
+               **({"device": device.type, "dtype": dtype} if device.type != "cpu" or dtype != "float32" else {})}
         path = os.path.join(folder, f"{name}.json")
         try:
             with open(path) as f:

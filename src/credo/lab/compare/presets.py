@@ -276,7 +276,9 @@ def protocol(preset: Preset, start: str, jobs: int) -> dict[str, Any]:
     return {"task": preset.task, "seeds": list(preset.seeds), "jobs": jobs, "token_budget": preset.token_budget,
             "eval_every_tokens": preset.eval_every_tokens, "eval_n": preset.eval_n,
             "final_eval_n": preset.final_eval_n, "curve_eval_set": f"the first {preset.eval_n} {split} problems",
-            "schedule": shared, "methods": per_method, **({"eval_split": "validation"} if validation else {})}
+            "schedule": shared, "methods": per_method, **({"eval_split": "validation"} if validation else {}),
+            # recorded only off float32 (bfloat16-mixed), so the results of float32 comparisons keep their bytes
+            **({"dtype": preset.train["dtype"]} if preset.train.get("dtype", "float32") != "float32" else {})}
 
 
 def is_default_start(path: str, task: str) -> bool:

@@ -177,7 +177,8 @@ def protocol_lines(results: dict[str, Any]) -> list[str]:
     lines = [f"Task `{protocol['task']}` · seeds {', '.join(map(str, protocol['seeds']))} · "
              f"{protocol['jobs']} job(s) at once · curve: greedy accuracy on the first {protocol['eval_n']} {split} "
              f"problems (the same set at every evaluation) every {protocol['eval_every_tokens']:,} generated tokens · "
-             f"final: the first {protocol['final_eval_n']} {split.split(' (')[0]} problems.", "",
+             f"final: the first {protocol['final_eval_n']} {split.split(' (')[0]} problems"
+             + (f" · every run in dtype `{protocol['dtype']}`" if "dtype" in protocol else "") + ".", "",
              f"Schedule: every method {shared['epochs']} epoch(s) × {shared['minibatches']} mini-batch(es) per batch "
              f"(AdamW), lr {shared['lr']:g}"
              + (f", gradient-norm clip {shared['grad_clip']:g}" if "grad_clip" in shared else "")
