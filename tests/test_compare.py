@@ -1,6 +1,7 @@
 import json
 import os
 
+from credo.core.files import run_kind
 from credo.lab.compare.run import compare
 from credo.lab.compare.goals import BEST, CONTROLS, SC, SRPO
 
@@ -755,6 +756,22 @@ def test_a_comparison_measures_the_premises_on_its_start_and_each_final_policy_o
     again = compare("smoke", out, methods=("sc_grpo", "srpo:localiser=prompt"), start=start, progress=False)
     assert again["premises"]["methods"]["sc_grpo"]["0"]["accuracy"] == 0.123
     assert same(again["premises"]["start"], premises["start"])
+    from credo.lab.compare.export import export
+    moved = str(tmp_path / "moved")  # records without weights, with premises/: the kept measurements read back
+    export(out, moved)
+    assert run_kind(out) == "compare" and sorted(os.listdir(os.path.join(moved, "premises"))) == sorted(
+        os.listdir(os.path.join(out, "premises")))
+    elsewhere = compare("smoke", moved, methods=("sc_grpo", "srpo:localiser=prompt"), start=start, progress=False)
+    assert same(elsewhere["premises"]["methods"], again["premises"]["methods"])
+    assert "without_weights" not in elsewhere["premises"]
+    os.remove(os.path.join(moved, "premises", "sc_grpo-s0.json"))  # measured nowhere this folder knows of
+    os.remove(os.path.join(moved, "report.md"))
+    elsewhere = compare("smoke", moved, methods=("sc_grpo", "srpo:localiser=prompt"), start=start, progress=False)
+    assert elsewhere["failures"] == {} and set(elsewhere["premises"]["methods"]) == {"srpo:localiser=prompt"}
+    assert elsewhere["premises"]["without_weights"] == ["sc_grpo-s0"]
+    assert same(elsewhere["premises"]["start"], premises["start"])
+    assert ("Not measured: sc_grpo-s0: finished runs whose final weights this folder does not hold"
+            in open(os.path.join(moved, "report.md")).read())
 
 
 def test_the_curves_name_the_set_they_were_measured_on(tmp_path):

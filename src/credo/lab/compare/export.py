@@ -14,6 +14,7 @@ refused, naming it, when it differs or is a live run (checkpoints, final weights
 The report files (with estimate.json, from which `--status` costs the methods no finished run has) are
 replaced by OUT's, unless DEST holds finished runs that OUT does not (runs exported from
 another machine's share of the grid, or DEST's own): then OUT's report does not cover DEST, and none is copied.
+With the report go its audit/ and premises/ folders (the premise checks of runs whose weights stay behind).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from credo.core.files import (KIND_MARKER, atomic_copy, atomic_directory, atomic
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
 """What a finished run is reused from."""
 REPORT_FILES = ("results.json", "report.md", "*.png", "failure-*.txt", "estimate.json")
-"""A comparison's own files beside runs/ (its audit/ folder is copied too)."""
+"""A comparison's own files beside runs/ (its audit/ and premises/ folders are copied too)."""
 EXPORT_MARKER = ".credo-export"
 """Marks a folder --export wrote, which a later export may add to."""
 
@@ -115,11 +116,12 @@ def export(out_dir: str, dest: str) -> Exported:
         if os.path.isfile(path) and any(fnmatch.fnmatchcase(entry, p) for p in REPORT_FILES):
             atomic_copy(path, os.path.join(dest, entry))
             done.report = done.report or entry == "results.json"
-    audit = os.path.join(out_dir, "audit")
-    if os.path.isdir(audit):
-        for entry in sorted(os.listdir(audit)):
-            if os.path.isfile(os.path.join(audit, entry)) and not entry.startswith("."):
-                atomic_copy(os.path.join(audit, entry), os.path.join(dest, "audit", entry))
+    for folder in ("audit", "premises"):  # the start's audit; the premise checks, read back by a resume from DEST
+        source = os.path.join(out_dir, folder)
+        if os.path.isdir(source):
+            for entry in sorted(os.listdir(source)):
+                if os.path.isfile(os.path.join(source, entry)) and not entry.startswith("."):
+                    atomic_copy(os.path.join(source, entry), os.path.join(dest, folder, entry))
     return done
 
 

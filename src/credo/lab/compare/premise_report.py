@@ -64,4 +64,8 @@ def premise_lines(results: dict[str, Any], shown: Callable[[str], str]) -> list[
     lines += row("start", [premises["start"]])
     for method, seeds in premises.get("methods", {}).items():
         lines += row(shown(method), list(seeds.values()))
+    if premises.get("without_weights"):
+        lines += ["", f"Not measured: {', '.join(premises['without_weights'])}: finished runs whose final weights "
+                  "this folder does not hold (records exported from another machine); the seeds column counts the "
+                  "runs measured."]
     return lines + [""]

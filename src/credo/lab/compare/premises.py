@@ -2,7 +2,9 @@
 erode the abilities a method rests on). Which checks a method needs: credo.lab.audit.premises.premises_of; what
 they measure: credo.lab.audit.premises.measure_premises. Each measurement is kept in <out>/premises/<run>.json
 (start.json for the start) with the key it was measured under (the policy's weights digest, the checks, the
-problems, the sampling): a rerun reads back what still matches and measures the rest again.
+problems, the sampling): a rerun reads back what still matches and measures the rest again. An export
+(`credo compare --export`) carries premises/ but no weights: resumed from it, a run's kept measurement is read
+back under the same key apart from the weights, and a run measured nowhere is named as not measured.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ GROUP = 8
 
 def premises_at_end(plan: list[tuple[str, int, str]], preset: Preset, start: str, out_dir: str,
                     device: torch.device, progress: bool = True, dtype: str = "float32") -> dict[str, Any]:
-    """{'traces', 'split', 'start': {...}, 'methods': {method: {seed: {...}}}} for the methods of `plan` that rest
-    on a premise ({} when none does); a run without a final policy (failed or unfinished) is left out. A check
-    that fails is reported ({'failure': ...}), never raised: the comparison's report is still written."""
+    """{'traces', 'split', 'start': {...}, 'methods': {method: {seed: {...}}}, 'without_weights'?: [run, ...]}
+    for the methods of `plan` that rest on a premise ({} when none does). A run without a final policy (failed or
+    unfinished) is left out; a finished run whose final weights the folder does not hold (a record exported from
+    another machine: config, log and summary only) is left out and named in 'without_weights'. A check that
+    fails is reported ({'failure': ...}), never raised: the comparison's report is still written."""
     try:
         return _premises(plan, preset, start, out_dir, device, progress, dtype)
     except Exception as err:  # noqa: BLE001 (reported in results.json and the report, like the audit's failure)
@@ -52,20 +56,19 @@ def _premises(plan: list[tuple[str, int, str]], preset: Preset, start: str, out_
     folder = os.path.join(out_dir, "premises")
     os.makedirs(folder, exist_ok=True)
 
-    def measured(name: str, checkpoint: str, sampling: Any, seed: int, teacher: bool, localisers: list[str]) -> dict:
-        key = {"weights": _weights_digest(checkpoint), "teacher": teacher, "localisers": localisers,
-               "problems": len(problems), "split": "validation" if validation else "held-out",
-               "sampling": to_dict(sampling), "seed": seed,
+    def measured(name: str, checkpoint: str | None, sampling: Any, seed: int, teacher: bool,
+                 localisers: list[str]) -> dict | None:
+        """The checks on `checkpoint`'s policy: read back when kept under the same key, else measured and kept.
+        checkpoint None (a finished run's record without its weights): only read back, the weights not compared."""
+        key = {"weights": _weights_digest(checkpoint) if checkpoint else None, "teacher": teacher,
+               "localisers": localisers, "problems": len(problems),
+               "split": "validation" if validation else "held-out", "sampling": to_dict(sampling), "seed": seed,
                # off the CPU's float32 the numbers differ (docs/gpu.md); float32 CPU keys are as they were
                **({"device": device.type, "dtype": dtype} if device.type != "cpu" or dtype != "float32" else {})}
         path = os.path.join(folder, f"{name}.json")
-        try:
-            with open(path) as f:
-                kept = json.load(f)
-            if isinstance(kept, dict) and kept.get("key") == key:
-                return kept["result"]
-        except (OSError, ValueError):
-            pass  # absent or unreadable: our own file, measured again below
+        kept = _kept(path, key)
+        if kept is not None or checkpoint is None:
+            return kept
         if progress:
             print(f"compare: premise checks of {name} ...", flush=True)
         placed = resolve_dtype(dtype, device, "compare.dtype")
@@ -85,9 +88,29 @@ def _premises(plan: list[tuple[str, int, str]], preset: Preset, start: str, out_
     for method, seed, run_dir in plan:
         if method not in needs or not os.path.isfile(os.path.join(run_dir, "summary.json")):
             continue
+        final = os.path.join(run_dir, "final")
         own_teacher, own_localiser = needs[method]
-        sampling = run_config(method, seed, preset, start).sampling
-        out["methods"].setdefault(method, {})[str(seed)] = measured(
-            run_dir_name(method, seed), os.path.join(run_dir, "final"), sampling, seed, own_teacher,
-            [own_localiser] if own_localiser else [])
+        result = measured(run_dir_name(method, seed), final if os.path.isdir(final) else None,
+                          run_config(method, seed, preset, start).sampling, seed, own_teacher,
+                          [own_localiser] if own_localiser else [])
+        if result is None:  # an exported record, measured nowhere this folder knows of
+            out.setdefault("without_weights", []).append(run_dir_name(method, seed))
+        else:
+            out["methods"].setdefault(method, {})[str(seed)] = result
     return out
+
+
+def _kept(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The result kept at `path` when it was measured under `key`; with key['weights'] None (the weights are not
+    in this folder: a record exported from another machine, with its premises/), under the same key otherwise."""
+    try:
+        with open(path) as f:
+            kept = json.load(f)
+    except (OSError, ValueError):
+        return None  # absent or unreadable: our own file, measured again
+    if not isinstance(kept, dict) or not isinstance(kept.get("key"), dict):
+        return None
+    ignore = {"weights"} if key["weights"] is None else set()
+    def compared(k: dict[str, Any]) -> dict[str, Any]:
+        return {name: value for name, value in k.items() if name not in ignore}
+    return kept.get("result") if compared(kept["key"]) == compared(key) else None
