@@ -36,11 +36,11 @@ class Recorder:
         return type(out)(c_ids, c_mask, torch.zeros(c_ids.shape))
 
 
-def wrong_three_step_rollouts(policy, task):
+def wrong_three_step_rollouts(policy, task, texts=("Let me add.\nSo it is 1000.\n<answer>1000</answer>",) * 2):
     from credo.core.rollouts import Rollouts
     from credo.tasks.base import rewards_for
     problems = task.train_problems(2, torch.Generator().manual_seed(0))
-    texts = ["Let me add.\nSo it is 1000.\n<answer>1000</answer>"] * 2
+    texts = list(texts)
     p_ids, p_mask = policy.encode_prompts([p.prompt for p in problems])
     ids, mask = policy.encode_completions(texts)
     rewards, correct = rewards_for(task, problems, texts)
@@ -89,3 +89,31 @@ def test_srpo_with_the_prompt_localiser_collects_resets_on_a_tiny_chat_model(hf_
     assert out.cost.tokens_generated > 0  # the localisation replies are counted, as the strategy's cost
     groups = {2 * q for q in range(2)} | {2 * q + 1 for q in out.details["parents"]}
     assert set(out.rollouts.group.tolist()) == groups
+
+
+def test_a_request_longer_than_the_context_is_not_sent_and_resets_at_step_1(hf_policy, gym_task):
+    """A localisation request the model cannot read whole (a long trace on the tiny GPT's 256 positions crashed two
+    srpo:localiser=prompt runs of compare-long-skilled) gets the empty reply: the parser's step-1 fallback."""
+    from credo.strategies.localisers import localisation_requests
+    policy = Recorder(bind_task(hf_policy.copy(), gym_task), reply="\\boxed{2}")
+    texts = [f"Let me add{more}.\nSo it is 1000.\n<answer>1000</answer>" for more in ("", " them all up")]
+    r = wrong_three_step_rollouts(policy.inner, gym_task, texts)
+    probe = Probe(policy, gym_task, SamplingConfig(max_new_tokens=6), torch.Generator().manual_seed(0))
+    seg = probe.segment(r, "lines")
+    rows = list(range(r.batch_size))
+    lengths = [int(n) for n in policy.inner.encode_prompts(localisation_requests(r, rows, probe, seg),
+                                                           system=False)[1].sum(dim=1)]
+    assert lengths[0] < lengths[1]  # the second trace's request is longer
+    longest = lengths.index(max(lengths))
+
+    policy.clamps_generation = True  # as the tiny GPT, which cannot read past its context
+
+    def ask(context):
+        policy.context_length, policy.samplings = context, []
+        picks = localise("prompt", r, rows, probe, seg, random.Random(0), 0.3, prompt_max_new_tokens=5)
+        return picks, len(policy.samplings)
+
+    assert ask(max(lengths) + 1) == ([1, 1], 1)  # both fit: both asked, \boxed{2}
+    assert ask(min(lengths)) == ([0, 0], 0)  # neither leaves room for a reply: nothing sampled, step 1 for both
+    picks, calls = ask(max(lengths))  # only the shorter request is sent
+    assert calls == 1 and picks[longest] == 0 and picks[1 - longest] == 1

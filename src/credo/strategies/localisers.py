@@ -194,7 +194,9 @@ def localisation_replies(rollouts: Rollouts, rows: Sequence[int], probe: Probe, 
                          temperature: float, max_new_tokens: int) -> list[str]:
     """The policy's own replies to the task's localisation request for each row, sent as a bare user
     turn (no system prompt: the task's answer-format instruction would contradict "reply with the
-    step number"), one batched sampling call. top_p is the run's, as in the public code."""
+    step number"), one batched sampling call. top_p is the run's, as in the public code. A request that leaves
+    no room for a reply in the context of a backend that stops there (the tiny GPT: policy.clamps_generation) is
+    not sent: its reply is empty (the parser's step-1 fallback)."""
     builder = getattr(probe.task, "localisation_prompt", None)
     if builder is None:
         raise ValueError(f"the prompt localiser needs a task with localisation_prompt (chat models); "
@@ -207,8 +209,20 @@ def localisation_replies(rollouts: Rollouts, rows: Sequence[int], probe: Probe, 
                          f"tiny policy's alphabet lacks {missing!r} (a start trained with localisation examples "
                          "can: sft:arith-long-skilled)")
     ids, mask = policy.encode_prompts(prompts, system=False)
-    out = probe.sample(ids, mask, SamplingConfig(temperature, probe.sampling.top_p, max_new_tokens))
-    return [policy.decode(r) for r in out.completion_ids]
+    # a request a backend that stops at its context cannot read whole and answer (a long trace on the tiny GPT's
+    # 256 positions) gets the empty reply, which the parser reads as its step-1 fallback, as it does a truncated
+    # one; the public code's models (thousands of positions) never meet this. A Hugging Face model reads on.
+    context = getattr(policy, "context_length", None) if getattr(policy, "clamps_generation", False) else None
+    fits = [not context or int(n) < context for n in mask.sum(dim=1)]
+    replies = [""] * len(prompts)
+    asked = [i for i, fit in enumerate(fits) if fit]
+    if asked:
+        if len(asked) < len(prompts):
+            ids, mask = policy.encode_prompts([prompts[i] for i in asked], system=False)
+        out = probe.sample(ids, mask, SamplingConfig(temperature, probe.sampling.top_p, max_new_tokens))
+        for i, reply in zip(asked, out.completion_ids):
+            replies[i] = policy.decode(reply)
+    return replies
 
 
 def parse_step_index(reply: str, n_steps: int) -> int:
