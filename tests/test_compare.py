@@ -58,6 +58,12 @@ def test_a_failing_method_is_reported_and_the_rest_still_runs(saved_policy, tmp_
     assert results["failures"] == {"rloo-s0": "RuntimeError: boom"}
     assert results["methods"]["grpo"]["final_mean"] is not None
     assert "rloo-s0 | failed: RuntimeError: boom" in open(os.path.join(out, "report.md")).read()
+    assert os.path.isfile(os.path.join(out, "failure-rloo-s0.txt"))
+    monkeypatch.setattr(cmp, "run_one", real)  # the cause fixed: the rerun trains it, and the failure is gone
+    again = compare("smoke", out, methods=("rloo",), start=saved_policy, progress=False)
+    assert again["failures"] == {} and "0" in again["methods"]["rloo"]["seeds"]
+    assert not os.path.exists(os.path.join(out, "failure-rloo-s0.txt"))
+    assert "failed" not in open(os.path.join(out, "report.md")).read()
 
 
 def test_parallel_jobs_give_the_same_runs_as_one_job(saved_policy, tmp_path):

@@ -309,11 +309,14 @@ def place_runs(preset: Preset, device: str, dtype: str, jobs: int, share_gpu: bo
 def record_outcomes(results: dict[str, Any], methods: tuple[str, ...], plan: list[tuple[str, int, str]],
                     outcomes: list[tuple[Any, str | None]], out_dir: str) -> None:
     """Each run's result into results['methods'], and each failure into results['failures'] and its own
-    traceback file: reported, never hidden."""
+    traceback file: reported, never hidden. A run that failed in an earlier invocation and has finished since
+    loses its traceback file (this command's own), which would otherwise report a failure that is gone."""
     results["methods"] = {method: {"seeds": {}} for method in methods}
     for (method, seed, _), (result, error) in zip(plan, outcomes):
         if error is None:
             results["methods"][method]["seeds"][str(seed)] = result
+            if os.path.isfile(failure_path(out_dir, method, seed)):
+                os.remove(failure_path(out_dir, method, seed))
         else:
             results["failures"][f"{method}-s{seed}"] = error.strip().splitlines()[-1]
             atomic_write_text(failure_path(out_dir, method, seed), error)
