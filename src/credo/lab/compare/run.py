@@ -43,7 +43,7 @@ from credo.lab.audit.run import AuditConfig, run_audit
 from credo.lab.compare.report import goals, plot_curves, report, summarise  # noqa: F401  (re-exported)
 from credo.lab.compare.presets import (ALL_METHODS, PRESETS, Preset, check_reusable, protocol,  # noqa: F401  (re-exported)
                                    resolve_preset, run_config, run_dir_name)
-from credo.lab.compare.runs import failure_path, progress_of, run_result  # noqa: F401  (re-exported)
+from credo.lab.compare.runs import clear_failure, failure_path, progress_of, run_result  # noqa: F401  (re-exported)
 from credo.credit.registry import parse_spec
 from credo.core.config import ConfigError, UserError
 from credo.core.disk_errors import DiskError, as_disk_error, is_disk_error
@@ -309,14 +309,12 @@ def place_runs(preset: Preset, device: str, dtype: str, jobs: int, share_gpu: bo
 def record_outcomes(results: dict[str, Any], methods: tuple[str, ...], plan: list[tuple[str, int, str]],
                     outcomes: list[tuple[Any, str | None]], out_dir: str) -> None:
     """Each run's result into results['methods'], and each failure into results['failures'] and its own
-    traceback file: reported, never hidden. A run that failed in an earlier invocation and has finished since
-    loses its traceback file (this command's own), which would otherwise report a failure that is gone."""
+    traceback file: reported, never hidden; a finished run's traceback from an earlier invocation is removed."""
     results["methods"] = {method: {"seeds": {}} for method in methods}
     for (method, seed, _), (result, error) in zip(plan, outcomes):
         if error is None:
             results["methods"][method]["seeds"][str(seed)] = result
-            if os.path.isfile(failure_path(out_dir, method, seed)):
-                os.remove(failure_path(out_dir, method, seed))
+            clear_failure(out_dir, method, seed)
         else:
             results["failures"][f"{method}-s{seed}"] = error.strip().splitlines()[-1]
             atomic_write_text(failure_path(out_dir, method, seed), error)

@@ -21,6 +21,14 @@ def failure_path(out_dir: str, method: str, seed: int) -> str:
     return os.path.join(out_dir, f"failure-{run_dir_name(method, seed)}.txt")
 
 
+def clear_failure(out_dir: str, method: str, seed: int) -> None:
+    """Removes the traceback file of a run that failed in an earlier invocation and has finished since (compare's
+    own file), which would otherwise report a failure that is gone."""
+    path = failure_path(out_dir, method, seed)
+    if os.path.isfile(path):
+        os.remove(path)
+
+
 def run_result(run_dir: str) -> dict[str, Any]:
     """One finished training run as results.json records it, read from its run directory. Its `seconds`
     and `seconds_per_step` leave out stalled steps (compare_stats.stalled_seconds); its curve keeps the
