@@ -101,8 +101,8 @@ def _premises(plan: list[tuple[str, int, str]], preset: Preset, start: str, out_
 
 
 def _kept(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
-    """The result kept at `path` when it was measured under `key`; with key['weights'] None (the weights are not
-    in this folder: a record exported from another machine, with its premises/), under the same key otherwise."""
+    """The result kept at `path` when it was measured under `key`, its weights digest not compared when
+    key['weights'] is None (the weights are not in this folder: a record exported with its premises/); else None."""
     try:
         with open(path) as f:
             kept = json.load(f)
@@ -111,6 +111,7 @@ def _kept(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(kept, dict) or not isinstance(kept.get("key"), dict):
         return None
     ignore = {"weights"} if key["weights"] is None else set()
+
     def compared(k: dict[str, Any]) -> dict[str, Any]:
         return {name: value for name, value in k.items() if name not in ignore}
     return kept.get("result") if compared(kept["key"]) == compared(key) else None
