@@ -800,3 +800,44 @@ def test_a_long_method_name_breaks_at_its_colons_and_a_privileged_one_is_marked(
     assert long.replace("\n", "") == "shuffled:of=tempo:options.of=rredcot:include_reference=false (5 seeds)"
     assert all(len(line) <= 34 for line in long.split("\n")) and all(
         line.endswith(":") for line in long.split("\n")[:-1])
+
+
+def test_a_run_result_records_the_overlong_penalty_it_applied_fitted_or_as_set(tmp_path):
+    """DAPO's overlong penalty acts unequally (a method that shapes rewards by length): the report states where
+    it starts and whether it was fitted to the task (summary.json: overlong_buffer_used, longest_worked_solution)."""
+    from credo.lab.compare.run import report, run_result, summarise
+    from credo.lab.compare.unequal import overlong_sentences
+
+    def run(name, config, summary):
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.yaml").write_text(config)
+        (path / "summary.json").write_text(json.dumps({"step": 1, "tokens_generated": 10, "seconds": 1.0,
+                                                       "final_accuracy": 0.5, **summary}))
+        (path / "metrics.jsonl").write_text(json.dumps({"step": 1, "tokens_generated": 10, "seconds": 1.0}) + "\n")
+        return run_result(str(path))
+
+    sampling = "sampling:\n  max_new_tokens: 96\n"
+    fitted = run("fitted", "method: dapo\noverlong_buffer: 16\noverlong_fit_task: true\n" + sampling,
+                 {"overlong_buffer_used": 1, "longest_worked_solution": 95})
+    as_set = run("set", "method: dapo\noverlong_buffer: 16\n" + sampling, {})
+    plain = run("plain", "method: grpo\noverlong_buffer: 0\n" + sampling, {})
+    assert fitted["overlong"] == {"buffer": 1, "max_new_tokens": 96, "longest_worked_solution": 95,
+                                  "fit_problems": 256}
+    assert as_set["overlong"] == {"buffer": 16, "max_new_tokens": 96, "longest_worked_solution": None}
+    assert "overlong" not in plain
+    results = _synthetic({"grpo": [0.5, 0.6], "dapo": [0.5, 0.6], "dapo:overlong_fit_task=false": [0.5, 0.6]},
+                         {"grpo": [None, None], "dapo": [None, None], "dapo:overlong_fit_task=false": [None, None]})
+    for seed in results["methods"]["dapo"]["seeds"].values():
+        seed["overlong"] = fitted["overlong"]
+    for seed in results["methods"]["dapo:overlong_fit_task=false"]["seeds"].values():
+        seed["overlong"] = as_set["overlong"]
+    sentences = overlong_sentences(results, str)
+    assert sentences == [
+        "dapo penalises completions that reach into the last 1 of 96 new tokens (DAPO's overlong penalty), fitted "
+        "to the task so that no worked solution of 256 training problems reaches it (the longest is 95 tokens).",
+        "dapo:overlong_fit_task=false penalises completions that reach into the last 16 of 96 new tokens (DAPO's "
+        "overlong penalty), as set, not fitted to the task: a correct solution that long is penalised too."]
+    summarise(results)
+    text = report({**results, "preset": "t", "start": "s", "commit": "c", "date": "d", "machine": "m"})
+    assert "## What acts unequally on methods: DAPO's overlong penalty" in text and sentences[0] in text

@@ -16,6 +16,7 @@ from credo.core.config import ConfigError
 from credo.credit.registry import parse_spec
 from credo.lab.compare.eta import describe
 from credo.lab.compare.premise_report import premise_lines
+from credo.lab.compare.unequal import unequal_lines, unequal_reading
 from credo.train.provenance import short
 from credo.lab.compare.plots import plot_curves  # noqa: F401  (re-exported)
 from credo.lab.compare.goals import goals, points, privilege_mark, unprivileged  # noqa: F401  (re-exported)
@@ -257,50 +258,10 @@ def report(results: dict[str, Any]) -> str:
              *([f"Note: {results['note']}", ""] if results.get("note") else []),
              *commit_lines(results), *protocol_lines(results), "",
              f"## At equal generated tokens ({results['token_budget']:,} per run)", "", *main_table(results), "",
-             *equal_updates_lines(results), *controls_lines(results), *clipping_lines(results),
+             *equal_updates_lines(results), *controls_lines(results),
+             *unequal_lines(results, lambda m: shown_name(results, m)),
              *premise_lines(results, lambda m: shown_name(results, m)), "## Reading", "", reading(results)]
     return "\n".join(lines) + "\n"
-
-
-def clipping_lines(results: dict[str, Any]) -> list[str]:
-    """The table of what gradient-norm clipping did to each method (it acts unequally: a method whose credit
-    sits on few tokens has larger gradients); nothing when no run recorded gradient norms."""
-    rows = [(name, entry["clipping"]) for name, entry in results["methods"].items() if entry.get("clipping")]
-    if not rows:
-        return []
-    lines = ["## What acts unequally on methods: gradient-norm clipping", "",
-             "Each step's pre-clip gradient norm is the mean over its updates (`grad_norm` in metrics.jsonl). With "
-             "Adam a clipped step mostly changes direction, not size; the share still differs between methods.", "",
-             "| method | steps above the clip (mean over seeds) | median pre-clip gradient norm | clip |",
-             "|---|---|---|---|"]
-    for name, c in rows:
-        clip = ", ".join(f"{v:g}" for v in c["grad_clip"])
-        lines.append(f"| {shown_name(results, name)} | {100 * c['clipped_share']:.0f}% | {c['grad_norm_median']:.2f} | "
-                     f"{clip} |")
-    return lines + [""]
-
-
-def unequal_reading(results: dict[str, Any], entries: dict[str, Any]) -> list[str]:
-    """Reading lines for what acts unequally: methods clipped on more than half their steps, and methods
-    that made far fewer updates than GRPO in the token budget (their final says little about their credit)."""
-    parts = []
-    clipped = [f"{k} ({100 * v['clipping']['clipped_share']:.0f}%)" for k, v in entries.items()
-               if k != "grpo" and v.get("clipping") and v["clipping"]["clipped_share"] > 0.5]
-    if clipped:
-        grpo = entries["grpo"].get("clipping")
-        parts.append("Gradient-norm clipping acted on more than half the steps of " + ", ".join(clipped)
-                     + (f" (GRPO: {100 * grpo['clipped_share']:.0f}%)" if grpo else "")
-                     + "; with Adam that turns their updates more than it shortens them (see the clipping table).")
-    grpo_steps = [r["steps"] for r in entries["grpo"]["seeds"].values() if "steps" in r]
-    if grpo_steps:
-        few = [f"{k} ({min(r['steps'] for r in v['seeds'].values())} against GRPO's {min(grpo_steps)})"
-               for k, v in entries.items() if k != "grpo" and all("steps" in r for r in v["seeds"].values())
-               and v["seeds"] and max(r["steps"] for r in v["seeds"].values()) < 0.5 * min(grpo_steps)]
-        if few:
-            parts.append("Made under half GRPO's updates in the same generated tokens, so their final accuracy "
-                         "measures their cost more than their credit (compare them at equal updates above): "
-                         + ", ".join(few) + ".")
-    return parts
 
 
 def commit_lines(results: dict[str, Any]) -> list[str]:

@@ -14,6 +14,7 @@ from credo.lab.compare.presets import run_dir_name
 from credo.lab.compare.stats import clipping, stalled_seconds
 from credo.core.files import MetricsLog
 from credo.train.config import TrainConfig
+from credo.train.shaping import OVERLONG_FIT_PROBLEMS
 
 
 def failure_path(out_dir: str, method: str, seed: int) -> str:
@@ -48,8 +49,30 @@ def run_result(run_dir: str) -> dict[str, Any]:
             "stalled_seconds": stalled, "stalled_steps": stalled_steps,
             "seconds_per_step": (summary["seconds"] - stalled) / max(summary["step"], 1),
             "tokens_scored": steps[-1].get("tokens_scored", 0) if steps else 0,
-            **(clipping(norms, run_grad_clip(run_dir)) if norms else {}),
+            **(clipping(norms, run_grad_clip(run_dir)) if norms else {}), **run_overlong(run_dir, summary),
             **({"commit": summary["credo_commit"]} if "credo_commit" in summary else {})}
+
+
+def run_overlong(run_dir: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """{'overlong': {'buffer', 'max_new_tokens', 'longest_worked_solution', 'fit_problems'}} when the run applied
+    DAPO's overlong penalty (the buffer it used, fitted to the task or as set in config.yaml), else {}."""
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(path):  # a record without its config (only the summary is needed for the rest)
+        return {}
+    with open(path) as f:
+        config = yaml.safe_load(f)
+    if not isinstance(config, dict):
+        return {}
+    # (a run recorded before sampling settings were grouped keeps max_new_tokens at the top level)
+    max_new_tokens = (config.get("sampling") or {}).get("max_new_tokens", config.get("max_new_tokens"))
+    if "overlong_buffer_used" in summary:  # fitted to the task (train/shaping.py)
+        return {"overlong": {"buffer": summary["overlong_buffer_used"], "max_new_tokens": max_new_tokens,
+                             "longest_worked_solution": summary.get("longest_worked_solution"),
+                             "fit_problems": OVERLONG_FIT_PROBLEMS}}
+    if config.get("overlong_buffer", 0) > 0:
+        return {"overlong": {"buffer": config["overlong_buffer"], "max_new_tokens": max_new_tokens,
+                             "longest_worked_solution": None}}
+    return {}
 
 
 def run_grad_clip(run_dir: str) -> float:

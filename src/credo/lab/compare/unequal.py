@@ -1,0 +1,81 @@
+"""What acts unequally on the methods of a comparison, shown in its report (issue 37): gradient-norm clipping (a
+method whose credit sits on few tokens has larger gradients, so the same clip turns more of its steps) and DAPO's
+overlong penalty (a method that shapes its rewards by length)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def unequal_lines(results: dict[str, Any], shown: Callable[[str], str]) -> list[str]:
+    """The report's section on clipping (a table) and on any overlong penalty a method's runs applied; nothing
+    when no run recorded either. shown: a method's name as the report's tables show it."""
+    lines = clipping_lines(results, shown)
+    overlong = overlong_sentences(results, shown)
+    if overlong and not lines:
+        lines = ["## What acts unequally on methods: DAPO's overlong penalty", ""]
+    return lines + ([" ".join(overlong), ""] if overlong else [])
+
+
+def overlong_sentences(results: dict[str, Any], shown: Callable[[str], str]) -> list[str]:
+    """One sentence per method whose runs applied DAPO's overlong penalty (runs.run_overlong): where it starts,
+    and whether it was fitted to the task's worked solutions."""
+    out = []
+    for name, entry in results["methods"].items():
+        runs = [r["overlong"] for r in entry.get("seeds", {}).values() if r.get("overlong")]
+        if not runs:
+            continue
+        first = runs[0]
+        buffers = sorted({r["buffer"] for r in runs})
+        buffer = "/".join(str(b) for b in buffers)
+        if first.get("longest_worked_solution") is not None:
+            how = (f"fitted to the task so that no worked solution of {first['fit_problems']} training problems "
+                   f"reaches it (the longest is {first['longest_worked_solution']} tokens)")
+            if buffers == [0]:
+                how += ": no completion is penalised"
+        else:
+            how = "as set, not fitted to the task: a correct solution that long is penalised too"
+        out.append(f"{shown(name)} penalises completions that reach into the last {buffer} of "
+                   f"{first['max_new_tokens']} new tokens (DAPO's overlong penalty), {how}.")
+    return out
+
+
+def clipping_lines(results: dict[str, Any], shown: Callable[[str], str]) -> list[str]:
+    """The table of what gradient-norm clipping did to each method (it acts unequally: a method whose credit
+    sits on few tokens has larger gradients); nothing when no run recorded gradient norms."""
+    rows = [(name, entry["clipping"]) for name, entry in results["methods"].items() if entry.get("clipping")]
+    if not rows:
+        return []
+    lines = ["## What acts unequally on methods: gradient-norm clipping", "",
+             "Each step's pre-clip gradient norm is the mean over its updates (`grad_norm` in metrics.jsonl). With "
+             "Adam a clipped step mostly changes direction, not size; the share still differs between methods.", "",
+             "| method | steps above the clip (mean over seeds) | median pre-clip gradient norm | clip |",
+             "|---|---|---|---|"]
+    for name, c in rows:
+        clip = ", ".join(f"{v:g}" for v in c["grad_clip"])
+        lines.append(f"| {shown(name)} | {100 * c['clipped_share']:.0f}% | {c['grad_norm_median']:.2f} | "
+                     f"{clip} |")
+    return lines + [""]
+
+
+def unequal_reading(results: dict[str, Any], entries: dict[str, Any]) -> list[str]:
+    """Reading lines for what acts unequally: methods clipped on more than half their steps, and methods
+    that made far fewer updates than GRPO in the token budget (their final says little about their credit)."""
+    parts = []
+    clipped = [f"{k} ({100 * v['clipping']['clipped_share']:.0f}%)" for k, v in entries.items()
+               if k != "grpo" and v.get("clipping") and v["clipping"]["clipped_share"] > 0.5]
+    if clipped:
+        grpo = entries["grpo"].get("clipping")
+        parts.append("Gradient-norm clipping acted on more than half the steps of " + ", ".join(clipped)
+                     + (f" (GRPO: {100 * grpo['clipped_share']:.0f}%)" if grpo else "")
+                     + "; with Adam that turns their updates more than it shortens them (see the clipping table).")
+    grpo_steps = [r["steps"] for r in entries["grpo"]["seeds"].values() if "steps" in r]
+    if grpo_steps:
+        few = [f"{k} ({min(r['steps'] for r in v['seeds'].values())} against GRPO's {min(grpo_steps)})"
+               for k, v in entries.items() if k != "grpo" and all("steps" in r for r in v["seeds"].values())
+               and v["seeds"] and max(r["steps"] for r in v["seeds"].values()) < 0.5 * min(grpo_steps)]
+        if few:
+            parts.append("Made under half GRPO's updates in the same generated tokens, so their final accuracy "
+                         "measures their cost more than their credit (compare them at equal updates above): "
+                         + ", ".join(few) + ".")
+    return parts
