@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 
 from credo.core.files import run_kind
 from credo.lab.compare.run import compare
@@ -770,6 +771,12 @@ def test_a_comparison_measures_the_premises_on_its_start_and_each_final_policy_o
     elsewhere = compare("smoke", moved, methods=("sc_grpo", "srpo:localiser=prompt"), start=start, progress=False)
     assert same(elsewhere["premises"]["methods"], again["premises"]["methods"])
     assert "without_weights" not in elsewhere["premises"]
+    other = os.path.join(moved, "runs", "grpo-s9")  # another machine's share: OUT's report is not copied...
+    shutil.copytree(os.path.join(moved, "runs", "sc_grpo-s0"), other)
+    os.remove(os.path.join(moved, "premises", "sc_grpo-s0.json"))
+    assert export(out, moved).only_in_dest == ["grpo-s9"]
+    assert os.path.isfile(os.path.join(moved, "premises", "sc_grpo-s0.json"))  # ...but each run's premises are
+    shutil.rmtree(other)
     os.remove(os.path.join(moved, "premises", "sc_grpo-s0.json"))  # measured nowhere this folder knows of
     os.remove(os.path.join(moved, "report.md"))
     elsewhere = compare("smoke", moved, methods=("sc_grpo", "srpo:localiser=prompt"), start=start, progress=False)
@@ -822,10 +829,16 @@ def test_a_run_result_records_the_overlong_penalty_it_applied_fitted_or_as_set(t
                  {"overlong_buffer_used": 1, "longest_worked_solution": 95})
     as_set = run("set", "method: dapo\noverlong_buffer: 16\n" + sampling, {})
     plain = run("plain", "method: grpo\noverlong_buffer: 0\n" + sampling, {})
+    off = run("off", "method: dapo\noverlong_buffer: 16\noverlong_penalty: 0.0\n" + sampling, {})  # shapes nothing
+    filled = run("filled", "method: dapo\noverlong_buffer: 16\noverlong_fit_task: true\n" + sampling,
+                 {"overlong_buffer_used": 0, "longest_worked_solution": 96})
     assert fitted["overlong"] == {"buffer": 1, "max_new_tokens": 96, "longest_worked_solution": 95,
                                   "fit_problems": 256}
     assert as_set["overlong"] == {"buffer": 16, "max_new_tokens": 96, "longest_worked_solution": None}
-    assert "overlong" not in plain
+    assert "overlong" not in plain and "overlong" not in off
+    assert overlong_sentences({"methods": {"dapo": {"seeds": {"0": filled}}}}, str) == [
+        "dapo applies no overlong penalty: fitted to the task, its buffer is 0 (the longest worked solution of 256 "
+        "training problems, 96 tokens, fills the 96-token limit)."]
     results = _synthetic({"grpo": [0.5, 0.6], "dapo": [0.5, 0.6], "dapo:overlong_fit_task=false": [0.5, 0.6]},
                          {"grpo": [None, None], "dapo": [None, None], "dapo:overlong_fit_task=false": [None, None]})
     for seed in results["methods"]["dapo"]["seeds"].values():
@@ -841,3 +854,10 @@ def test_a_run_result_records_the_overlong_penalty_it_applied_fitted_or_as_set(t
     summarise(results)
     text = report({**results, "preset": "t", "start": "s", "commit": "c", "date": "d", "machine": "m"})
     assert "## What acts unequally on methods: DAPO's overlong penalty" in text and sentences[0] in text
+    for entry in results["methods"].values():  # beside a clipping table: its own paragraph under that section
+        for seed in entry["seeds"].values():
+            seed.update(clipped_share=0.5, grad_norm_median=1.0, grad_clip=1.0)
+    summarise(results)
+    text = report({**results, "preset": "t", "start": "s", "commit": "c", "date": "d", "machine": "m"})
+    assert "## What acts unequally on methods: gradient-norm clipping" in text
+    assert "**DAPO's overlong penalty.** " + sentences[0] in text

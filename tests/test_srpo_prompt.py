@@ -96,14 +96,14 @@ def test_a_request_longer_than_the_context_is_not_sent_and_resets_at_step_1(hf_p
     srpo:localiser=prompt runs of compare-long-skilled) gets the empty reply: the parser's step-1 fallback."""
     from credo.strategies.localisers import localisation_requests
     policy = Recorder(bind_task(hf_policy.copy(), gym_task), reply="\\boxed{2}")
-    texts = [f"Let me add{more}.\nSo it is 1000.\n<answer>1000</answer>" for more in ("", " them all up")]
+    texts = [f"Let me add{more}.\nSo it is 1000.\n<answer>1000</answer>" for more in (" them all up", "")]
     r = wrong_three_step_rollouts(policy.inner, gym_task, texts)
     probe = Probe(policy, gym_task, SamplingConfig(max_new_tokens=6), torch.Generator().manual_seed(0))
     seg = probe.segment(r, "lines")
     rows = list(range(r.batch_size))
     lengths = [int(n) for n in policy.inner.encode_prompts(localisation_requests(r, rows, probe, seg),
                                                            system=False)[1].sum(dim=1)]
-    assert lengths[0] < lengths[1]  # the second trace's request is longer
+    assert lengths[0] > lengths[1]  # the first trace's request is longer: the row left out comes first
     longest = lengths.index(max(lengths))
 
     policy.clamps_generation = True  # as the tiny GPT, which cannot read past its context

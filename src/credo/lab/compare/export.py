@@ -14,7 +14,8 @@ refused, naming it, when it differs or is a live run (checkpoints, final weights
 The report files (with estimate.json, from which `--status` costs the methods no finished run has) are
 replaced by OUT's, unless DEST holds finished runs that OUT does not (runs exported from
 another machine's share of the grid, or DEST's own): then OUT's report does not cover DEST, and none is copied.
-With the report go its audit/ and premises/ folders (the premise checks of runs whose weights stay behind).
+With the report goes its audit/; with each finished run, and always, its premise checks (premises/<run>.json,
+read back by a comparison resumed from DEST, where the weights are not).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from credo.core.files import (KIND_MARKER, atomic_copy, atomic_directory, atomic
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
 """What a finished run is reused from."""
 REPORT_FILES = ("results.json", "report.md", "*.png", "failure-*.txt", "estimate.json")
-"""A comparison's own files beside runs/ (its audit/ and premises/ folders are copied too)."""
+"""A comparison's own files beside runs/ (its audit/ is copied too; premises/ goes with the runs)."""
 EXPORT_MARKER = ".credo-export"
 """Marks a folder --export wrote, which a later export may add to."""
 
@@ -106,6 +107,10 @@ def export(out_dir: str, dest: str) -> Exported:
             atomic_write_text(os.path.join(tmp, KIND_MARKER), "train\n")
         done.copied.append(name)
     finished = set(done.copied) | set(done.kept)
+    premises = os.path.join(out_dir, "premises")  # each run's own premise checks go with it, report or not
+    for entry in sorted(os.listdir(premises)) if os.path.isdir(premises) else []:
+        if entry.endswith(".json") and entry[:-len(".json")] in finished | {"start"}:
+            atomic_copy(os.path.join(premises, entry), os.path.join(dest, "premises", entry))
     held = os.path.join(dest, "runs")
     done.only_in_dest = sorted(n for n in os.listdir(held) if n not in finished and
                                os.path.isfile(os.path.join(held, n, "summary.json"))) if os.path.isdir(held) else []
@@ -116,12 +121,11 @@ def export(out_dir: str, dest: str) -> Exported:
         if os.path.isfile(path) and any(fnmatch.fnmatchcase(entry, p) for p in REPORT_FILES):
             atomic_copy(path, os.path.join(dest, entry))
             done.report = done.report or entry == "results.json"
-    for folder in ("audit", "premises"):  # the start's audit; the premise checks, read back by a resume from DEST
-        source = os.path.join(out_dir, folder)
-        if os.path.isdir(source):
-            for entry in sorted(os.listdir(source)):
-                if os.path.isfile(os.path.join(source, entry)) and not entry.startswith("."):
-                    atomic_copy(os.path.join(source, entry), os.path.join(dest, folder, entry))
+    audit = os.path.join(out_dir, "audit")
+    if os.path.isdir(audit):
+        for entry in sorted(os.listdir(audit)):
+            if os.path.isfile(os.path.join(audit, entry)) and not entry.startswith("."):
+                atomic_copy(os.path.join(audit, entry), os.path.join(dest, "audit", entry))
     return done
 
 

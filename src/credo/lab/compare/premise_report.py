@@ -66,6 +66,6 @@ def premise_lines(results: dict[str, Any], shown: Callable[[str], str]) -> list[
         lines += row(shown(method), list(seeds.values()))
     if premises.get("without_weights"):
         lines += ["", f"Not measured: {', '.join(premises['without_weights'])}: finished runs whose final weights "
-                  "this folder does not hold (records exported from another machine); the seeds column counts the "
-                  "runs measured."]
+                  "this folder does not hold (an exported record, or weights removed) and no measurement of which "
+                  "was kept under the same settings; the seeds column counts the runs measured."]
     return lines + [""]

@@ -65,6 +65,8 @@ def run_overlong(run_dir: str, summary: dict[str, Any]) -> dict[str, Any]:
         return {}
     # (a run recorded before sampling settings were grouped keeps max_new_tokens at the top level)
     max_new_tokens = (config.get("sampling") or {}).get("max_new_tokens", config.get("max_new_tokens"))
+    if not config.get("overlong_penalty", 1.0) > 0:  # a factor of 0 shapes nothing, whatever the buffer
+        return {}
     if "overlong_buffer_used" in summary:  # fitted to the task (train/shaping.py)
         return {"overlong": {"buffer": summary["overlong_buffer_used"], "max_new_tokens": max_new_tokens,
                              "longest_worked_solution": summary.get("longest_worked_solution"),

@@ -12,9 +12,11 @@ def unequal_lines(results: dict[str, Any], shown: Callable[[str], str]) -> list[
     when no run recorded either. shown: a method's name as the report's tables show it."""
     lines = clipping_lines(results, shown)
     overlong = overlong_sentences(results, shown)
-    if overlong and not lines:
-        lines = ["## What acts unequally on methods: DAPO's overlong penalty", ""]
-    return lines + ([" ".join(overlong), ""] if overlong else [])
+    if not overlong:
+        return lines
+    if not lines:
+        return ["## What acts unequally on methods: DAPO's overlong penalty", "", " ".join(overlong), ""]
+    return lines + ["**DAPO's overlong penalty.** " + " ".join(overlong), ""]
 
 
 def overlong_sentences(results: dict[str, Any], shown: Callable[[str], str]) -> list[str]:
@@ -25,14 +27,17 @@ def overlong_sentences(results: dict[str, Any], shown: Callable[[str], str]) -> 
         runs = [r["overlong"] for r in entry.get("seeds", {}).values() if r.get("overlong")]
         if not runs:
             continue
-        first = runs[0]
-        buffers = sorted({r["buffer"] for r in runs})
-        buffer = "/".join(str(b) for b in buffers)
-        if first.get("longest_worked_solution") is not None:
+        first = runs[0]  # a method's seeds share its config; the buffer, fitted per run, is listed over them
+        buffer = "/".join(str(b) for b in sorted({r["buffer"] for r in runs}))
+        longest = first.get("longest_worked_solution")
+        if buffer == "0":
+            out.append(f"{shown(name)} applies no overlong penalty: fitted to the task, its buffer is 0 (the "
+                       f"longest worked solution of {first['fit_problems']} training problems, {longest} tokens, "
+                       f"fills the {first['max_new_tokens']}-token limit).")
+            continue
+        if longest is not None:
             how = (f"fitted to the task so that no worked solution of {first['fit_problems']} training problems "
-                   f"reaches it (the longest is {first['longest_worked_solution']} tokens)")
-            if buffers == [0]:
-                how += ": no completion is penalised"
+                   f"reaches it (the longest is {longest} tokens)")
         else:
             how = "as set, not fitted to the task: a correct solution that long is penalised too"
         out.append(f"{shown(name)} penalises completions that reach into the last {buffer} of "
