@@ -170,8 +170,7 @@ _TRACKER_DIRS = ("tensorboard", "wandb", "mlruns")
 _OWN_NAMES = {"train": ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "final", *_TRACKER_DIRS),
               "audit": ("audit.json", "localisers.json", "audit.md", "audit.png", "audit.html"),
               "compare": ("results.json", "report.md", "*.png", "runs", "audit", "premises", "failure-*.txt",
-                          ".credo-export",
-                          "estimate.json", *_TRACKER_DIRS),
+                          ".credo-export", "estimate.json", *_TRACKER_DIRS),
               "bookkeeping": ()}  # (no output's own names: _ALWAYS_OWN alone)
 # credo's bookkeeping, and what file systems and desktops leave in any folder (NFS's silly-renamed files,
 # macOS's .DS_Store): none of it is a user's work

@@ -35,6 +35,7 @@ def run_result(run_dir: str) -> dict[str, Any]:
     and `seconds_per_step` leave out stalled steps (compare_stats.stalled_seconds); its curve keeps the
     training clock as logged."""
     summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    config = recorded_config(run_dir)
     rows = MetricsLog(os.path.join(run_dir, "metrics.jsonl")).rows()
     curve = [{"step": r["step"], "tokens_generated": r["tokens_generated"], "seconds": r["seconds"],
               "accuracy": r["eval_accuracy"]} for r in rows if "eval_accuracy" in r]
@@ -49,20 +50,24 @@ def run_result(run_dir: str) -> dict[str, Any]:
             "stalled_seconds": stalled, "stalled_steps": stalled_steps,
             "seconds_per_step": (summary["seconds"] - stalled) / max(summary["step"], 1),
             "tokens_scored": steps[-1].get("tokens_scored", 0) if steps else 0,
-            **(clipping(norms, run_grad_clip(run_dir)) if norms else {}), **run_overlong(run_dir, summary),
+            **(clipping(norms, run_grad_clip(config)) if norms else {}), **run_overlong(config, summary),
             **({"commit": summary["credo_commit"]} if "credo_commit" in summary else {})}
 
 
-def run_overlong(run_dir: str, summary: dict[str, Any]) -> dict[str, Any]:
-    """{'overlong': {'buffer', 'max_new_tokens', 'longest_worked_solution', 'fit_problems'}} when the run applied
-    DAPO's overlong penalty (the buffer it used, fitted to the task or as set in config.yaml), else {}."""
+def recorded_config(run_dir: str) -> dict[str, Any]:
+    """The settings a run recorded in its config.yaml, read once for everything run_result takes from them ({} for
+    a record without one, or one that is not a mapping)."""
     path = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(path):  # a record without its config (only the summary is needed for the rest)
+    if not os.path.isfile(path):
         return {}
     with open(path) as f:
         config = yaml.safe_load(f)
-    if not isinstance(config, dict):
-        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def run_overlong(config: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """{'overlong': {'buffer', 'max_new_tokens', 'longest_worked_solution', 'fit_problems'}} when the run applied
+    DAPO's overlong penalty (the buffer it used, fitted to the task or as set in its config), else {}."""
     # (a run recorded before sampling settings were grouped keeps max_new_tokens at the top level)
     max_new_tokens = (config.get("sampling") or {}).get("max_new_tokens", config.get("max_new_tokens"))
     if not config.get("overlong_penalty", 1.0) > 0:  # a factor of 0 shapes nothing, whatever the buffer
@@ -77,12 +82,9 @@ def run_overlong(run_dir: str, summary: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def run_grad_clip(run_dir: str) -> float:
-    """The gradient-norm clip a run trained with, from its config.yaml (TrainConfig's default where absent)."""
-    with open(os.path.join(run_dir, "config.yaml")) as f:
-        config = yaml.safe_load(f)
-    clip = config.get("grad_clip", TrainConfig.grad_clip) if isinstance(config, dict) else TrainConfig.grad_clip
-    return float(clip)
+def run_grad_clip(config: dict[str, Any]) -> float:
+    """The gradient-norm clip a run trained with, from its recorded config (TrainConfig's default where absent)."""
+    return float(config.get("grad_clip", TrainConfig.grad_clip))
 
 
 def progress_of(run_dir: str, budget: int) -> tuple[int, int]:
