@@ -114,7 +114,8 @@ def test_sc_grpo_must_also_beat_its_token_level_control_and_without_one_that_hal
     results = _results({"grpo": GRPO, "sc_grpo": sc, "shuffled:of=sc_grpo": GRPO})
     goal = _goal(results, SC)
     assert goal["holds"] is None
-    assert goal["evidence"] == ("sc_grpo +10.0 [+10.0, +10.0] points vs GRPO (paired over 3 seeds); not judged: no "
+    assert goal["evidence"] == ("sc_grpo +10.0 [+10.0, +10.0] points (Holm p < 0.001 among 2; simultaneous "
+                                "[+10.0, +10.0]) vs GRPO (paired over 3 seeds); not judged: no "
                                 "token-level control in the grid (shuffled:of=sc_grpo:level=token)")
     # ...but SC-GRPO below GRPO fails the claim whatever its control would have said
     results = _results({"grpo": GRPO, "sc_grpo": GRPO, "shuffled:of=sc_grpo": GRPO})
@@ -129,7 +130,8 @@ def test_a_goal_failed_on_a_judged_comparison_is_a_no_while_another_comparison_l
                         "shuffled:of=sc_grpo": [_run(0.40, None)]})
     goal = _goal(results, CONTROLS)
     assert goal["holds"] is False
-    assert goal["evidence"] == ("rredcot − shuffled:of=rredcot: +0.0 [+0.0, +0.0] points; not judged: sc_grpo and "
+    assert goal["evidence"] == ("rredcot − shuffled:of=rredcot: +0.0 [+0.0, +0.0] points (Holm p 1.000 among 1; "
+                                "simultaneous [+0.0, +0.0]); not judged: sc_grpo and "
                                 "shuffled:of=sc_grpo share 1 finished seed(s)")
     results = _results({"grpo": GRPO, "rredcot": above, "shuffled:of=rredcot": GRPO, "sc_grpo": above,
                         "shuffled:of=sc_grpo": [_run(0.40, None)]})
@@ -267,3 +269,49 @@ def test_a_control_finds_its_method_whatever_the_order_of_their_options():
     results = _results({"grpo": GRPO, method: better, control: GRPO})
     pair = results["controls"][0]
     assert pair["method"] == method and pair["delta"]["mean"] > 0.04
+
+
+def test_holm_adjusts_a_family_step_down_in_its_own_order():
+    from credo.lab.compare.stats import holm
+    # sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> kept monotone at 0.06
+    assert [round(p, 12) for p in holm([0.01, 0.04, 0.03, 0.005])] == [0.03, 0.06, 0.06, 0.02]
+    assert holm([0.5, 0.9]) == [1.0, 1.0]  # capped at 1
+
+
+def test_a_p_value_is_where_the_paired_interval_touches_zero():
+    from credo.lab.compare.stats import paired
+    deltas = [0.02, 0.05, 0.01, 0.04]
+    p = paired(deltas)["p"]
+    low, _ = paired(deltas, level=1 - p)["ci"]
+    assert 0 < p < 0.05 and abs(low) < 1e-12
+
+
+def test_a_difference_resolved_alone_is_not_resolved_once_its_family_is_paid_for():
+    """One control pair at about p = 0.02 holds alone; beside four pairs with nothing to find, Holm multiplies it
+    by 5 and the claim 'every method above its control' is no longer met on corrected figures."""
+    method = [_run(0.50, None), _run(0.52, None), _run(0.55, None)]  # +3, +4, +5 over the control: p ~ 0.02
+    control = [_run(0.47, None), _run(0.48, None), _run(0.50, None)]
+    alone = _results({"grpo": GRPO, "rredcot": method, "shuffled:of=rredcot": control})
+    delta = alone["controls"][0]["delta"]
+    assert delta["ci"][0] > 0 and delta["p_holm"] == delta["p"] and delta["family_size"] == 1
+    assert _goal(alone, CONTROLS)["holds"] is True
+    nulls = {}
+    for m in ("ibpo", "sc_grpo", "vineppo", "tempo"):
+        nulls[m] = [_run(0.50, None), _run(0.52, None), _run(0.55, None)]
+        nulls[f"shuffled:of={m}"] = [_run(0.49, None), _run(0.53, None), _run(0.55, None)]
+    family = _results({"grpo": GRPO, "rredcot": method, "shuffled:of=rredcot": control, **nulls})
+    delta = next(p["delta"] for p in family["controls"] if p["method"] == "rredcot")
+    assert delta["ci"][0] > 0 and delta["family_size"] == 5 and 0.05 < delta["p_holm"] <= 5 * delta["p"] + 1e-12
+    assert delta["ci_simultaneous"][0] < 0 < delta["ci"][0]  # the Bonferroni interval at 99% crosses 0
+    assert _goal(family, CONTROLS)["holds"] is False
+
+
+def test_the_report_names_the_family_its_corrections_pay_for():
+    rredcot = [_run(0.46, None), _run(0.49, None), _run(0.505, None)]
+    results = _results({"grpo": GRPO, "rredcot": rredcot, "ibpo": GRPO, "dapo": GRPO})
+    delta = results["methods"]["rredcot"]["delta_vs_grpo"]
+    assert delta["family"] == "every method vs GRPO, final accuracy" and delta["family_size"] == 3
+    text = report(results)
+    assert "corrected for the 3 comparisons with GRPO: Holm-adjusted p" in text
+    low, high = delta["ci_simultaneous"]
+    assert f"| Holm p {delta['p_holm']:.3f}; [{100 * low:+.1f}, {100 * high:+.1f}] |" in text

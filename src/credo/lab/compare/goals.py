@@ -3,7 +3,9 @@
 Each goal is {goal, holds, evidence}. A goal needs every one of its comparisons (method pairs), and a comparison
 is judged when its two methods share >= 2 finished seeds (an interval). holds is False as soon as one judged
 comparison fails, True when all are judged and hold, else None ("not judged", the missing ones named in the
-evidence). A difference counts only where its interval over seeds excludes 0 in the claimed direction. Decided before
+evidence). A difference counts only once the family of comparisons it belongs to is paid for: its Holm-adjusted p
+(stats.correct_family; the families: every method vs GRPO, every method vs its control, a goal's own comparisons)
+below 0.05 with its mean in the claimed direction. Decided before
 the decisive comparison finished (the rule for partly judged goals, and goal (2)'s need of its token-level control,
 before round two's grids had results), and applied to every comparison alike:
 
@@ -32,17 +34,18 @@ import math
 from typing import Any
 
 from credo.credit.registry import parse_spec
-from credo.lab.compare.stats import (LEVEL, control_pairs, control_target, excludes_zero, paired, paired_deltas,
-                                     resolution)
+from credo.lab.compare.stats import (LEVEL, control_pairs, control_target, correct_family, excludes_zero, paired,
+                                     paired_deltas, resolution, resolved)
 
 BASELINES = ("grpo", "dr_grpo", "rloo", "dapo", "gspo")
 BEST = ("the best credit method ends >= +5 points above GRPO (selection-adjusted interval above 0) and reaches "
         "GRPO's final accuracy on every seed with <= 0.5x the tokens GRPO took to reach it")
 BEST_UNPRIVILEGED = "the same among the credit methods that read no privileged data (no †)"
-SC = "SC-GRPO ends above GRPO and above its token-level control (intervals above 0)"
+SC = "SC-GRPO ends above GRPO and above its token-level control (Holm-adjusted p < 0.05 in each family, above 0)"
 SRPO = ("SRPO with self-localisation reaches GRPO's final accuracy sooner than RRPO and sooner than GRPO "
-        "(intervals below 0)")
-CONTROLS = "every credit method with a shuffled control in the grid ends above it (interval above 0)"
+        "(Holm-adjusted p < 0.05 over the two, below 0)")
+CONTROLS = ("every credit method with a shuffled control in the grid ends above it (Holm-adjusted p < 0.05 over the "
+            "controls, above 0)")
 
 
 def points(interval: dict[str, Any] | None) -> str:
@@ -51,6 +54,30 @@ def points(interval: dict[str, Any] | None) -> str:
         return "—"
     text = f"{100 * interval['mean']:+.1f}"
     return text + (f" [{100 * interval['ci'][0]:+.1f}, {100 * interval['ci'][1]:+.1f}]" if interval.get("ci") else "")
+
+
+def corrected(interval: dict[str, Any] | None) -> str:
+    """'Holm p 0.089; [-0.9, +8.2]': a comparison's p adjusted for its family (stats.correct_family) and its
+    simultaneous interval, in points; '—' outside any family (fewer than 2 seeds)."""
+    if not interval or interval.get("p_holm") is None:
+        return "—"
+    low, high = interval["ci_simultaneous"]
+    return f"Holm p {_p(interval['p_holm'])}; [{100 * low:+.1f}, {100 * high:+.1f}]"
+
+
+def _p(value: float) -> str:
+    return "< 0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def points_corrected(interval: dict[str, Any] | None, unit: str = "") -> str:
+    """points() and `unit` with the family's correction beside it: '+1.9 [+0.1, +3.6] points (Holm p 0.262 among
+    12; simultaneous [-1.2, +4.9])'."""
+    text = points(interval) + unit
+    if not interval or interval.get("p_holm") is None:
+        return text
+    low, high = interval["ci_simultaneous"]
+    return (text + f" (Holm p {_p(interval['p_holm'])} among {interval['family_size']}; simultaneous "
+            f"[{100 * low:+.1f}, {100 * high:+.1f}])")
 
 
 def credit_methods(names: Any) -> list[str]:
@@ -88,9 +115,9 @@ def _every(verdicts: list[bool | None]) -> bool | None:
 
 
 def _verdict(interval: dict[str, Any] | None, direction: int) -> bool | None:
-    """One comparison: whether its interval lies wholly on the claimed side of 0; None without an interval."""
-    judged = excludes_zero(interval or {}, direction)
-    return None if judged is None else bool(judged)
+    """One comparison: whether it is resolved on the claimed side of 0 once its family is paid for (Holm,
+    stats.resolved); None without an interval."""
+    return resolved(interval, direction)
 
 
 def _shared(results: dict[str, Any], a: str, b: str) -> tuple[str, str, int]:
@@ -185,8 +212,9 @@ def _sc_above(results: dict[str, Any]) -> dict[str, Any]:
                 if p["method"] == name and parse_spec(p["control"])[1].get("level") == "token"]
     delta = results["methods"][name]["delta_vs_grpo"]
     verdicts = [_verdict(delta, +1)] + [_verdict(p["delta"], +1) for p in controls] + ([] if controls else [None])
-    judged = [f"{name} {points(delta)} points vs GRPO (paired over {delta['n']} seeds)"] if delta["n"] >= 2 else []
-    judged += [f"{name} − {p['control']}: {points(p['delta'])} points" for p in controls
+    judged = ([f"{name} {points_corrected(delta, ' points')} vs GRPO (paired over {delta['n']} seeds)"]
+              if delta["n"] >= 2 else [])
+    judged += [f"{name} − {p['control']}: {points_corrected(p['delta'], ' points')}" for p in controls
                if (p["delta"] or {}).get("n", 0) >= 2]
     missing = [_short([_shared(results, name, "grpo")] + [_shared(results, name, p["control"]) for p in controls]),
                "" if controls else f"no token-level control in the grid (shuffled:of={name}:level=token)"]
@@ -237,10 +265,12 @@ def _srpo_sooner(results: dict[str, Any]) -> dict[str, Any]:
     tokens, m, rounding = _tokens_to_target(results), results["methods"], _eval_every(results) / math.sqrt(6)
     vs = {other: paired(paired_deltas(m[srpo]["seeds"], m[other]["seeds"], tokens), resolution=rounding)
           for other in (rrpo, "grpo") if other is not None}
+    correct_family(list(vs.values()), "this goal's comparisons")
 
     def k(iv: dict[str, Any]) -> str:
         return f"{iv['mean'] / 1e3:+,.0f}k" + (f" [{iv['ci'][0] / 1e3:+,.0f}k, {iv['ci'][1] / 1e3:+,.0f}k]"
-                                               if iv["ci"] else "")
+                                               if iv["ci"] else "") + (
+            f" (Holm p {_p(iv['p_holm'])} among {iv['family_size']})" if iv.get("p_holm") is not None else "")
 
     judged = [f"{srpo} − {other} {k(iv)}" for other, iv in vs.items() if iv["n"] >= 2]
     if judged:
@@ -265,7 +295,8 @@ def _controls(results: dict[str, Any], pairs: list[dict[str, Any]]) -> dict[str,
                      f" (controls without their method, left out: {', '.join(orphans)})" if orphans else ""]))
     if not pairs:
         return {"goal": CONTROLS, "holds": None, "evidence": "not judged: no credit method has its control" + note}
-    judged = [f"{p['method']} − {p['control']}: {points(p['delta'])} points" for p in pairs if p["delta"]["n"] >= 2]
+    judged = [f"{p['method']} − {p['control']}: {points_corrected(p['delta'], ' points')}" for p in pairs
+              if p["delta"]["n"] >= 2]
     row = _judgement(CONTROLS, _every([_verdict(p["delta"], +1) for p in pairs]), judged,
                      [_short([_shared(results, p["method"], p["control"]) for p in pairs])])
     return {**row, "evidence": row["evidence"] + note}

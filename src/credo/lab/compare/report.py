@@ -19,10 +19,11 @@ from credo.lab.compare.premise_report import premise_lines
 from credo.lab.compare.unequal import unequal_lines, unequal_reading
 from credo.train.provenance import short
 from credo.lab.compare.plots import plot_curves  # noqa: F401  (re-exported)
-from credo.lab.compare.goals import goals, points, privilege_mark, unprivileged  # noqa: F401  (re-exported)
-from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, control_pairs, equal_updates,
-                                     figure, grpo_first_evaluations, method_clipping, paired, paired_deltas,
-                                     resolution)
+from credo.lab.compare.goals import (corrected, goals, points, points_corrected, privilege_mark,  # noqa: F401
+                                     unprivileged)
+from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, VS_GRPO_FAMILY, control_pairs,
+                                     correct_family, equal_updates, figure, grpo_first_evaluations, method_clipping,
+                                     paired, paired_deltas, resolution)
 
 
 def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
@@ -78,6 +79,7 @@ def summarise(results: dict[str, Any]) -> None:
         entry["step_time_ratio_range"] = [min(per_seed), max(per_seed)] if per_seed else None
         if (clipped := method_clipping(runs)) is not None:  # runs from before grad_norm was read: no key
             entry["clipping"] = clipped
+    correct_family([e["delta_vs_grpo"] for name, e in results["methods"].items() if name != "grpo"], VS_GRPO_FAMILY)
     results["equal_updates"] = equal_updates(results)
     results["controls"] = control_pairs(results)
 
@@ -134,16 +136,21 @@ UNKNOWN_NOTE = ("†? a method this version of credo no longer knows: whether it
 
 
 def main_table(results: dict[str, Any]) -> list[str]:
+    family = [e["delta_vs_grpo"].get("family_size") for n, e in results["methods"].items()
+              if n != "grpo" and e.get("delta_vs_grpo") and e["delta_vs_grpo"].get("family_size")]
     lines = ["| method | final accuracy (mean ± std) | Δ vs GRPO, points [95% interval], paired by seed "
+             f"| corrected for the {family[0] if family else 0} comparisons with GRPO: Holm-adjusted p; "
+             "simultaneous 95% interval (Bonferroni) "
              f"| seeds to resolve Δ ({100 * POWER:.0f}% power) | tokens to GRPO's mean final (their "
              "mean over the seeds reaching it ÷ GRPO's; seeds reaching) | tokens used | updates in budget | step "
              "time (× GRPO; per-seed range) | audit spearman | audit first_error_top1 | audit cost (× trace) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in results["methods"].items():
         a = _audit_row(results, name)
         n = len(entry["seeds"])
+        fixed = "—" if name == "grpo" else corrected(entry.get("delta_vs_grpo"))
         if entry.get("final_mean") is None:
-            final, delta, needed, reach = "failed", "—", "—", "—"
+            final, delta, needed, reach, fixed = "failed", "—", "—", "—", "—"
         else:
             final = f"{entry['final_mean']:.3f} ± {entry['final_std']:.3f} ({n} seed{'s' if n != 1 else ''})"
             delta = "—" if name == "grpo" else points(entry.get("delta_vs_grpo"))
@@ -154,12 +161,12 @@ def main_table(results: dict[str, Any]) -> list[str]:
         step = figure(entry.get("step_time_ratio"), "{:.2f}") + (
             f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread and name != "grpo" and len(entry["seeds"]) > 1 else "")
         used = figure(entry.get("tokens_used"), "{:,.0f}")
-        lines.append(f"| {shown_name(results, name)} | {final} | {delta} | {needed} | {reach} | {used} | "
+        lines.append(f"| {shown_name(results, name)} | {final} | {delta} | {fixed} | {needed} | {reach} | {used} | "
                      f"{_updates(entry)} | {step} | "
                      f"{figure(a.get('spearman'))} | {figure(a.get('first_error_top1'))} | "
                      f"{figure(a.get('cost_vs_grpo_step'), '{:.2f}')} |")
     for run, why in results["failures"].items():
-        lines.append(f"| {run} | failed: {why} | | | | | | | | | |")
+        lines.append(f"| {run} | failed: {why} | | | | | | | | | | |")
     if any(entry.get("privileged") for entry in results["methods"].values()):
         lines += ["", PRIVILEGED_NOTE]
     if any(entry.get("privileged", False) is None for entry in results["methods"].values()):
@@ -203,7 +210,8 @@ def equal_updates_lines(results: dict[str, Any]) -> list[str]:
              "Curve accuracy (the fixed eval set) after the same number of policy updates, interpolated linearly "
              "between the two evaluations around that count (evaluations come every so many generated tokens, so a "
              "cheap method's are many updates apart and its value there is only indicative); Δ in points, paired by "
-             "seed, [95% interval]. "
+             "seed, [95% interval], with the Holm-adjusted p and the simultaneous interval for the family of every "
+             "method against GRPO at that count. "
              + "; ".join(f"{u} is {why}" for u, why in zip(levels, table["why"]))
              + (" (— where a run of the method stopped earlier)." if len(levels) > 1 else ".")
              + _interpolated_from_start(results, levels), "",
@@ -212,7 +220,8 @@ def equal_updates_lines(results: dict[str, Any]) -> list[str]:
         cells = []
         for u in levels:
             cell = row.get(str(u), {})
-            cells += [figure(cell.get("accuracy_mean")), "—" if name == "grpo" else points(cell.get("delta_vs_grpo"))]
+            cells += [figure(cell.get("accuracy_mean")),
+                      "—" if name == "grpo" else points_corrected(cell.get("delta_vs_grpo"))]
         lines.append(f"| {shown_name(results, name)} | " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -236,13 +245,15 @@ def controls_lines(results: dict[str, Any]) -> list[str]:
     lines = ["## Credit methods against their shuffled controls", "",
              "The control trains on the method's own credit permuted among the segments of each trace "
              "(a `level=token` control: among its tokens): same magnitudes, no structure. "
-             "Δ = method − control, final accuracy, points, paired by seed [95% interval].",
+             "Δ = method − control, final accuracy, points, paired by seed [95% interval]; corrected for the "
+             "family of every method against its control (Holm-adjusted p; simultaneous 95% interval).",
              "",
-             f"| method | control | Δ vs control | seeds to resolve Δ ({100 * POWER:.0f}% power) |",
-             "|---|---|---|---|"]
+             f"| method | control | Δ vs control | corrected | seeds to resolve Δ ({100 * POWER:.0f}% power) |",
+             "|---|---|---|---|---|"]
     for p in pairs:
         delta = points(p["delta"]) if p["delta"] is not None else "method not in this comparison"
-        lines.append(f"| {p['method']} | {p['control']} | {delta} | {_seeds_needed(p['delta'])} |")
+        lines.append(f"| {p['method']} | {p['control']} | {delta} | {corrected(p['delta'])} | "
+                     f"{_seeds_needed(p['delta'])} |")
     return lines + [""]
 
 
@@ -336,7 +347,10 @@ def reading(results: dict[str, Any]) -> str:
                  + (f"with {seeds} seed(s) there is no interval, and differences under "
                     f"~{2 * se * 2 ** 0.5:.2f} are not "
                     "evidence; run at least 2 seeds (the `full` preset has 3) before drawing conclusions." if seeds < 2
-                    else "a difference is read as real only where its 95% interval over seeds excludes 0; "
+                    else "a difference is read as real only where it survives the correction for its family "
+                    "of comparisons (every method against GRPO; every method against its control): its Holm-adjusted "
+                    "p below 0.05. A raw 95% interval that excludes 0 is not enough when the row was picked among "
+                    "many, and the simultaneous interval is the one to quote for a picked row; "
                     "'seeds to resolve Δ' is how many seeds a rerun would need to resolve it "
                     f"{100 * POWER:.0f}% of the "
                     "time if the mean and spread are as observed. Step times share the machine with whatever else ran "

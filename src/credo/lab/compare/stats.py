@@ -82,7 +82,53 @@ def paired(deltas: list[float], level: float = LEVEL, resolution: float = 0.0) -
     sd = max(sd, resolution)
     w = half_width(sd, n, level)
     return {"n": n, "mean": mean, "sd": sd, "ci": [mean - w, mean + w], "seeds_needed": seeds_needed(mean, sd, level),
-            **({"sd_floored": True} if floored else {})}
+            "p": p_value(mean, sd, n), **({"sd_floored": True} if floored else {})}
+
+
+def p_value(mean: float, sd: float, n: int) -> float:
+    """Two-sided p of the paired t test that the mean difference is 0 (n >= 2): the p at which the t interval of
+    `paired` just touches 0. A zero spread (only where no resolution floors it, e.g. GRPO against itself) has a
+    zero-width interval: p is 1 on 0, else 0, as that interval says."""
+    if sd == 0:
+        return 1.0 if mean == 0 else 0.0
+    return float(2 * scipy_stats.t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of a family's p-values, in their order: the i-th smallest p times (k - i),
+    made monotone and capped at 1. A comparison is read as resolved where its adjusted p < 1 - LEVEL; this
+    controls the chance of any false verdict in the family at that level, whatever the dependence."""
+    k = len(p_values)
+    order = sorted(range(k), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * k, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (k - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def correct_family(intervals: list[dict[str, Any] | None], family: str, level: float = LEVEL) -> None:
+    """Marks each interval of one family of comparisons (those with an interval: n >= 2) with the family's name
+    and size, its Holm-adjusted p (`p_holm`) and its Bonferroni simultaneous interval (`ci_simultaneous`, at
+    1 - (1 - level) / k: all k cover together with probability >= level). Holm decides a verdict; the
+    simultaneous interval, more conservative, is the one to quote beside a row picked from the family."""
+    members = [iv for iv in intervals if iv and iv.get("ci") is not None and iv.get("p") is not None]
+    for iv, adjusted in zip(members, holm([iv["p"] for iv in members])):
+        k = len(members)
+        w = half_width(iv["sd"], iv["n"], 1 - (1 - level) / k)
+        iv.update(family=family, family_size=k, p_holm=adjusted, ci_simultaneous=[iv["mean"] - w, iv["mean"] + w])
+
+
+def resolved(interval: dict[str, Any] | None, direction: int, level: float = LEVEL) -> bool | None:
+    """Whether a comparison is resolved in `direction` (+1 above 0, -1 below) once its family is paid for: its
+    Holm-adjusted p below 1 - level and its mean on that side; None without an interval. An interval outside
+    any family (`correct_family` not applied) is judged on its own p."""
+    if not interval or interval.get("ci") is None:
+        return None
+    p = interval.get("p_holm", interval.get("p"))
+    if p is None:  # results written before p was recorded: the raw interval is all there is
+        return excludes_zero(interval, direction)
+    return p < 1 - level and interval["mean"] * direction > 0
 
 
 def resolution(results: dict[str, Any], final: bool = True) -> float:
@@ -184,6 +230,8 @@ def equal_updates(results: dict[str, Any]) -> dict[str, Any]:
             row[str(u)] = {"accuracy_mean": statistics.mean(accs), "seeds": len(accs),
                            "delta_vs_grpo": paired(deltas, resolution=one_problem) if name != "grpo" else None}
         table[name] = row
+    for u in levels:
+        correct_family([row[str(u)]["delta_vs_grpo"] for row in table.values()], f"every method vs GRPO at {u} updates")
     return {"updates": levels, "why": [why for _, why in chosen], "methods": table}
 
 
@@ -214,7 +262,12 @@ def control_pairs(results: dict[str, Any]) -> list[dict[str, Any]]:
                   if method else [])
         out.append({"method": target, "control": spec,
                     "delta": paired(deltas, resolution=resolution(results)) if method else None})
+    correct_family([p["delta"] for p in out], CONTROLS_FAMILY)
     return out
+
+
+VS_GRPO_FAMILY = "every method vs GRPO, final accuracy"
+CONTROLS_FAMILY = "every method vs its shuffled control, final accuracy"
 
 
 def clipping(grad_norms: list[float], clip: float) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""What acts unequally on the methods of a comparison, shown in its report (issue 37): gradient-norm clipping (a
-method whose credit sits on few tokens has larger gradients, so the same clip turns more of its steps) and DAPO's
+"""What acts unequally on the methods of a comparison, shown in its report: gradient-norm clipping (a method whose
+credit sits on few tokens has larger gradients, so the same clip rescales more of its steps) and DAPO's
 overlong penalty (a method that shapes its rewards by length)."""
 
 from __future__ import annotations
@@ -52,8 +52,11 @@ def clipping_lines(results: dict[str, Any], shown: Callable[[str], str]) -> list
     if not rows:
         return []
     lines = ["## What acts unequally on methods: gradient-norm clipping", "",
-             "Each step's pre-clip gradient norm is the mean over its updates (`grad_norm` in metrics.jsonl). With "
-             "Adam a clipped step mostly changes direction, not size; the share still differs between methods.", "",
+             "Each step's pre-clip gradient norm is the mean over its updates (`grad_norm` in metrics.jsonl). "
+             "Clipping rescales a step's gradient to the clip's norm and never changes its direction; under AdamW "
+             "it mostly equalises the steps' weights in the moment estimates (a method clipped on every step runs "
+             "normalised-gradient Adam). The concentration that makes a method's norm large is its own "
+             "normalisation of credit, not the clip.", "",
              "| method | steps above the clip (mean over seeds) | median pre-clip gradient norm | clip |",
              "|---|---|---|---|"]
     for name, c in rows:
@@ -73,7 +76,9 @@ def unequal_reading(results: dict[str, Any], entries: dict[str, Any]) -> list[st
         grpo = entries["grpo"].get("clipping")
         parts.append("Gradient-norm clipping acted on more than half the steps of " + ", ".join(clipped)
                      + (f" (GRPO: {100 * grpo['clipped_share']:.0f}%)" if grpo else "")
-                     + "; with Adam that turns their updates more than it shortens them (see the clipping table).")
+                     + ": each of those steps was rescaled to the clip's norm (its direction kept), so under Adam "
+                     "their steps weigh alike in the moment estimates; the large norms come from the methods' own "
+                     "normalisations (see the clipping table).")
     grpo_steps = [r["steps"] for r in entries["grpo"]["seeds"].values() if "steps" in r]
     if grpo_steps:
         few = [f"{k} ({min(r['steps'] for r in v['seeds'].values())} against GRPO's {min(grpo_steps)})"
