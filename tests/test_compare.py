@@ -114,13 +114,14 @@ def test_goal_checks_follow_their_rules():
         {"grpo": [0.40, 0.42, 0.44], "sc_grpo": [0.43, 0.46, 0.47], "rrpo": [0.41, 0.43, 0.45],
          "srpo:localiser=prompt": [0.50, 0.52, 0.51], "shuffled:of=sc_grpo:level=token": [0.40, 0.42, 0.44]},
         {"grpo": [100_000, 100_000, 100_000], "sc_grpo": [None, None, None], "rrpo": [None, 150_000, None],
-         "srpo:localiser=prompt": [40_000, 40_000, 40_000], "shuffled:of=sc_grpo:level=token": [None] * 3})
+         "srpo:localiser=prompt": [20_000, 20_000, 20_000], "shuffled:of=sc_grpo:level=token": [None] * 3})
     summarise(results)
     checks = {g["goal"]: g["holds"] for g in goals(results)}
     assert checks[SC] is True          # +3.3 points, paired sd 0.6: interval [+1.9, +4.8], over GRPO and its control
-    # 40k tokens vs rrpo 250k/150k/250k (never: 200k + one 50k interval) and grpo 100k
+    # 20k tokens vs rrpo 250k/150k/250k (never: 200k + one 50k interval) and grpo 100k: p 0.027 and 0.021, Holm
+    # over the two 0.042 (at 40k, p 0.034 and 0.036 each held alone, not together: Holm 0.068)
     assert checks[SRPO] is True
-    # srpo, the best of 3 credit methods: +8.7 points, its interval at 1 - 0.05/3 above 0; at 0.2x GRPO's 200k tokens
+    # srpo, the best of 3 credit methods: +8.7 points, its interval at 1 - 0.05/3 above 0; at 0.1x GRPO's 200k tokens
     assert checks[BEST] is True
     results["methods"]["sc_grpo"]["seeds"]["1"]["final_accuracy"] = 0.30  # one bad seed: spread swamps the mean
     summarise(results)
@@ -329,7 +330,8 @@ def test_every_method_of_every_preset_makes_its_run_config():
     for name, preset in PRESETS.items():
         for spec in preset.methods:
             config = run_config(spec, 0, preset, "start")
-            assert config.method == spec.split(":")[0], (name, spec)
+            composed = spec.split(":")[0] in ("dapo", "gspo") and ":of=" in spec  # dapo:of=rredcot is its own name
+            assert config.method == (spec if composed else spec.split(":")[0]), (name, spec)
     skilled = PRESETS["long-skilled"]
     assert run_config("srpo:localiser=prompt", 0, skilled, "start").reset.localiser == "prompt"
     assert run_config("srpo:localiser=value", 0, skilled, "start").reset.localiser == "value"

@@ -82,8 +82,10 @@ def points_corrected(interval: dict[str, Any] | None, unit: str = "") -> str:
 
 def credit_methods(names: Any) -> list[str]:
     """The compared methods that assign credit: neither a baseline (with any options: grpo:std=population is
-    GRPO) nor a shuffled control."""
-    return [k for k in names if parse_spec(k)[0] not in BASELINES and control_target(k) is None]
+    GRPO; but a baseline recipe on another estimator's credit, dapo:of=rredcot, is that credit) nor a shuffled
+    control."""
+    return [k for k in names if (parse_spec(k)[0] not in BASELINES or "of" in parse_spec(k)[1])
+            and control_target(k) is None]
 
 
 def unprivileged(entry: dict[str, Any]) -> bool:

@@ -97,9 +97,12 @@ def _audit_row(results: dict[str, Any], name: str) -> dict[str, Any]:
     if name in audit:  # a spec with options ('shuffled:of=rredcot') is its own audit row
         return audit[name]
     try:
-        estimator = method_registry.estimator_of(parse_spec(name)[0]).name
-    except ConfigError:  # a method this version no longer knows: its audit row cannot be matched
+        row = method_registry.credit_spec(name)  # 'dapo:of=rredcot' trains with rredcot's credit
+    except (ConfigError, KeyError, ValueError):  # a method this version no longer knows: no row to match
         return {}
+    if row in audit:
+        return audit[row]
+    estimator = parse_spec(row)[0]
     # a recipe on GRPO advantages (dapo, gspo, rrpo, srpo) has no credit of its own to audit
     return audit.get(estimator, {}) if (estimator != "grpo" or name == "grpo") else {}
 

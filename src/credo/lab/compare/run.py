@@ -383,9 +383,8 @@ def audit_rows(preset: Preset, start: str, out_dir: str, progress: bool, device:
     from credo import credit
     estimators = []
     for spec in preset.methods:
-        name, options = parse_spec(spec)
-        estimator = method_registry.estimator_of(name).name
-        row = spec if options else estimator  # 'shuffled:of=rredcot' is audited with its options
+        row = method_registry.credit_spec(spec)  # 'shuffled:of=rredcot' is audited with its options
+        estimator = parse_spec(row)[0]
         if estimator in credit.names() and row not in estimators and estimator != "grpo":
             estimators.append(row)
     config = AuditConfig(checkpoint=start, task=preset.task, n=preset.audit_n,
