@@ -208,3 +208,27 @@ def test_audit_plot_marks_privileged_methods(tmp_path, monkeypatch):
     rows = {name: {"spearman": 0.1, "first_error_top1": 0.2, "cost_vs_grpo_step": 1.0} for name in ("grpo", "rredcot")}
     plot_audit({"methods": rows, "config": {"privileged_methods": ["rredcot"]}}, str(tmp_path / "audit.png"))
     assert sorted(set(labels)) == ["grpo", "rredcot †"]
+
+
+def test_sc_grpo_is_also_scored_on_the_rows_it_weights_with_their_share():
+    """Rows of groups SC-GRPO does not weight (here n_c = 1: plain GRPO) carry row-constant credit, which
+    locates nothing by design; the routed row scores SC-GRPO's weights on the 2 <= n_c < G groups alone."""
+    from types import SimpleNamespace
+
+    from credo import credit
+    from credo.lab.audit.report import Labels, routed_rows, score_row
+    correct = torch.tensor([1, 1, 0, 0, 1, 0, 0, 0], dtype=torch.bool)
+    rollouts = SimpleNamespace(group=torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]), correct=correct)
+    first = [None, None, 1, 2, None, 0, 1, 2]
+    seg = [torch.zeros(3) for _ in range(8)]
+    for i in (2, 3):  # the weighted wrong rows: most negative at the first error
+        seg[i][first[i]] = -1.0
+    reference = [torch.tensor([0.0, -0.5, -0.5]) for _ in range(8)]
+    labels = Labels(first, [None] * 8)
+    cost = {"tokens_scored_per_trace": 1.0, "tokens_generated_per_trace": 0.0, "seconds_per_trace": 0.0}
+    blended = score_row(seg, reference, labels, cost, 10.0)
+    methods = [("sc_grpo", "sc_grpo", credit.get("sc_grpo").make_config({}))]
+    out = routed_rows(methods, {"sc_grpo": seg}, {"sc_grpo": blended}, rollouts, reference, labels, 10.0)
+    row = out["sc_grpo · routed rows"]
+    assert row["first_error_top1"] == 1.0 and blended["first_error_top1"] < 1.0
+    assert row["routed_share"] == 0.5 and abs(row["routed_share_labelled"] - 2 / 5) < 1e-12

@@ -55,6 +55,7 @@ from credo.core.rollouts import Rollouts
 from credo.core.files import atomic_write_json, atomic_write_text, cache_root
 from credo.core.segment import SEGMENTERS, default_segmenter, segment_means
 from credo.lab.audit.report import (FLOORS, METRICS, Labels, fidelity, first_error_top1, floor_credit,  # noqa: F401
+                                    routed_rows,
                                 weight_concentration, localisable_errors, localiser_table, markdown_table,
                                 most_frequent_position, first_errors,
                                 checked_methods, pairwise_rank, parse_method, plot_audit, score_row,
@@ -258,6 +259,8 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
 
     credits: dict[str, Any] = {}  # label -> Credit, for the show grid of audit.html
     failures = score_methods(config, methods, on_device, segments_on_device, policy, task, progress, record, credits)
+    segment_credits = {label: segment_credit_of(c, segments_on_device) for label, c in credits.items()}
+    rows.update(routed_rows(methods, segment_credits, rows, on_device, reference, labels, data.trace_tokens))
     rows["mc_reference"] = score_row(reference, reference, labels, data.reference_cost, data.trace_tokens)
     split_half = split_half_spearman(data.reference)
     reliability = 2 * split_half / (1 + split_half) if split_half > -1 else float("nan")
