@@ -212,4 +212,5 @@ def test_sc_grpo_single_correct_weights_the_wrong_members_with_the_lone_solution
     assert torch.allclose((wrong * m[1:4]).sum(1) / m[1:4].sum(1), torch.ones(3), atol=1e-5)
     assert (wrong[m[1:4]] != 1).any()  # the teacher's divergence moved them off uniform
     assert on.info["weighted_rows"] == off.info["weighted_rows"] + 3
-    assert weighted_group_rows(r) == [4, 5, 6, 7] and weighted_group_rows(r, single_correct=True) == [1, 2, 3, 4, 5, 6, 7]
+    assert weighted_group_rows(r) == [4, 5, 6, 7]
+    assert weighted_group_rows(r, single_correct=True) == [1, 2, 3, 4, 5, 6, 7]
