@@ -214,7 +214,11 @@ def test_equal_updates_table_interpolates_on_the_curve_set_and_pairs_by_seed():
     vine["1"] = _curve_run([(0, 0.30), (4, 0.52)], 0.1)
     summarise(results)
     text = report(results)
-    assert "## At equal policy updates" in text and "| vineppo | 0.510 | +16.2 [+13.7, +18.7] | — | — |" in text
+    at4 = results["equal_updates"]["methods"]["vineppo"]["4"]["delta_vs_grpo"]
+    assert at4["family"] == "every method vs GRPO at 4 updates" and at4["family_size"] == 1
+    assert "## At equal policy updates" in text and (
+        f"| vineppo | 0.510 | +16.2 [+13.7, +18.7] (Holm p {at4['p_holm']:.3f} among 1; simultaneous [+13.7, +18.7]) "
+        "| — | — |") in text
 
 
 def test_each_control_is_paired_with_its_method_and_judged():
@@ -238,8 +242,11 @@ def test_each_control_is_paired_with_its_method_and_judged():
     assert (check["holds"] is False
             and "(controls without their method, left out: shuffled:of=vineppo)" in check["evidence"])
     text = report(results)
-    assert "| rredcot | shuffled:of=rredcot | +5.3 [+3.9, +6.8] | 3 |" in text
-    assert "| vineppo | shuffled:of=vineppo | method not in this comparison | — |" in text
+    assert rred["family_size"] == 2 and rred["p_holm"] == min(1.0, 2 * rred["p"])  # vineppo's has no interval
+    low, high = rred["ci_simultaneous"]
+    assert (f"| rredcot | shuffled:of=rredcot | +5.3 [+3.9, +6.8] | Holm p {rred['p_holm']:.3f}; "
+            f"[{100 * low:+.1f}, {100 * high:+.1f}] | 3 |") in text
+    assert "| vineppo | shuffled:of=vineppo | method not in this comparison | — | — |" in text
     # the controls are no credit methods of their own: the best credit method is rredcot
     assert "best of 2 credit methods by Δ vs GRPO: rredcot" in {g["goal"]: g for g in goals(results)}[BEST]["evidence"]
     del results["methods"]["shuffled:of=vineppo"], results["methods"]["shuffled:of=sc_grpo"]
