@@ -166,7 +166,7 @@ class TrainerStep:
         if self.dp is not None and c.loss.aggregation == "token-mean":
             local = float(mask.sum())
             scale = local * self.dp.world / max(self.dp.sum(local), 1.0)
-        stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "grad_norm": 0.0, "update_norm": 0.0}
         n_updates = 0
         self.policy.model.train()
         for _ in range(c.epochs):
@@ -190,7 +190,9 @@ class TrainerStep:
                     self.dp.average_gradients(trainable)
                 grad_norm = torch.nn.utils.clip_grad_norm_(trainable, c.grad_clip)
                 self.check_finite(loss, grad_norm)
+                before = [p.detach().clone() for p in trainable]
                 self.optimizer.step()
+                stats["update_norm"] += update_norm(trainable, before)
                 stats["loss"] += float(loss.detach())
                 stats["clip_frac"] += s["clip_frac"]
                 stats["kl"] += s["kl"]
@@ -249,3 +251,10 @@ def validation_split(task: Any, config: TrainConfig) -> list:
 
 class TrainingDiverged(UserError):
     """Training produced a non-finite loss or gradient; the message names the step and the last good checkpoint."""
+
+
+def update_norm(parameters: list[torch.Tensor], before: list[torch.Tensor]) -> float:
+    """||theta_after - theta_before||_2 over the trainable parameters: the size of one optimiser update after
+    Adam's normalisation, what gradient-norm clipping does not show (a method clipped on every step runs
+    normalised-gradient Adam, its updates no smaller than an unclipped method's)."""
+    return float(torch.sqrt(sum(((p.detach() - b).double() ** 2).sum() for p, b in zip(parameters, before))))
