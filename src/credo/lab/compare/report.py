@@ -23,14 +23,7 @@ from credo.lab.compare.goals import (corrected, goals, points, points_corrected,
                                      unprivileged)
 from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, VS_GRPO_FAMILY, control_pairs,
                                      correct_family, equal_updates, figure, grpo_first_evaluations, method_clipping,
-                                     paired, paired_deltas, resolution)
-
-
-def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
-    for point in curve:
-        if point["accuracy"] >= target and point["tokens_generated"] > 0:
-            return point["tokens_generated"]
-    return None
+                                     paired, paired_deltas, resolution, tokens_to_reach)
 
 
 def summarise(results: dict[str, Any]) -> None:

@@ -147,6 +147,14 @@ def excludes_zero(interval: dict[str, Any], direction: int) -> bool | None:
     return low > 0 if direction > 0 else high < 0
 
 
+def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
+    """Generated tokens at a run's first evaluation at or above `target` (its start left out); None if never."""
+    for point in curve:
+        if point["accuracy"] >= target and point["tokens_generated"] > 0:
+            return point["tokens_generated"]
+    return None
+
+
 def paired_deltas(a: dict[str, Any], b: dict[str, Any], value: Any) -> list[float]:
     """value(run_a) - value(run_b) for every seed both methods finished; value(run) may be None (skipped)."""
     out = []
