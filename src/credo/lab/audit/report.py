@@ -318,6 +318,22 @@ def plot_audit(report: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
+def pick_figures(picks: Sequence[int], first: Sequence[int]) -> dict[str, dict[str, float]]:
+    """Where a localiser resets, as SRPO uses it: `share_by_step`, the share of its resets at each step
+    ('1', '2', ...; 1-based), and `top1_by_position`, its first-error top-1 split by where the first error lies
+    ('step 1', 'steps 2-3', 'steps 4+'). picks and first: 0-based steps, one per wrong trace."""
+    n = max(len(picks), 1)
+    counts: dict[int, int] = {}
+    for k in picks:
+        counts[k] = counts.get(k, 0) + 1
+    shares = {str(k + 1): c / n for k, c in sorted(counts.items())}
+    buckets: dict[str, list[int]] = {}
+    for k, e in zip(picks, first):
+        buckets.setdefault("step 1" if e == 0 else "steps 2-3" if e <= 2 else "steps 4+", []).append(int(k == e))
+    return {"share_by_step": shares,
+            "top1_by_position": {b: sum(hits) / len(hits) for b, hits in sorted(buckets.items())}}
+
+
 def localiser_table(loc: dict[str, Any]) -> str:
     lines = [f"## Reset localisers ({loc['traces']} incorrect traces with a labelled first error before their last "
              f"segment; each parent valued alone, as at training time; the oracle resets at step 1 in "
@@ -336,4 +352,15 @@ def localiser_table(loc: dict[str, Any]) -> str:
                      f"{_figure(m.get('parse_rate'))} |")
     for name, why in loc["failures"].items():
         lines.append(f"| {name} | failed: {why} |" + " |" * 8)
+    if "oracle_share_by_step" in loc:  # audits from before the split have none
+        steps = sorted({k for m in [loc["oracle_share_by_step"], *(m.get("share_by_step", {}) for m in
+                                                                  loc["localisers"].values())] for k in m}, key=int)
+        lines += ["", "Share of resets at each step (the oracle's: where the first errors lie), and top-1 by where "
+                  "the first error lies:", "", "| localiser | " + " | ".join(f"step {k}" for k in steps)
+                  + " | top-1 by first-error position |", "|---|" + "---|" * (len(steps) + 1)]
+        for name, shares in [("oracle (first errors)", loc["oracle_share_by_step"]),
+                             *((n, m.get("share_by_step", {})) for n, m in loc["localisers"].items())]:
+            split = loc["localisers"].get(name, {}).get("top1_by_position", {})
+            lines.append(f"| {name} | " + " | ".join(f"{shares.get(k, 0.0):.2f}" for k in steps) + " | "
+                         + (", ".join(f"{b} {v:.2f}" for b, v in split.items()) or "—") + " |")
     return "\n".join(lines) + "\n"
