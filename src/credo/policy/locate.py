@@ -43,8 +43,9 @@ def check_policy_path(path: str, field: str) -> str:
         raise ConfigError(f"{field}={path!r}: its policy.json names backend {backend!r}, which needs a Hugging Face "
                           f"config.json, and {path} has none; the checkpoint is incomplete")
     else:
-        from credo.policy.hf import refuse_pickled_weights
+        from credo.policy.hf import refuse_custom_code, refuse_pickled_weights
         refuse_pickled_weights(path, field)
+        refuse_custom_code(path, field)
     from credo.core.state_io import check_safetensors
     check_safetensors(path)  # a damaged header: one line naming the file, before --out is touched
     return path
