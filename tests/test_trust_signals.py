@@ -17,6 +17,7 @@ import torch
 import credo.lab.compare.run as cmp
 import sleepy_worker
 from credo.cli.main import main
+from credo.core.config import UserError
 from credo.lab.compare.presets import resolve_preset
 from credo.train.interrupts import Interrupted, signals_raise
 from credo.policy import load_policy
@@ -126,6 +127,34 @@ def test_a_worker_leaves_once_its_parent_is_gone(tmp_path):
         os.kill(worker, signal.SIGKILL)
     assert not left, "the worker trained on after its parent was killed"
     assert not is_locked(str(tmp_path))
+
+
+def test_a_killed_worker_stops_the_comparison_naming_its_run_and_signal(tmp_path, monkeypatch, saved_policy):
+    """Two real spawned workers, each holding its run's lock; one is killed with SIGKILL (what the kernel's
+    out-of-memory killer sends): one stop naming that run and the signal, no run recorded as failed, and within
+    10 s no worker is left and no lock is held. Before, every run came back as a BrokenProcessPool failure."""
+    monkeypatch.setattr(cmp, "_worker", sleepy_worker.train_forever)
+    preset = resolve_preset("smoke", ("rloo",), (0,), None, None)
+    plan = [(m, s, str(tmp_path / f"{m}-{s}")) for s in preset.seeds for m in preset.methods]
+    for _, _, run_dir in plan:
+        os.makedirs(run_dir)
+    pids: dict[str, int] = {}
+
+    def kill_the_second_once_both_train() -> None:
+        deadline = time.time() + 120
+        while len(pids) < 2 and time.time() < deadline:
+            pids.update({d: int(f.split("-")[1]) for _, _, d in plan for f in os.listdir(d) if f.startswith("started")})
+            time.sleep(0.05)
+        os.kill(pids[plan[1][2]], signal.SIGKILL)
+
+    threading.Thread(target=kill_the_second_once_both_train, daemon=True).start()
+    with pytest.raises(UserError) as stopped:
+        cmp._run_parallel(plan, preset, saved_policy, cmp.tqdm(disable=True), jobs=2)
+    line = str(stopped.value)
+    assert f"training {plan[1][0]} seed 0 ({plan[1][2]}) was stopped by SIGKILL" in line, line
+    assert plan[0][2] not in line and "\n" not in line and "no run failed" in line
+    assert not _gone_within(set(pids.values()), 10.0)
+    assert not any(is_locked(run_dir) for _, _, run_dir in plan)
 
 
 # --- Ctrl-C in `credo train`: one line, exit 130, the resume bit-identical ------------------------------

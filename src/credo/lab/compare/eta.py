@@ -34,6 +34,8 @@ from typing import Any, Callable
 from tqdm import tqdm
 
 from credo.core.config import ConfigError
+from credo.lab.compare.presets import Preset, run_config
+from credo.lab.compare.runs import progress_of, run_result
 
 HOUR = 3600.0
 ESTIMATE_FILE = "estimate.json"
@@ -210,3 +212,29 @@ def confirm(estimate_seconds: float, *, yes: bool, interactive: bool, ask: Calla
             return
         raise ConfigError("not started (answered no); pass --yes to start without asking")
     raise ConfigError(f"estimated wall time {describe(estimate_seconds)} is over an hour: pass --yes to start it")
+
+
+def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
+                       progress: bool = False) -> dict[str, Any]:
+    """Estimates the wall time of the runs still to do (estimate): a method with finished runs in `plan`
+    is costed from their own clocks, every other one by timing one step of it."""
+    finished: dict[str, list[dict[str, Any]]] = {}
+    for spec, _, run_dir in plan:
+        if os.path.exists(os.path.join(run_dir, "summary.json")):
+            finished.setdefault(spec, []).append(run_result(run_dir))
+    pending = [(spec, seed, preset.token_budget - progress_of(run_dir, preset.token_budget)[0])
+               for spec, seed, run_dir in plan if not os.path.exists(os.path.join(run_dir, "summary.json"))]
+    measured = {spec: measured_timing(runs) for spec, runs in finished.items()}
+    measured = {spec: timing for spec, timing in measured.items() if timing is not None}
+    first_seed: dict[str, int] = {}
+    for spec, seed, _ in pending:
+        if spec not in measured:
+            first_seed.setdefault(spec, seed)
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+    timings, eval_seconds = (time_methods(list(first_seed.items()), lambda m, s: run_config(m, s, preset, start),
+                                          threads, progress) if first_seed else ({}, 0.0))
+    if pending and not first_seed:  # every remaining method is costed from its runs: only the evaluation is timed
+        eval_seconds = time_evaluation(run_config(pending[0][0], pending[0][1], preset, start), threads)
+    return estimate([(spec, left) for spec, _, left in pending], {**timings, **measured}, eval_seconds,
+                    eval_every_tokens=preset.eval_every_tokens, final_eval_ratio=preset.final_eval_n / preset.eval_n,
+                    jobs=jobs, measured=frozenset(measured))
