@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from credo.core.config import UserError, from_dict
+from credo.core.config import ConfigError, UserError, from_dict
 
 
 @dataclass(frozen=True)
@@ -153,10 +153,10 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     options = {}
     for item in items:
         if "=" not in item:
-            raise ValueError(f"method {spec!r}: option {item!r} must look like key=value")
+            raise ConfigError(f"method {spec!r}: option {item!r} must look like key=value")
         key, value = item.split("=", 1)
         if key in options:  # the later one would silently win: `shuffled:of=tempo:of=rredcot` shuffles rredcot
-            raise ValueError(f"method {spec!r}: option {key!r} is given twice (the method a wrapped method wraps "
+            raise ConfigError(f"method {spec!r}: option {key!r} is given twice (the method a wrapped method wraps "
                              f"is options.of=..., its options options.<key>=...)")
         options[key] = value
     return name, options
