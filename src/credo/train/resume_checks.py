@@ -16,6 +16,7 @@ import os
 from typing import Any
 
 from credo.core.config import ConfigError, UserError, dump_yaml, to_dict
+from credo.core.records import METRICS_FIELDS
 from credo.core.files import (atomic_write_text, claim_output, holds_only_own_files, is_locked, last_checkpoint,
                               read_jsonl)
 from credo.core.state_io import CorruptStateError
@@ -74,7 +75,7 @@ def check_restartable(run_dir: str, config: TrainConfig) -> None:
     if os.path.exists(os.path.join(run_dir, "summary.json")) or os.path.isdir(os.path.join(run_dir, "final")):
         raise CorruptStateError(f"{run_dir} finished, but its checkpoints/ is missing: nothing to resume from "
                                 "(start a new run with --out)")
-    rows = read_jsonl(os.path.join(run_dir, "metrics.jsonl"), drop_torn_tail=True)
+    rows = read_jsonl(os.path.join(run_dir, "metrics.jsonl"), drop_torn_tail=True, fields=METRICS_FIELDS)
     last = max((int(r.get("step", 0)) for r in rows), default=0)
     if last > config.checkpoint_every:  # step checkpoint_every's checkpoint was written before step +1 was logged
         raise CorruptStateError(f"{run_dir}: metrics.jsonl reaches step {last}, past the checkpoint of step "

@@ -34,6 +34,7 @@ from typing import Any, Callable
 from tqdm import tqdm
 
 from credo.core.config import ConfigError
+from credo.core.records import COUNT, SECONDS, number
 from credo.lab.compare.presets import Preset, run_config
 from credo.lab.compare.runs import progress_of, run_result
 
@@ -84,7 +85,8 @@ def timed_steps(out_dir: str) -> dict[str, tuple[Timing, str]]:
 
 def _timing(entry: dict[str, Any]) -> Timing:
     """One per_method entry of estimate()'s dict as a Timing."""
-    return Timing(float(entry["seconds_per_step"]), max(int(entry["tokens_per_step"]), 1))
+    return Timing(number(entry["seconds_per_step"], "seconds_per_step", SECONDS),
+                  max(int(number(entry["tokens_per_step"], "tokens_per_step", COUNT)), 1))
 
 
 def keep_estimate(out_dir: str, estimate_: dict[str, Any]) -> None:

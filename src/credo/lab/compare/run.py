@@ -48,6 +48,7 @@ from credo.lab.compare.runs import clear_failure, failure_path, progress_of, run
 from credo.credit.registry import parse_spec
 from credo.core.config import ConfigError, UserError
 from credo.core.disk_errors import DiskError, as_disk_error, is_disk_error
+from credo.core.records import check_run_result
 from credo.train.interrupts import (Interrupted, TaskWorkers, run_announced, worker_started, worker_task,
                                     workers_stopped_on_interrupt)
 from credo.integrations.tracking import TrackingPlace, check_installed, checked_names
@@ -360,7 +361,11 @@ def rewrite_report(out_dir: str) -> dict[str, Any]:
                 run_dir = os.path.join(out_dir, "runs", run_dir_name(method, int(seed)))
                 if os.path.exists(os.path.join(run_dir, "summary.json")):
                     entry["seeds"][seed] = run_result(run_dir)
+                else:  # its numbers as recorded: checked as a run's own files are
+                    check_run_result(entry["seeds"][seed], f"{path}: methods.{method}.seeds.{seed}")
         write_report(results, out_dir)
+    except UserError:
+        raise
     except KeyError as err:  # a hand-edited or truncated results.json (CREDO_DEBUG=1 shows where)
         raise UserError(f"{path} lacks the field {err} that the report needs") from None
     except (ValueError, TypeError, AttributeError) as err:
