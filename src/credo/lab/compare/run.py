@@ -51,7 +51,7 @@ from credo.core.disk_errors import DiskError, as_disk_error, is_disk_error
 from credo.core.records import check_run_result
 from credo.train.interrupts import (Interrupted, TaskWorkers, run_announced, worker_started, worker_task,
                                     workers_stopped_on_interrupt)
-from credo.integrations.tracking import TrackingPlace, check_installed, checked_names
+from credo.integrations.tracking import TrackerError, TrackingPlace, check_installed, check_trackers, checked_names
 from credo.policy.device import device_name, resolve_device, resolve_dtype
 from credo.train.provenance import loaded_commit
 from credo.core.files import atomic_write_json, atomic_write_text, is_locked, run_lock
@@ -86,6 +86,8 @@ def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, ba
         except Exception as err:
             if is_disk_error(err):  # the machine's, not the method's: every later run would fail the same way
                 raise as_disk_error(err) from err
+            if isinstance(err, TrackerError):  # the same: a tracker fails every run, whatever its method
+                raise
             outcomes.append((None, traceback.format_exc()))
         bar.update(preset.token_budget - state["tokens"])
     return outcomes
@@ -101,6 +103,8 @@ def _worker(method: str, seed: int, preset: Preset, start: str, run_dir: str, th
         except Exception as err:
             if is_disk_error(err):  # raised to the parent, which stops the grid (DiskError pickles from its parts)
                 raise as_disk_error(err) from err
+            if isinstance(err, TrackerError):  # the same (a tracker fails every run), and it pickles
+                raise
             return None, traceback.format_exc()
 
 
@@ -159,11 +163,11 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
             for future in done:
                 try:
                     outcomes[futures[future]] = future.result()
-                except DiskError as err:
+                except (DiskError, TrackerError) as err:
                     stop = stop or err
                     if pending:
-                        print(f"credo compare: stopping on a refused write; waiting for {len(pending)} running "
-                              "run(s)", file=sys.stderr, flush=True)
+                        print(f"credo compare: stopping ({err}); waiting for {len(pending)} running run(s)",
+                              file=sys.stderr, flush=True)
                 except BrokenProcessPool:  # a worker died (killed, out of memory): stopped below, not a failure
                     broken.append(futures[future])
                 if stop is None:
@@ -240,6 +244,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
                             premise_n)
     report_to = checked_names(report_to, "compare.report_to")
     check_installed(report_to, "compare.report_to")  # before any timing or training
+    check_trackers(report_to, "compare.report_to", TrackingPlace(root=out_dir, run_name=""))
     jobs = preset.jobs if jobs is None else jobs
     if jobs < 1:
         raise ConfigError(f"jobs (--jobs) must be >= 1, got {jobs}")
