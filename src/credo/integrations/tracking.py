@@ -106,8 +106,10 @@ def check_installed(names: Iterable[str], field: str) -> None:
 
 
 def check_trackers(names: Iterable[str], field: str, place: "TrackingPlace") -> None:
-    """Before a run starts: each named tracker's local store under `place.root` is a folder where it exists (not a
-    file), and a remote MLflow server answers within CONNECT_TIMEOUT; else a TrackerError naming `field`."""
+    """Before a run starts: each named tracker is installed (check_installed), its local store under `place.root`
+    is a folder where it exists (not a file), and a remote MLflow server answers within CONNECT_TIMEOUT; else a
+    ConfigError (TrackerError) naming `field`."""
+    check_installed(names, field)
     for name in names:
         uri = os.environ.get("MLFLOW_TRACKING_URI", "") if name == "mlflow" else ""
         store = os.path.join(place.root, STORES[name]) if name in STORES and not uri else ""

@@ -51,7 +51,7 @@ from credo.core.disk_errors import DiskError, as_disk_error, is_disk_error
 from credo.core.records import check_run_result
 from credo.train.interrupts import (Interrupted, TaskWorkers, run_announced, worker_started, worker_task,
                                     workers_stopped_on_interrupt)
-from credo.integrations.tracking import TrackerError, TrackingPlace, check_installed, check_trackers, checked_names
+from credo.integrations.tracking import TrackerError, TrackingPlace, check_trackers, checked_names
 from credo.policy.device import device_name, resolve_device, resolve_dtype
 from credo.train.provenance import loaded_commit
 from credo.core.files import atomic_write_json, atomic_write_text, is_locked, run_lock
@@ -243,8 +243,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     preset = resolve_preset(preset_name, methods, seeds, token_budget, schedule, task, eval_split, audit_n,
                             premise_n)
     report_to = checked_names(report_to, "compare.report_to")
-    check_installed(report_to, "compare.report_to")  # before any timing or training
-    check_trackers(report_to, "compare.report_to", TrackingPlace(root=out_dir, run_name=""))
+    check_trackers(report_to, "compare.report_to", TrackingPlace(out_dir, ""))  # before any timing or training
     jobs = preset.jobs if jobs is None else jobs
     if jobs < 1:
         raise ConfigError(f"jobs (--jobs) must be >= 1, got {jobs}")

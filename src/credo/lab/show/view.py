@@ -336,7 +336,7 @@ def cmd_show(args: Any) -> int:
     claim_output(out, "show", force=args.force,  # both the path given and the policy it names (a run's final/)
                  inputs=input_paths(args.config, config.checkpoint, config.task) + (policy_dir,))
     path = run_show(replace(config, checkpoint=policy_dir), out, terminal=args.terminal, progress=not args.quiet)
-    print(f"wrote {path}")
+    print(f"wrote {escape_controls(path)}")  # the path is the user's --out: escaped like any data
     return 0
 
 
