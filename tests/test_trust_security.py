@@ -183,3 +183,19 @@ def test_every_from_pretrained_call_refuses_remote_code():
                         flags = {k.arg: getattr(k.value, "value", None) for k in node.keywords}
                         assert flags.get("trust_remote_code", True) is False, f"{path}:{node.lineno}"
     assert calls >= 4  # hf.py's two, smollm.py's two at least: the scan sees them
+
+
+ESCAPE = "{{ ''.__class__.__mro__[1].__subclasses__() }}{% for m in messages %}{{ m.content }}{% endfor %}"
+
+
+def test_a_chat_template_that_tries_to_leave_the_sandbox_is_one_line(hf_dir, tmp_path, capsys):
+    """transformers renders chat templates in jinja2's sandbox, which stops the escape: before, a 52-line
+    traceback; now one line naming the model."""
+    model = str(tmp_path / "model")
+    shutil.copytree(hf_dir, model)
+    with open(os.path.join(model, "chat_template.jinja"), "w") as f:
+        f.write(ESCAPE)
+    before = snapshot(model)
+    line = one_line_error(capsys, ["eval", "--checkpoint", model, "--task", "gym:chain_sum", "--n", "2", "--quiet"])
+    assert f"the chat template of {model} cannot be rendered (SecurityError: " in line
+    assert snapshot(model) == before

@@ -154,7 +154,14 @@ class HFPolicy(CompletionScoring):
         system_text = "\n\n".join(x for x in ((self.system_prompt if system else None), prompt.system) if x)
         messages = (([{"role": "system", "content": system_text}] if system_text else [])
                     + [{"role": "user", "content": prompt.user}])
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        from jinja2.exceptions import TemplateError  # transformers' chat templates are jinja2, sandboxed
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except TemplateError as err:  # a template that tries to leave the sandbox, or is broken: the model's file
+            first = " ".join(str(err).split())[:200]
+            raise UserError(f"the chat template of {getattr(self.tokenizer, 'name_or_path', '') or 'the model'} "
+                            f"cannot be rendered ({type(err).__name__}: {first}); credo runs it sandboxed and "
+                            "refuses it; fix or remove the model's chat_template") from None
 
     @property
     def context_length(self) -> int | None:
