@@ -161,3 +161,26 @@ def test_show_displays_the_truncated_prompt_the_model_read(hf_dir, tmp_path, cap
                  "--quiet"]) == 0
     shown = capsys.readouterr().out
     assert "): …" in shown and LONG[:40] not in shown
+
+
+def test_the_context_check_tokenises_only_prompts_that_might_not_fit(hf_dir):
+    """A long file of short questions is cleared by a byte bound (before: every row rendered and tokenised, 28 s
+    for 100,000 rows); every prompt over the context is still among those measured, and a tokenizer for which the
+    bound fails has every prompt measured."""
+    import random
+    from credo.policy.locate import BOUND_SAMPLE, may_not_fit
+    from credo.tasks.base import Problem
+    policy = load_policy(hf_dir)
+    rng = random.Random(0)
+    numbers = [" ".join(str(rng.randint(0, 10 ** rng.randint(1, 6))) for _ in range(rng.randint(1, 40)))
+               for _ in range(400)]
+    problems = [Problem(str(i), text + " é ✓ =", "1") for i, text in enumerate(numbers)]
+    room = 90
+    over = {p.key for p in problems if len(policy.prompt_row(p.prompt)) > room}
+    measured = {p.key for p in may_not_fit(policy, problems, room)}
+    assert over and over <= measured and len(measured) < len(problems)
+    short = [Problem(str(i), f"{i} + 1 =", "1") for i in range(1000)]
+    assert len(may_not_fit(policy, short, room)) == BOUND_SAMPLE
+    real = policy.prompt_row
+    policy.prompt_row = lambda text, system=True: real(text, system) * (1 if text == "" else 4)  # 4 tokens a byte
+    assert len(may_not_fit(policy, short, room)) == len(short)
