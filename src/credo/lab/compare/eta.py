@@ -11,8 +11,10 @@ estimate of a run is
     steps = ceil(remaining budget / generated tokens of the timed step)
     seconds = steps x seconds of the timed step + evaluations x seconds of one evaluation
 
-and the comparison's is the sum over the runs still to do, divided by the jobs run at once. It is rough:
-step cost drifts as completions lengthen or shorten, and two jobs slow each other a little.
+and the comparison's is the sum over the runs still to do, divided by the jobs run at once, plus the start
+audit and the premise checks that follow the training (after_training_seconds: their completions at the timed
+evaluation's cost per completion). It is rough: step cost drifts as completions lengthen or shorten, and two jobs
+slow each other a little.
 
 Above an hour the comparison starts only when confirmed: `--yes`, or "y" at the prompt when stdin is a
 terminal. A non-interactive run (a script, nohup, CI) above an hour without `--yes` is refused with one
@@ -235,8 +237,44 @@ def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: 
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     timings, eval_seconds = (time_methods(list(first_seed.items()), lambda m, s: run_config(m, s, preset, start),
                                           threads, progress) if first_seed else ({}, 0.0))
-    if pending and not first_seed:  # every remaining method is costed from its runs: only the evaluation is timed
-        eval_seconds = time_evaluation(run_config(pending[0][0], pending[0][1], preset, start), threads)
-    return estimate([(spec, left) for spec, _, left in pending], {**timings, **measured}, eval_seconds,
-                    eval_every_tokens=preset.eval_every_tokens, final_eval_ratio=preset.final_eval_n / preset.eval_n,
-                    jobs=jobs, measured=frozenset(measured))
+    if (pending or preset.audit_n > 0 or preset.premise_n > 0) and not first_seed:  # no step to time: evaluation
+        eval_seconds = time_evaluation(run_config(preset.methods[0], preset.seeds[0], preset, start), threads)
+    out = estimate([(spec, left) for spec, _, left in pending], {**timings, **measured}, eval_seconds,
+                   eval_every_tokens=preset.eval_every_tokens, final_eval_ratio=preset.final_eval_n / preset.eval_n,
+                   jobs=jobs, measured=frozenset(measured))
+    after = after_training_seconds(preset, eval_seconds)
+    return {**out, **after, "seconds": out["seconds"] + sum(after.values())}
+
+
+STEPS_UNKNOWN = 4
+"""Steps a trace is taken to have where the task's problems carry no worked solution to count them from."""
+
+
+def after_training_seconds(preset: Preset, eval_seconds: float) -> dict[str, float]:
+    """{audit_seconds, premise_seconds}: the start audit (preset.audit_n traces, k_ref Monte-Carlo continuations
+    from each step boundary, each on average half a trace long) and the premise checks (preset.premise_n traces
+    of the start and of each final policy of a method that rests on a premise, plus a reply to each localiser's
+    request), costed in completions at the timed evaluation's seconds per completion. Rough, and long rather
+    than short: a reference or a premise measurement kept from an earlier start is counted as if measured again."""
+    from credo.lab.audit.premises import premises_of
+    per_completion = eval_seconds / max(preset.eval_n, 1)
+    audit = preset.audit_n * (1 + preset.audit_k_ref * steps_per_trace(preset) / 2) if preset.audit_n > 0 else 0
+    premise = 0.0
+    if preset.premise_n > 0:
+        needs = [premises_of(m) for m in preset.methods]
+        policies = 1 + len(preset.seeds) * sum(bool(teacher or loc) for teacher, loc in needs)
+        premise = preset.premise_n * policies * (1 + any(loc for _, loc in needs)) if policies > 1 else 0.0
+    return {"audit_seconds": round(audit * per_completion, 1), "premise_seconds": round(premise * per_completion, 1)}
+
+
+def steps_per_trace(preset: Preset) -> float:
+    """The mean number of steps of the task's worked solutions (of 8 held-out problems), STEPS_UNKNOWN without."""
+    from credo.tasks import make_task
+    task = make_task(preset.task, preset.train.get("task_options", {}))
+    counts = []
+    for problem in task.heldout_problems(8):
+        lines = (task.solution_lines(problem) if hasattr(task, "solution_lines")
+                 else getattr(task, "reference_solution", lambda p: None)(problem))
+        if lines:
+            counts.append(len(lines))
+    return sum(counts) / len(counts) if counts else STEPS_UNKNOWN

@@ -264,7 +264,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
                                "final_eval_n": preset.final_eval_n, "note": preset.note,
                                "protocol": protocol(preset, start, jobs), "methods": {}, "failures": {}}
     began = time.time()
-    results["estimate"] = estimate_wall_time(plan, preset, start, jobs, progress)  # training only, not the audit
+    results["estimate"] = estimate_wall_time(plan, preset, start, jobs, progress)  # the audit and premises too
     if confirm is not None:
         confirm(results["estimate"]["seconds"])
     elif progress:
