@@ -3,6 +3,7 @@ behind holding a run's lock, and the same command (or --resume) goes on bit-iden
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -293,3 +294,43 @@ def test_a_stopped_comparison_leaves_no_process_and_the_same_command_finishes_it
     assert results["failures"] == {}
     assert sorted(results["methods"]) == ["grpo", "rredcot"]
     assert all(results["methods"][m]["seeds"]["0"]["tokens_generated"] >= 15000 for m in ("grpo", "rredcot"))
+
+
+@pytest.mark.slow
+def test_kill_9_of_one_comparison_worker_is_one_line_and_the_rerun_is_bit_identical(tmp_path, saved_policy):
+    """What the kernel's out-of-memory killer does: SIGKILL to one worker while both train. One line naming that
+    run and SIGKILL, exit 2, no failure-*.txt; the same command then finishes both runs with the logs (but their
+    clocks) of a comparison never interrupted."""
+    from builders import strip_time
+    reference, out = str(tmp_path / "reference"), str(tmp_path / "cmp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(_compare_argv(saved_policy, reference), env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    argv = _compare_argv(saved_policy, out)
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    while _training_steps(out) < 4 and process.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    workers = sorted(_descendants(process.pid))
+    held = {}  # worker pid -> the run whose lock it holds (from /proc/<pid>/fd)
+    for pid in workers:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.endswith(".credo-lock"):
+                    held[pid] = os.path.basename(os.path.dirname(target))
+    victim = next(pid for pid, run in held.items() if run == "rredcot-s0")
+    os.kill(victim, signal.SIGKILL)
+    err = process.communicate(timeout=120)[1].strip().splitlines()
+    assert process.returncode == 2, err
+    lines = [line for line in err if "estimated wall time" not in line]
+    assert len(lines) == 1 and lines[0].startswith("credo compare: error: the worker process training rredcot seed 0 "
+                                                   f"({out}/runs/rredcot-s0) was stopped by SIGKILL"), err
+    assert not [f for f in os.listdir(out) if f.startswith("failure-")]
+    assert not _gone_within(set(workers), 10.0)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)  # the same command
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.load(open(os.path.join(out, "results.json")))["failures"] == {}
+    for name in ("grpo-s0", "rredcot-s0"):
+        assert (strip_time(logged_metrics(os.path.join(out, "runs", name)))
+                == strip_time(logged_metrics(os.path.join(reference, "runs", name)))), name
