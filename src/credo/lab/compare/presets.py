@@ -324,10 +324,14 @@ def check_method_specs(specs: tuple[str, ...], where: str) -> None:
     """Every spec names a known method (`name` or `name:key=value`); else a one-line ConfigError naming it."""
     for spec in specs:
         try:
-            method_registry.estimator_of(parse_spec(spec)[0], where)
+            name = parse_spec(spec)[0]
+        except ValueError as err:  # a malformed option ('name:key'), named by parse_spec
+            raise ConfigError(f"{where}: {err.args[0] if err.args else err}") from None
+        try:
+            method_registry.estimator_of(name, where)
         except ConfigError:  # an unknown name: estimator_of's error already names `where`
             raise
-        except ValueError as err:  # a malformed option ('name:key')
+        except ValueError as err:
             raise ConfigError(f"{where}: {err.args[0] if err.args else err}") from None
 
 
