@@ -121,8 +121,16 @@ def evaluate(model: GPT, tok: CharTokenizer, evals: list[tuple[str, str, int, st
             "pick_share": {str(key): round(c / n, 4) for key, c in sorted(picks.items(), key=str)}}
 
 
-def plot(runs: list[str], out: str) -> None:
-    """top-1 against examples seen, one line per run folder (its curve.jsonl), with the uniform guess."""
+def uniform_top1(task: ArithTask, n: int, seed: int) -> float:
+    """A uniform guess's top-1 on the evaluation traces of (task, n, seed): mean of 1 / (steps of the trace)."""
+    rng = random.Random(1000 + seed)
+    evals = [(p, example(task, p, rng, "oneshot")) for p in task.validation_problems(n)]
+    return sum(1 / len(task.solution_lines(p)) for p, _ in evals) / len(evals)
+
+
+def plot(runs: list[str], out: str, task: ArithTask, n: int, seed: int) -> None:
+    """top-1 against examples seen, one line per run folder (its curve.jsonl), with the uniform guess on the
+    evaluation traces of (task, n, seed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -130,7 +138,7 @@ def plot(runs: list[str], out: str) -> None:
     for run in runs:
         rows = [json.loads(line) for line in open(os.path.join(run, "curve.jsonl"))]
         ax.plot([r["examples"] for r in rows], [r["top1"] for r in rows], marker="o", label=os.path.basename(run))
-    ax.axhline(0.248, color="grey", linestyle="--", label="uniform guess (arith, 3-5 steps)")
+    ax.axhline(uniform_top1(task, n, seed), color="grey", linestyle="--", label="uniform guess")
     ax.set_xlabel("localisation examples seen (wrong traces only)")
     ax.set_ylabel("first-error top-1 (greedy, 200 validation traces)")
     ax.set_ylim(0, 1)
@@ -157,7 +165,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="new folder for curve.jsonl and summary.json")
     args = ap.parse_args()
     if args.plot:
-        return plot(args.plot, args.out)
+        return plot(args.plot, args.out, make_task(args.task), args.eval_n, args.seed)
     if args.form is None:
         ap.error("--form is required to train")
     os.makedirs(args.out, exist_ok=False)
@@ -222,7 +230,7 @@ def main() -> None:
             running = value if running is None else 0.98 * running + 0.02 * value
             if step % args.eval_every == 0 or step == args.steps:
                 row = log(step, running)
-    uniform = sum(1 / n for *_, n in evals) / len(evals)
+    uniform = uniform_top1(task, args.eval_n, args.seed)
     summary = {"form": args.form, "task": args.task, "config": vars(args), "uniform_top1": round(uniform, 4),
                "parameters": sum(p.numel() for p in model.parameters()), "final": row}
     with open(os.path.join(args.out, "summary.json"), "w") as f:

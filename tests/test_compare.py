@@ -870,3 +870,27 @@ def test_a_run_result_records_the_overlong_penalty_it_applied_fitted_or_as_set(t
     text = report({**results, "preset": "t", "start": "s", "commit": "c", "date": "d", "machine": "m"})
     assert "## What acts unequally on methods: gradient-norm clipping" in text
     assert "**DAPO's overlong penalty.** " + sentences[0] in text
+
+
+def test_the_estimate_includes_the_start_audit_and_the_premise_checks(monkeypatch, tmp_path, saved_policy):
+    """Before, the estimate was the training's only: 0 s for a comparison whose runs had all finished, which then
+    spent minutes on its audit and premise checks."""
+    from dataclasses import replace
+    import credo.lab.compare.eta as eta
+    from credo.lab.compare.presets import resolve_preset
+    monkeypatch.setattr(eta, "time_evaluation", lambda config, threads=None: 8.0)
+    preset = resolve_preset("smoke", ("grpo",), (0,), None, None)
+    plan = [("grpo", 0, str(tmp_path / "runs" / "grpo-s0"))]
+    done = tmp_path / "runs" / "grpo-s0"
+    done.mkdir(parents=True)
+    (done / "metrics.jsonl").write_text(json.dumps({"step": 1, "tokens_generated": 150, "seconds": 2.0}) + "\n")
+    (done / "summary.json").write_text(json.dumps({"step": 1, "tokens_generated": 150, "seconds": 2.0,
+                                                   "final_accuracy": 0.5}))
+    out = eta.estimate_wall_time(plan, preset, saved_policy, jobs=1)
+    per = 8.0 / preset.eval_n
+    audit = preset.audit_n * (1 + preset.audit_k_ref * eta.steps_per_trace(preset) / 2) * per
+    assert out["runs"] == 0 and out["audit_seconds"] == round(audit, 1) > 0 and out["seconds"] == out["audit_seconds"]
+    skilled = replace(preset, methods=("grpo", "sc_grpo", "srpo:localiser=prompt"), premise_n=16, audit_n=0)
+    out = eta.estimate_wall_time([], skilled, saved_policy, jobs=1)
+    policies = 1 + 2  # the start, and the final policy of each method resting on a premise (one seed)
+    assert out["audit_seconds"] == 0 and out["premise_seconds"] == round(16 * policies * 2 * per, 1)

@@ -30,6 +30,7 @@ from credo.policy import bind_task, check_policy_path, load_policy
 from credo.policy.base import Policy
 from credo.policy.device import autocast_dtype, device_name, resolve_device, resolve_dtype
 from credo.strategies import Collected, SamplingContext, Strategy
+from credo.strategies.localisers import check_can_ask
 from credo.tasks import make_task
 from credo.train.config import TrainConfig
 from credo.train.distributed import DataParallel, Sharded
@@ -60,6 +61,10 @@ class TrainerStep:
         # reusing the run continues on it, and moving it elsewhere is asked for explicitly (docs/gpu.md)
         self.config = config = replace(config, device=device_name(policy.device))
         self.policy = bind_task(policy, self.task, "train.start", config.sampling.max_new_tokens)  # now, not mid-run
+        for field, localiser in (("train.reset.localiser", config.strategy == "resets" and config.reset.localiser),
+                                 ("train.credit.localiser", config.credit.get("localiser"))):
+            if localiser == "prompt":  # a request the policy cannot read: refused now, not at the first reset
+                check_can_ask(self.policy, self.task, field)
         self.reference = self.policy.copy() if config.loss.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad], lr=config.lr,
                                            betas=(config.beta1, config.beta2), weight_decay=config.weight_decay,

@@ -240,8 +240,7 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
     config = with_task_segmenter(config, task)
     data = build_reference(config, checkpoint, progress)
     rollouts, segment_ids = data.rollouts, data.segment_ids
-    reference = data.reference.differences()
-    n = rollouts.batch_size
+    reference, n = data.reference.differences(), rollouts.batch_size
     first = first_errors(task, rollouts)
     labels = Labels(first, localisable_errors(data.reference, first))
     prior = most_frequent_position(first, reference)
@@ -259,8 +258,8 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
 
     credits: dict[str, Any] = {}  # label -> Credit, for the show grid of audit.html
     failures = score_methods(config, methods, on_device, segments_on_device, policy, task, progress, record, credits)
-    segment_credits = {label: segment_credit_of(c, segments_on_device) for label, c in credits.items()}
-    rows.update(routed_rows(methods, segment_credits, rows, on_device, reference, labels, data.trace_tokens))
+    rows.update(routed_rows(methods, {label: segment_credit_of(c, segments_on_device) for label, c in credits.items()},
+                            rows, on_device, reference, labels, data.trace_tokens))
     rows["mc_reference"] = score_row(reference, reference, labels, data.reference_cost, data.trace_tokens)
     split_half = split_half_spearman(data.reference)
     reliability = 2 * split_half / (1 + split_half) if split_half > -1 else float("nan")

@@ -19,7 +19,7 @@ from credo.integrations import tracking
 from credo.core.config import (MAX_EPOCHS, MAX_HELD_OUT, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigError, check,
                                parse_yaml_value, to_dict)
 from credo.policy.device import check_device_fields
-from credo.train.config import config_from_run, flatten_config, load_train_config
+from credo.train.config import comparable_config, config_from_run, load_train_config
 
 ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain", "rredcot", "ibpo",
                "sc_grpo", "rrpo", "srpo")
@@ -314,8 +314,8 @@ def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str)
     for method, seed, run_dir in plan:
         if not os.path.exists(os.path.join(run_dir, "config.yaml")):
             continue
-        old = flatten_config(to_dict(config_from_run(run_dir)))
-        new = flatten_config(to_dict(run_config(method, seed, preset, start)))
+        old = comparable_config(to_dict(config_from_run(run_dir)))  # default-valued credit options as such
+        new = comparable_config(to_dict(run_config(method, seed, preset, start)))
         for recorded in (old, new):  # the default start named by a path (another checkout's, the cache's) is ''
             if is_default_start(recorded.get("start", ""), preset.task):
                 recorded["start"] = ""
@@ -323,9 +323,12 @@ def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str)
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k != "report_to")
         if changed:
             moved = f"pass --device {old['device']} to continue it where it ran, " if "device" in changed else ""
+            done = os.path.exists(os.path.join(run_dir, "summary.json"))  # removing it would train it again
+            then = ("it finished: `credo compare --report-only` rebuilds the report from it as it is, or choose a new "
+                    "--out" if done else "choose a new --out or remove that run directory")
             raise ConfigError(f"{run_dir} was made with a different config "
                               f"({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "
-                             f"{moved}choose a new --out or remove that run directory")
+                              f"{moved}{then}")
 
 
 def check_method_specs(specs: tuple[str, ...], where: str) -> None:
@@ -335,7 +338,7 @@ def check_method_specs(specs: tuple[str, ...], where: str) -> None:
             method_registry.estimator_of(spec, where)
         except ConfigError:  # an unknown name: estimator_of's error already names `where`
             raise
-        except ValueError as err:  # a malformed option ('name:key')
+        except ValueError as err:
             raise ConfigError(f"{where}: {err.args[0] if err.args else err}") from None
 
 
