@@ -673,7 +673,11 @@ def test_clipping_counts_steps_above_the_clip_and_takes_the_median_norm():
     assert run == {"clipped_share": 0.5, "grad_norm_median": 1.5, "grad_clip": 1.0}
     other = clipping([0.1, 0.2], clip=0.5)
     assert method_clipping({"0": run, "1": other}) == {"clipped_share": 0.25, "grad_norm_median": 0.825,
-                                                       "grad_clip": [0.5, 1.0], "runs": 2}
+                                                       "grad_clip": [0.5, 1.0], "runs": 2, "update_norm_median": None}
+    # the update size after AdamW: the median over runs, only where every run logged it
+    sized = method_clipping({"0": {**run, "update_norm_median": 0.02}, "1": {**other, "update_norm_median": 0.04}})
+    assert abs(sized["update_norm_median"] - 0.03) < 1e-12
+    assert method_clipping({"0": {**run, "update_norm_median": 0.02}, "1": other})["update_norm_median"] is None
     assert method_clipping({"0": {"final_accuracy": 0.5}}) is None  # runs from before the record
 
 
@@ -689,7 +693,7 @@ def test_the_report_shows_clipping_per_method_and_reads_out_the_heavily_clipped_
                 seed["steps"] = 5
     summarise(results)
     text = report({**results, "preset": "t", "start": "s", "commit": "c", "date": "d", "machine": "m"})
-    assert "| ibpo | 100% | 19.00 | 1 |" in text and "| grpo | 1% | 0.60 | 1 |" in text
+    assert "| ibpo | 100% | 19.00 | 1 | — |" in text and "| grpo | 1% | 0.60 | 1 | — |" in text
     reading = text.split("## Reading", 1)[1]
     assert "more than half the steps of ibpo (100%) (GRPO: 1%)" in reading and "vineppo (20%)" not in reading
     assert "under half GRPO's updates" in reading and "vineppo (5 against GRPO's 20)" in reading
@@ -703,11 +707,12 @@ def test_a_run_result_reads_gradient_norms_and_the_runs_own_clip(tmp_path):
     (run / "summary.json").write_text(json.dumps({"step": 2, "tokens_generated": 10, "seconds": 2.0,
                                                   "final_accuracy": 0.5}))
     rows = [{"step": 0, "tokens_generated": 0, "seconds": 0.0, "eval_accuracy": 0.4},
-            {"step": 1, "tokens_generated": 5, "seconds": 1.0, "grad_norm": 0.4},
-            {"step": 2, "tokens_generated": 10, "seconds": 2.0, "grad_norm": 0.9}]
+            {"step": 1, "tokens_generated": 5, "seconds": 1.0, "grad_norm": 0.4, "update_norm": 0.01},
+            {"step": 2, "tokens_generated": 10, "seconds": 2.0, "grad_norm": 0.9, "update_norm": 0.03}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = run_result(str(run))
     assert (result["clipped_share"], result["grad_norm_median"], result["grad_clip"]) == (0.5, 0.65, 0.5)
+    assert abs(result["update_norm_median"] - 0.02) < 1e-12
 
 
 def test_a_comparison_on_the_validation_split_evaluates_there_and_says_so(saved_policy, tmp_path):

@@ -23,7 +23,8 @@ SECONDS: Bound = (0, INF, False)
 FRACTION: Bound = (0, 1, False)
 
 METRICS_FIELDS: dict[str, Bound] = {"step": COUNT, "tokens_generated": COUNT, "tokens_scored": COUNT,
-                                    "seconds": SECONDS, "eval_accuracy": FRACTION, "grad_norm": (0, INF, False)}
+                                    "seconds": SECONDS, "eval_accuracy": FRACTION, "grad_norm": (0, INF, False),
+                                    "update_norm": (0, INF, False)}
 """The fields of a metrics.jsonl row that credo reads back."""
 SUMMARY_FIELDS: dict[str, Bound] = {"step": COUNT, "tokens_generated": COUNT, "seconds": SECONDS,
                                     "final_accuracy": FRACTION, "final_eval_n": COUNT, "overlong_buffer_used": COUNT,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from typing import Any
 
 import yaml
@@ -52,12 +53,14 @@ def run_result(run_dir: str) -> dict[str, Any]:
     # a paused process's clock is not the method's cost: its stalled steps count at the run's median step
     stalled, stalled_steps = stalled_seconds([float(r["seconds"]) for r in steps if "seconds" in r])
     norms = [float(r["grad_norm"]) for r in steps if "grad_norm" in r]
+    updates = [float(r["update_norm"]) for r in steps if "update_norm" in r]  # runs from before it: none
     return {"curve": curve, "final_accuracy": summary["final_accuracy"], "steps": summary["step"],
             "tokens_generated": summary["tokens_generated"], "seconds": summary["seconds"] - stalled,
             "stalled_seconds": stalled, "stalled_steps": stalled_steps,
             "seconds_per_step": (summary["seconds"] - stalled) / max(summary["step"], 1),
             "tokens_scored": steps[-1].get("tokens_scored", 0) if steps else 0,
             **(clipping(norms, run_grad_clip(config)) if norms else {}), **run_overlong(config, summary),
+            **({"update_norm_median": statistics.median(updates)} if updates else {}),
             **({"commit": summary["credo_commit"]} if "credo_commit" in summary else {})}
 
 
