@@ -69,6 +69,15 @@ def test_lora_is_off_by_default_and_its_fields_are_checked_by_their_paths():
         LoraSettings(r=8, target_modules=("q_proj", "v_proj"))
 
 
+@pytest.mark.parametrize("command", [["train"], ["sft", "--start", "smollm2-135m"]])
+def test_help_config_lists_the_lora_fields_with_their_docs(command, capsys):
+    assert main(command + ["--help-config"]) == 0
+    listing = " ".join(capsys.readouterr().out.split())  # docs wrapped at 100 columns, read as one text
+    for line in ("lora.r = 0", "lora.alpha = 16", "lora.dropout = 0.0", 'lora.target_modules = ["all-linear"]',
+                 "every linear layer of the attention and the MLP"):
+        assert line in listing
+
+
 def test_a_recorded_run_with_the_old_flat_lora_keys_loads():
     assert nest_lora({"method": "grpo", "lora_r": 0, "lora_alpha": 16, "lora_targets": ["q_proj"]}) == \
         {"method": "grpo"}
@@ -254,3 +263,13 @@ def test_lora_sft_saves_an_adapter_start_that_train_reads(hf_dir, tmp_path):
     assert "lora:" in open(os.path.join(out, "sft_config.yaml")).read()
     assert any(float(v.abs().max()) > 0 for k, v in adapter_tensors(out).items() if "lora_B" in k)
     assert load_policy(out).system_prompt  # the task's format travels with the adapter
+
+
+def test_compare_takes_an_adapter_start_and_trains_it_as_the_full_model_it_stands_for(lora_run, tmp_path):
+    out = str(tmp_path / "cmp")
+    assert main(["compare", "--preset", "smoke", "--start", os.path.join(lora_run, "final"), "--task",
+                 "gym:chain_sum", "--methods", "grpo", "--budget", "40", "--jobs", "1", "--set", "audit_n=0",
+                 "--set", "premise_n=0", "--out", out, "--yes", "--quiet"]) == 0
+    final = os.path.join(out, "runs", "grpo-s0", "final")
+    assert os.path.isfile(os.path.join(final, "model.safetensors")) and not os.path.exists(
+        os.path.join(final, ADAPTER_WEIGHTS))  # lora.r=0: full weights trained from the merged start

@@ -112,6 +112,8 @@ class HFPolicy(CompletionScoring):
         if is_lora(self.model):
             self.model = self.model.merge_and_unload()
             self.adapter_base = None
+            for p in self.model.parameters():  # peft froze the base: trainable again, as a freshly loaded model
+                p.requires_grad_(True)
 
     # --- text <-> tensors -------------------------------------------------------------------------
     @property
