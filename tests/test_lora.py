@@ -273,3 +273,15 @@ def test_compare_takes_an_adapter_start_and_trains_it_as_the_full_model_it_stand
     final = os.path.join(out, "runs", "grpo-s0", "final")
     assert os.path.isfile(os.path.join(final, "model.safetensors")) and not os.path.exists(
         os.path.join(final, ADAPTER_WEIGHTS))  # lora.r=0: full weights trained from the merged start
+
+
+def test_an_audit_caches_an_adapters_reference_by_its_base_too(lora_run, tmp_path):
+    from credo.lab.audit.run import AuditConfig, reference_key
+    other = str(tmp_path / "other")
+    shutil.copytree(os.path.join(lora_run, "final"), other)
+    meta = json.load(open(os.path.join(other, "policy.json")))
+    meta["adapter"]["base_digest"] = "sha256:" + "1" * 64
+    json.dump(meta, open(os.path.join(other, "policy.json"), "w"))
+    keys = {path: reference_key(AuditConfig(checkpoint=path, n=4, group_size=2), path, torch.device("cpu"),
+                                torch.float32) for path in (os.path.join(lora_run, "final"), other)}
+    assert len(set(keys.values())) == 2  # the same adapter weights on two bases: two references
