@@ -85,9 +85,11 @@ def test_a_recorded_run_with_the_old_flat_lora_keys_loads():
         {"lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj"]}}
 
 
-def test_a_tiny_policy_refuses_lora(saved_policy):
+def test_a_tiny_policy_or_a_module_the_model_lacks_is_one_line(saved_policy, hf_dir):
     with pytest.raises(ConfigError, match="lora.r=4: LoRA needs a Hugging Face model"):
         load_policy(saved_policy, lora=LoraSettings(r=4))
+    with pytest.raises(UserError, match=r"lora.target_modules=\['c_attn'\]: peft cannot place adapters"):
+        load_policy(hf_dir, lora=LoraSettings(r=4, target_modules=("c_attn",)))
 
 
 def test_a_lora_run_saves_the_adapter_alone_with_its_base_named_and_digested(lora_run, hf_dir):
