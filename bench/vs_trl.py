@@ -140,8 +140,8 @@ def main() -> None:
              for name, seconds in phases.items()]
     name = ("vs_trl" if args.model == "tiny" else f"vs_trl_{args.model.split('-')[0]}") + ("_lora" if args.lora else "")
     lora_note = (f" Both train LoRA adapters of rank {args.lora} (alpha {LORA_ALPHA}, every linear layer of the "
-                 "attention and the MLP; TRL through peft_config); 'credo (full weights)' is credo's step without them, "
-                 "timed in the same run." if args.lora else "")
+                 "attention and the MLP; TRL through peft_config); 'credo (full weights)' is credo's step without "
+                 "them, timed in the same run." if args.lora else "")
     write(name, rows, f"{PROMPTS} prompts x {GROUP} completions, up to {LENGTH} new tokens, one optimiser step per "
           f"generated batch for both (credo: epochs=1, minibatches=1), {args.model} on CPU. credo's phases: collect = "
           "sampling + rewards, prepare = old log-probs (skipped on this on-policy schedule), assign_credit = GRPO "

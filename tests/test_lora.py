@@ -287,3 +287,16 @@ def test_an_audit_caches_an_adapters_reference_by_its_base_too(lora_run, tmp_pat
     keys = {path: reference_key(AuditConfig(checkpoint=path, n=4, group_size=2), path, torch.device("cpu"),
                                 torch.float32) for path in (os.path.join(lora_run, "final"), other)}
     assert len(set(keys.values())) == 2  # the same adapter weights on two bases: two references
+
+
+def test_peft_reads_the_saved_adapter_as_its_own(lora_run, hf_dir):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    final = os.path.join(lora_run, "final")
+    ours = load_policy(final)
+    theirs = HFPolicy(PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(hf_dir), final).eval(),
+                      ours.tokenizer, chat=True)
+    ids, mask = ours.encode_prompts(["2 + 3 ="])
+    done, done_mask = ours.encode_completions(["<answer>5</answer>"])
+    with torch.no_grad():
+        assert torch.equal(ours.score(ids, mask, done, done_mask)[0], theirs.score(ids, mask, done, done_mask)[0])

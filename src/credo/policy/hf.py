@@ -355,10 +355,11 @@ class HFPolicy(CompletionScoring):
             meta = adapter_meta(directory)
             if meta is None:
                 raise CorruptStateError(f"{directory} holds full weights, not the LoRA adapter this run trains")
-            if self.adapter_base is not None and meta["base_digest"] != self.adapter_base[1]:
+            base = self.adapter_base
+            if base is not None and meta["base_digest"] != base[1]:
                 raise CorruptStateError(f"{os.path.join(directory, 'policy.json')}: the checkpoint's adapter was "
                                         f"trained on base {meta['base']} ({meta['base_digest'][:19]}...), but this "
-                                        f"run's start {self.adapter_base[0]} has weights {self.adapter_base[1][:19]}...")
+                                        f"run's start {base[0]} has weights {base[1][:19]}...")
             load_adapter_weights(self.model, directory)
             return
         self.model.load_state_dict(HFPolicy.load(directory, dtype=self.dtype).model.state_dict())
