@@ -165,9 +165,33 @@ def test_the_kl_reference_is_the_base_with_the_adapter_off_and_no_second_model(h
     assert (policy - want).abs().max() > 1e-3  # ... and the policy itself scores with its adapter
 
 
+def adapter_calls(policy) -> list[bool]:
+    """A list that gets (adapters on?) for every forward of `policy`'s adapted layers from now on."""
+    from peft.tuners.lora import Linear as LoraLinear
+    calls: list[bool] = []
+    for module in policy.model.modules():
+        if isinstance(module, LoraLinear):
+            module.register_forward_hook(lambda m, args, out: calls.append(not m.disable_adapters))
+    return calls
+
+
+def test_the_prompt_localiser_asks_the_policy_with_its_adapter_applied(hf_dir):
+    import random
+    from credo.strategies.localisers import localise
+    from test_hf import gym_rollouts
+    task = make_task("gym:chain_sum", CHAIN_SUM_OPTIONS)
+    policy = load_policy(hf_dir, lora=LoraSettings(r=4))
+    rollouts = gym_rollouts(policy, task)
+    probe = Probe(policy, task, SamplingConfig(max_new_tokens=6), torch.Generator().manual_seed(0))
+    segments = probe.segment(rollouts, "keyword_entropy")
+    calls = adapter_calls(policy)
+    wrong = [i for i in range(rollouts.batch_size) if not bool(rollouts.correct[i])]
+    localise("prompt", rollouts, wrong, probe, segments, random.Random(0))
+    assert calls and all(calls)
+
+
 @pytest.mark.parametrize("name", ["rredcot", "sc_grpo"])
 def test_estimators_probe_the_policy_with_its_adapter_applied(hf_dir, name):
-    from peft.tuners.lora import Linear as LoraLinear
     from test_hf import gym_rollouts
     task = make_task("gym:chain_sum", CHAIN_SUM_OPTIONS)
     adapted = load_policy(hf_dir, lora=LoraSettings(r=4))
@@ -175,10 +199,7 @@ def test_estimators_probe_the_policy_with_its_adapter_applied(hf_dir, name):
         for n, p in adapted.model.named_parameters():
             if "lora_" in n:
                 p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(n))))
-    calls = []  # (adapters on?) of every adapted layer's forward while the estimator runs
-    for module in adapted.model.modules():
-        if isinstance(module, LoraLinear):
-            module.register_forward_hook(lambda m, args, out: calls.append(not m.disable_adapters))
+    calls = adapter_calls(adapted)  # (adapters on?) of every adapted layer's forward while the estimator runs
     out = {}
     for label, policy in (("adapted", adapted), ("base", load_policy(hf_dir))):
         rollouts = gym_rollouts(policy, task)
