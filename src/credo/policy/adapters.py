@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -64,7 +65,9 @@ class LoraSettings:
 
 
 def is_lora(model: torch.nn.Module) -> bool:
-    """Whether `model` is wrapped with peft adapters."""
+    """Whether `model` is wrapped with peft adapters (peft is not imported for it: no peft model exists before)."""
+    if "peft" not in sys.modules:
+        return False
     from peft import PeftModel
     return isinstance(model, PeftModel)
 
