@@ -169,8 +169,8 @@ def test_resume_refuses_a_run_whose_checkpoints_were_removed(tmp_path, capsys, s
     ("seed=99999999999999999999999", "train.seed must be in 0..4294967295"),
     ("seed=-1", "train.seed must be in 0..4294967295"),
     ("credit=5", "train.credit must be a mapping"),
-    ("lora_targets=5", "train.lora_targets must be a list"),
-    ("lora_targets={a: 1}", "train.lora_targets must be a list"),
+    ("lora.target_modules=5", "train.lora.target_modules must be a list"),
+    ("lora.target_modules={a: 1}", "train.lora.target_modules must be a list"),
     ("task_options=5", "train.task_options must be a mapping"),
     ("eval_n=0", "train.eval_n must be > 0, got 0"),
     # a typo's extra digits: one line, not an allocation that fails with a traceback or a list built for hours
@@ -189,7 +189,7 @@ def test_bad_overrides_name_their_field(override, expect):
 
 @pytest.mark.parametrize("overrides, expect", [
     (["sampling.max_new_tokens=100000000"], "train.sampling.max_new_tokens must be in 1..32,768"),
-    (["lora_r=100000"], "train.lora_r must be in 0..4,096"),
+    (["lora.r=100000"], "train.lora.r must be in 0..4,096"),
     (["method=vineppo", "credit.k=1000000000"], "train.credit.k must be in 1..1,024"),
     (["method=srpo", "reset.n_fresh=100000"], "train.reset.n_fresh must be in 2..1,024"),
     (["method=srpo", "reset.max_fresh_attempts=1000000000"], "train.reset.max_fresh_attempts must be in 1..65,536"),
@@ -523,7 +523,7 @@ def test_a_broken_worker_pool_reports_each_run_left_as_failed(tmp_path, saved_po
     ("tiny", "batch_size=100000000", "sft.batch_size must be in 1..65,536"),
     ("hf", "batch_size=100000000", "sft.batch_size must be in 1..65,536"),
     ("hf", "max_new_tokens=100000000", "sft.max_new_tokens must be in 1..32,768"),
-    ("hf", "lora_r=100000", "sft.lora_r must be in 0..4,096"),
+    ("hf", "lora.r=100000", "sft.lora.r must be in 0..4,096"),
 ])
 def test_sft_sizes_have_upper_bounds(which, override, expect):
     from credo.train.sft import SFTConfig
