@@ -477,7 +477,7 @@ def test_a_full_disk_in_a_parallel_comparison_starts_no_further_run(tmp_path, sa
 
     class Counting(ThreadPoolExecutor):
         def submit(self, fn, *args, **kwargs):
-            submitted.append(args[:2])
+            submitted.append(args[2:4])  # run_announced(index, _worker, method, seed, ...)
             return super().submit(fn, *args, **kwargs)
 
     def worker(method, seed, *_):
@@ -485,7 +485,7 @@ def test_a_full_disk_in_a_parallel_comparison_starts_no_further_run(tmp_path, sa
             raise DiskError("No space left on device: /full/runs/grpo-s0")
         time.sleep(0.5)
         return {"final_accuracy": 0.5}, None
-    monkeypatch.setattr(cmp, "_executor", lambda jobs: Counting(max_workers=jobs))
+    monkeypatch.setattr(cmp, "_executor", lambda jobs, workers: Counting(max_workers=jobs))
     monkeypatch.setattr(cmp, "_worker", worker)
     preset = resolve_preset("smoke", ("rloo",), (0, 1, 2), None, None)
     plan = [(m, s, str(tmp_path / f"{m}-{s}")) for s in preset.seeds for m in preset.methods]
@@ -495,9 +495,9 @@ def test_a_full_disk_in_a_parallel_comparison_starts_no_further_run(tmp_path, sa
     assert "stopping on a refused write; waiting for 1 running run(s)" in capsys.readouterr().err
 
 
-def test_a_broken_worker_pool_reports_each_run_left_as_failed(tmp_path, saved_policy, monkeypatch):
-    """A worker killed (out of memory) breaks a process pool: the runs not yet handed over fail, reported,
-    instead of the comparison ending in a traceback."""
+def test_a_broken_worker_pool_stops_the_comparison_and_fails_no_run(tmp_path, saved_policy, monkeypatch):
+    """A worker killed (out of memory) breaks a process pool: the comparison stops in one line once the runs
+    going are done, and the runs not yet handed over are not recorded as failed (a rerun trains them)."""
     from concurrent.futures import ThreadPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
     import credo.lab.compare.run as cmp
@@ -510,13 +510,14 @@ def test_a_broken_worker_pool_reports_each_run_left_as_failed(tmp_path, saved_po
             if BreaksAfterTwo.handed > 2:
                 raise BrokenProcessPool("A process in the process pool was terminated abruptly")
             return super().submit(fn, *args, **kwargs)
-    monkeypatch.setattr(cmp, "_executor", lambda jobs: BreaksAfterTwo(max_workers=jobs))
+    monkeypatch.setattr(cmp, "_executor", lambda jobs, workers: BreaksAfterTwo(max_workers=jobs))
     monkeypatch.setattr(cmp, "_worker", lambda method, seed, *_: ({"final_accuracy": 0.5, "seed": seed}, None))
     preset = resolve_preset("smoke", ("rloo",), (0, 1, 2), None, None)
     plan = [(m, s, str(tmp_path / f"{m}-{s}")) for s in preset.seeds for m in preset.methods]
-    outcomes = cmp._run_parallel(plan, preset, saved_policy, cmp.tqdm(disable=True), jobs=2)
-    assert [o[0]["seed"] for o in outcomes[:2]] == [0, 0]
-    assert all(result is None and "BrokenProcessPool" in error for result, error in outcomes[2:])
+    with pytest.raises(UserError, match=r"^a worker process, between runs, was stopped by an unknown cause .*; no "
+                                        r"run failed: .*rerun the same command to go on"):
+        cmp._run_parallel(plan, preset, saved_policy, cmp.tqdm(disable=True), jobs=2)
+    assert BreaksAfterTwo.handed == 3  # nothing handed over after the pool broke
 
 
 @pytest.mark.parametrize("which, override, expect", [
