@@ -57,6 +57,11 @@ def _atomic_replace(path: str, write: Callable[[str], None]) -> None:
             raise
 
 
+def atomic_write_with(path: str, write: Callable[[str], None]) -> None:
+    """`write(tmp)` writes a whole file (e.g. safetensors' save_file), which then replaces `path` in one rename."""
+    _atomic_replace(path, write)
+
+
 def atomic_write_text(path: str, text: str) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "w") as f:

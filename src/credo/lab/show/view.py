@@ -321,6 +321,12 @@ def run_show(config: ShowConfig, out_dir: str, terminal: bool = False, progress:
 
 def cmd_show(args: Any) -> int:
     """`credo show ...` (errors are reported by the CLI as one line, exit 2)."""
+    if args.run or args.step is not None:  # a run's logged credit: no model, no sampling
+        from credo.lab.show.run_credit import show_run
+        if not args.run:
+            from credo.core.config import ConfigError
+            raise ConfigError("--step N reads a training run's logged credit: give --run RUN too")
+        return show_run(args)
     from credo.cli.options import check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
     from credo.core.config import load_config
     from credo.core.files import claim_output
@@ -356,6 +362,9 @@ def add_show_parser(sub: Any) -> None:
     add_config_options(p, "ShowConfig", "--set group_size=8")
     p.add_argument("--out", help="directory for index.html (self-contained) and page.json (required)")
     add_force_option(p, "another credo output")
+    p.add_argument("--run", help="a `credo train` run directory: show the credit it logged (train.credit_log_every) "
+                   "at --step, with its parts, instead of sampling")
+    p.add_argument("--step", type=int, help="with --run: the logged step to show")
     p.add_argument("--terminal", action="store_true", help="also print the coloured tokens to the terminal (rich)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_show)
