@@ -44,17 +44,26 @@ def test_the_log_is_written_every_n_steps_and_its_parts_add_up(runs):
     run = str(root / "logged")
     assert logged_steps(run) == [1, 2]
     tensors, meta = read_step(run, 2)
-    assert meta["step"] == 2 and meta["method"] == "rredcot" and meta["rows"] == [0, 1, 2, 3]
+    assert meta["step"] == 2 and meta["method"] == "rredcot" and len(meta["rows"]) == 4
+    assert len(set(tensors["group"].tolist())) == 1  # one whole group (group_size 4)
     assert len(meta["tokens"]) == 4 and all(len(t) == int(m.sum()) for t, m in
                                             zip(meta["tokens"], tensors["completion_mask"]))
     credit, mask = tensors["credit"], tensors["loss_mask"].bool()
     assert torch.allclose(credit, tensors["advantage"] * tensors["weight"])
     assert torch.allclose(tensors["grpo_part"] + tensors["credit_part"], credit)
     assert (credit[~mask] == 0).all() and (tensors["weight"][~mask] == 0).all()
-    # the GRPO part is the row's GRPO advantage in its group (the logged rows are the first group's 4 of 4)
+    # the GRPO part is the row's GRPO advantage in its group (the logged rows are a whole group)
     group_a = grpo_advantages(tensors["rewards"], torch.zeros(4, dtype=torch.long))
     assert torch.allclose(tensors["grpo_part"], group_a[:, None] * mask, atol=1e-6)
     assert tensors["credit_part"].abs().max() > 0  # rredcot moves credit off the outcome's share
+
+
+def test_the_logged_rows_are_whole_groups_those_whose_rewards_differ_first():
+    from credo.train.credit_log import logged_rows
+    group = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2])
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    assert logged_rows(rewards, group, 4) == [3, 4, 5, 0]
+    assert logged_rows(torch.zeros(9), group, 20) == list(range(9))
 
 
 def test_the_log_changes_nothing_else_of_the_run(runs):

@@ -110,12 +110,13 @@ class TrainConfig:
     set of training-split problems that this run then never trains on (arith tasks), for choosing between methods
     or settings without looking at the held-out set (issue 38's rule). Left out of config.yaml at its default."""
     credit_log_every: int = field(default=10, metadata={"omit_default": True})
-    """Every this many steps, the first credit_log_rows rows of the batch with their per-token credit and its
+    """Every this many steps, credit_log_rows rows of the batch with their per-token credit and its
     parts (GRPO part, the method's part, weights, clipped tokens) go to credit/step-N.safetensors in the run
     directory (`credo show --run RUN --step N`; credo.train.credit_log); 0: none. It reads what the step computed
     (no model call, no random draw); a file is about rows x tokens x 45 bytes. Left out of config.yaml at its default."""
     credit_log_rows: int = field(default=4, metadata={"omit_default": True})
-    """Rows each credit file keeps (1..256; the first group's first rows). Left out of config.yaml at its default."""
+    """Rows each credit file keeps (1..256), taken group by group, groups whose rewards differ first. Left out of
+    config.yaml at its default."""
     checkpoint_every: int = 10
     """Steps between atomic checkpoints."""
     keep_checkpoints: int = 2

@@ -2,8 +2,8 @@
 that made it, in the run directory (`credo show --run RUN --step N` draws them as the heat map).
 
 With train.credit_log_every = N > 0, step k (k a multiple of N) writes RUN/credit/step-<k:06d>.safetensors:
-the first train.credit_log_rows rows of the step's batch (its first group: rows that share a prompt, so their
-credit compares), n rows, T trimmed to their longest completion:
+train.credit_log_rows rows of the step's batch, taken group by group (rows that share a prompt, so their credit
+compares), groups whose rewards differ first (`logged_rows`), n rows, T trimmed to their longest completion:
 
   completion_ids[n, T]   int64, the completion tokens (padding after each)
   completion_mask[n, T]  uint8, 1 on real tokens;  loss_mask[n, T] uint8, 1 on the tokens that got gradient
@@ -72,12 +72,22 @@ def tracker_metrics(parts: dict[str, torch.Tensor]) -> dict[str, float]:
     return out
 
 
+def logged_rows(rewards: torch.Tensor, group: torch.Tensor, rows: int) -> list[int]:
+    """The first `rows` rows of the batch taken group by group, the groups whose rewards differ first (their
+    credit has something to say), each in batch order. A fixed rule: no random draw."""
+    groups = list(dict.fromkeys(group.tolist()))
+    members = {g: [i for i, x in enumerate(group.tolist()) if x == g] for g in groups}
+    mixed = [g for g in groups if len({float(rewards[i]) for i in members[g]}) > 1]
+    ordered = [i for g in mixed + [g for g in groups if g not in mixed] for i in members[g]]
+    return ordered[:rows]
+
+
 def write_step(run_dir: str, step: int, method: str, rollouts: Any, parts: dict[str, torch.Tensor], rows: int,
                token_strings: Any) -> str:
     """RUN/credit/step-<step>.safetensors of the first `rows` rows (module docstring); returns its path.
     token_strings(ids) -> each token's text (the policy's)."""
     from safetensors.torch import save_file
-    index = list(range(min(rows, rollouts.batch_size)))
+    index = logged_rows(rollouts.rewards, rollouts.group, rows)
     mask = rollouts.completion_mask[index].cpu()
     T = max(int(mask.sum(1).max()) if mask.numel() else 0, 1)
     ids = rollouts.completion_ids[index, :T].cpu()

@@ -262,8 +262,9 @@ def render_terminal(page: Page, console: Any = None) -> None:
     console.print(Text(escape_controls(f"{page.title}: {page.subtitle}"), style="bold"))
     for row in page.summary:
         cost = "" if row["cost_vs_step"] is None else f"  cost x{row['cost_vs_step']:.2f}"
-        console.print(escape(escape_controls(f"  {row['label']:<28} first-error top-1 "
-                                             f"{row['first_error_top1']:.2f}{cost}")))
+        top1 = row["first_error_top1"]  # NaN: not measured (a run's logged credit has no step labels)
+        top1 = f" first-error top-1 {top1:.2f}" if top1 == top1 else ""
+        console.print(escape(escape_controls(f"  {row['label']:<28}{top1}{cost}")))
     console.print(f"  colour scale: |credit| {page.scale:.3g} = full red (negative) / blue (positive)")
     for trace in page.traces:
         verdict = "correct" if trace.correct else "wrong" + (f", first error step {trace.first_error + 1}"
