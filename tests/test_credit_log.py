@@ -137,3 +137,16 @@ def test_the_trackers_get_the_parts_and_the_record_does_not(saved_policy, tmp_pa
     assert parts == {"credit/credit_abs_mean", "credit/grpo_part_abs_mean", "credit/credit_part_abs_mean",
                      "credit/weight_mean", "credit/clipped_frac"}
     assert not any(k.startswith("credit/") for k in record.rows[-1])
+
+
+def test_a_run_with_its_credit_log_is_still_all_credos_own(runs, tmp_path):
+    """--force may replace a run directory holding credit/ (credo wrote it), and a run without its marker is still
+    recognised as a run by its files."""
+    import shutil
+    from credo.core.files import KIND_MARKER, foreign_entries, run_kind
+    root, _, _ = runs
+    copy = tmp_path / "copy"
+    shutil.copytree(root / "logged", copy)
+    assert foreign_entries(str(copy), "train") == []
+    (copy / KIND_MARKER).unlink()
+    assert run_kind(str(copy)) == "train"

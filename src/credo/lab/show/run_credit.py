@@ -66,6 +66,17 @@ def page_from_run(run_dir: str, step: int) -> Page:
     return Page("credo show --run", subtitle, summary, list(parts), traces, scale or 1.0, False)
 
 
+def cmd_show_or_run(args: Any) -> int:
+    """`credo show`: a run's logged credit with --run (no model, no sampling), else view.cmd_show's sampled page."""
+    from credo.core.config import ConfigError
+    from credo.lab.show.view import cmd_show
+    if args.run is None and args.step is None:
+        return cmd_show(args)
+    if args.run is None:
+        raise ConfigError("--step N reads a training run's logged credit: give --run RUN too")
+    return show_run(args)
+
+
 def show_run(args: Any) -> int:
     """`credo show --run RUN --step N [--out DIR] [--terminal]`: the page to DIR/index.html (with page.json) and/or
     the terminal."""

@@ -322,12 +322,6 @@ def run_show(config: ShowConfig, out_dir: str, terminal: bool = False, progress:
 
 def cmd_show(args: Any) -> int:
     """`credo show ...` (errors are reported by the CLI as one line, exit 2)."""
-    if args.run or args.step is not None:  # a run's logged credit: no model, no sampling
-        from credo.lab.show.run_credit import show_run
-        if not args.run:
-            from credo.core.config import ConfigError
-            raise ConfigError("--step N reads a training run's logged credit: give --run RUN too")
-        return show_run(args)
     from credo.cli.options import check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
     from credo.core.config import load_config
     from credo.core.files import claim_output
@@ -347,8 +341,9 @@ def cmd_show(args: Any) -> int:
     return 0
 
 
-def add_show_parser(sub: Any) -> None:
-    """The `credo show` subcommand (argparse), kept beside the code it runs."""
+def add_show_parser(sub: Any) -> Any:
+    """The `credo show` subcommand (argparse), kept beside the code it runs; returns its parser (the CLI sends
+    `--run` to credo.lab.show.run_credit, which builds on this module)."""
     p = sub.add_parser("show", help="see the credit: per-token credit of each method on sampled traces, as HTML")
     from credo.cli.options import add_config_options, add_force_option
     p.add_argument("--checkpoint", help="a credo checkpoint, a Hugging Face model directory, smollm2-135m or a "
@@ -369,3 +364,4 @@ def add_show_parser(sub: Any) -> None:
     p.add_argument("--terminal", action="store_true", help="also print the coloured tokens to the terminal (rich)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_show)
+    return p
