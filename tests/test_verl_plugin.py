@@ -1,7 +1,8 @@
 """credo as a verl plugin, through verl's own loader (`import verl` loads every `verl.plugins` entry point): the
 entry point pyproject.toml declares registers credo_grpo, credo_dr_grpo and credo_rloo, whose advantages are
-verl's own GRPO's; with verl's plugins off they are unknown (the plugin, nothing else, registered them); register_with_verl
-with other settings replaces the plugin's registration; a registration that fails is one line on stderr naming the estimator, where verl itself logs it at DEBUG only.
+verl's own GRPO's; with verl's plugins off they are unknown (the plugin, nothing else, registered them);
+register_with_verl with other settings replaces the plugin's registration; a registration that fails is one line
+on stderr naming the estimator, where verl itself logs it at DEBUG only.
 
 Each case runs in a fresh interpreter whose first sys.path entry holds a `credo` distribution (dist-info) with the
 entry points copied from pyproject.toml (the venv's editable install may predate them): a wrong entry point in

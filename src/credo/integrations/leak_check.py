@@ -53,7 +53,8 @@ class MaskedInputs:
     integer_high: Mapping[str, int] | None = None
 
 
-def refill(values: torch.Tensor, masked: torch.Tensor, generator: torch.Generator, high: int | None = None) -> torch.Tensor:
+def refill(values: torch.Tensor, masked: torch.Tensor, generator: torch.Generator,
+           high: int | None = None) -> torch.Tensor:
     """values with every position where masked (same shape, or [B] per row) replaced by a random value: float
     uniform in +-LEAK_SCALE, integer uniform in [0, high), bool uniform. The generator is the caller's."""
     if not bool(masked.any()):
@@ -72,7 +73,8 @@ def refill(values: torch.Tensor, masked: torch.Tensor, generator: torch.Generato
 def perturbed(inputs: MaskedInputs, generator: torch.Generator) -> dict[str, torch.Tensor]:
     """Every input of `inputs` with its masked positions refilled (see MaskedInputs)."""
     valid = inputs.valid.bool().cpu()
-    row_valid = inputs.row_valid.bool().cpu() if inputs.row_valid is not None else torch.ones(len(valid), dtype=torch.bool)
+    every = torch.ones(len(valid), dtype=torch.bool)
+    row_valid = inputs.row_valid.bool().cpu() if inputs.row_valid is not None else every
     highs = dict(inputs.integer_high or {})
     out = {}
     for name, value in inputs.tensors.items():

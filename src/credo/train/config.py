@@ -113,7 +113,8 @@ class TrainConfig:
     """Every this many steps, credit_log_rows rows of the batch with their per-token credit and its
     parts (GRPO part, the method's part, weights, clipped tokens) go to credit/step-N.safetensors in the run
     directory (`credo show --run RUN --step N`; credo.train.credit_log); 0: none. It reads what the step computed
-    (no model call, no random draw); a file is about rows x tokens x 45 bytes. Left out of config.yaml at its default."""
+    (no model call, no random draw); a file is about rows x tokens x 45 bytes. Left out of config.yaml at its
+    default."""
     credit_log_rows: int = field(default=4, metadata={"omit_default": True})
     """Rows each credit file keeps (1..256), taken group by group, groups whose rewards differ first. Left out of
     config.yaml at its default."""
