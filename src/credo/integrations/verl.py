@@ -26,6 +26,10 @@ reward) is one UserError naming the field and the row. With checks=True (the def
 register_with_verl(checks=False) turns them off) the advantages pass credo's credit sanity checks
 (credo.integrations.checks: finite, zero outside response_mask, group sums ~0 over groups of two or more)
 before verl gets them. verl passes no step: errors name the call count of the estimator in this process.
+A row's score is the sum of its token_level_rewards over all R positions, as verl's own GRPO reads it: verl's
+reward manager puts the score on the last real token, which response_mask leaves out when a multi-turn rollout
+ends on a tool output (and on the last padding position for an empty response), so no position of it is masked
+and the masked-perturbation leak check (leak_check.py) has nothing to refill here; apply_credit runs it.
 """
 
 from __future__ import annotations
