@@ -350,3 +350,55 @@ def test_credo_checks_is_an_importable_module():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": src})
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+# --- the opt-in masked-perturbation invariance check (leak_check.py) in both adapters --------------------
+def leaky(name):
+    """The registered estimator `name` with the padding's token ids planted in its credit of real tokens (a sum
+    over all T positions): zero on padding, so only the leak check sees it."""
+    spec = credit_registry.get(name)
+
+    def fn(rollouts, probe, config):
+        result = spec.fn(rollouts, probe, config)
+        ids = rollouts.completion_ids.float().sum(1, keepdim=True)
+        return dataclasses.replace(result, advantages=result.advantages + 1e-4 * ids * rollouts.completion_mask)
+    return dataclasses.replace(spec, fn=fn)
+
+
+@pytest.mark.parametrize("credit", ["grpo", "entropy_mask"])
+def test_trl_the_leak_check_passes_credo_estimators_and_catches_a_planted_leak(tmp_path, credit):
+    trainer = trl_trainer(tmp_path, credit=credit, leak_check=True)
+    clean = trl_batch(trainer)["advantages"]
+    assert torch.equal(clean, trl_batch(trl_trainer(tmp_path, credit=credit))["advantages"])  # the check changes none
+    trainer.credit_spec = leaky(credit)
+    with pytest.raises(CreditCheckError, match=r"credo check masked_invariance failed at step 0 \(TRL global_step\), "
+                                               r"row \d of the generation batch: refilling .* leaks into valid credit; "
+                                               r"the update was not applied \(leak_check=False turns"):
+        trl_batch(trainer)
+    trainer.leak_check = False
+    trainer.credit_checks = False
+    trl_batch(trainer)  # off: the leak goes through
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "sc_grpo"])
+def test_verl_the_leak_check_passes_credo_estimators_and_catches_a_planted_leak(hf_setup, monkeypatch, estimator):
+    policy, task, r = hf_setup
+    order = torch.arange(r.batch_size)
+    checked = verl_credit(policy, task, to_dataproto(r, task, order), estimator, leak_check=True)
+    plain = verl_credit(policy, task, to_dataproto(r, task, order), estimator)
+    assert torch.equal(checked.batch["advantages"], plain.batch["advantages"])
+    monkeypatch.setitem(credit_registry.registry._REGISTRY, estimator, leaky(estimator))
+    with pytest.raises(CreditCheckError, match=r"credo check masked_invariance failed at step 7, row \d+ \(uid "
+                                               r"'uid-\d'\): .*\+credo.leak_check=false turns"):
+        verl_credit(policy, task, to_dataproto(r, task, order), estimator, leak_check=True)
+
+
+def test_one_verl_config_key_turns_the_leak_check_on():
+    from omegaconf import OmegaConf
+    from credo.integrations.verl_credit import credo_spec
+    config = {"algorithm": {"adv_estimator": "credo:grpo"}, "credo": {"task": "gym:chain_sum"}}
+    assert "leak_check" not in credo_spec(OmegaConf.create(config))  # off by default
+    on = credo_spec(OmegaConf.create({**config, "credo": {"task": "gym:chain_sum", "leak_check": True}}))
+    assert on["leak_check"] is True
+    with pytest.raises(ValueError, match="credo.leak_check must be true or false, got 'yes'"):
+        credo_spec(OmegaConf.create({**config, "credo": {"task": "gym:chain_sum", "leak_check": "yes"}}))

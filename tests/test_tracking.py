@@ -50,13 +50,32 @@ def jsonl_metrics(run_dir: str) -> dict[str, dict[int, float]]:
     return out
 
 
+CREDIT_PARTS = {"credit/credit_abs_mean", "credit/grpo_part_abs_mean", "credit/credit_part_abs_mean",
+                "credit/weight_mean", "credit/clipped_frac"}
+"""What the trackers get beside metrics.jsonl's rows: the parts of each training step's credit (credit_log.py)."""
+
+
+def without_credit_parts(by_step: dict) -> dict:
+    """{step: metrics} with the credit parts taken out, after checking every training step (a row with a
+    reward_mean) has them all, finite, and no other step has any."""
+    out = {}
+    for step, items in by_step.items():
+        parts = {k for k in items if k.startswith("credit/")}
+        assert parts == (CREDIT_PARTS if "reward_mean" in items else set()), step
+        assert all(np.isfinite(items[k]) for k in parts)
+        out[step] = {k: v for k, v in items.items() if k not in parts}
+    return out
+
+
 def assert_tensorboard_holds_the_run(logdir: str, run_dir: str) -> None:
     scalars = event_scalars(logdir)
     metrics = jsonl_metrics(run_dir)
     summary = json.load(open(os.path.join(run_dir, "summary.json")))
-    expected_tags = set(metrics) | {f"summary/{k}" for k, v in summary.items()
-                                    if isinstance(v, (int, float)) and k != "step"}
+    expected_tags = set(metrics) | CREDIT_PARTS | {f"summary/{k}" for k, v in summary.items()
+                                                   if isinstance(v, (int, float)) and k != "step"}
     assert set(scalars) == expected_tags
+    for part in CREDIT_PARTS:  # every training step (the steps with a reward), and only those
+        assert set(scalars[part]) == set(metrics["reward_mean"]), part
     for name, by_step in metrics.items():  # TensorBoard stores float32: each value is the jsonl's, so rounded
         assert scalars[name] == {step: float(np.float32(v)) for step, v in by_step.items()}, name
     assert scalars["summary/final_accuracy"] == {summary["step"]: float(np.float32(summary["final_accuracy"]))}
@@ -155,7 +174,8 @@ def test_wandb_offline_run_holds_the_rows_config_and_summary(tracked_run):
             items = {wandb_key(i): json.loads(i.value_json) for i in r.history.item}
             history[items.pop("_step")] = {k: v for k, v in items.items() if not k.startswith("_")}
     rows = read_jsonl(os.path.join(run, "metrics.jsonl"))
-    assert history == {r["step"]: {k: float(v) for k, v in r.items() if k != "step"} for r in rows}
+    assert without_credit_parts(history) == {r["step"]: {k: float(v) for k, v in r.items() if k != "step"}
+                                             for r in rows}
     summary = {}
     for r in records:
         if r.WhichOneof("record_type") == "summary":
@@ -195,7 +215,7 @@ def test_trackio_store_holds_the_rows_and_config(tracked_run):
     expected = {r["step"]: {k: float(v) for k, v in r.items() if k != "step"} for r in rows}
     expected[summary["step"]].update({f"summary/{k}": float(v) for k, v in summary.items()
                                       if isinstance(v, (int, float)) and k != "step"})
-    assert by_step == expected
+    assert without_credit_parts(by_step) == expected
     config = SQLiteStorage.get_run_config("credo", "run")
     assert config["lr"] == yaml.safe_load(open(os.path.join(run, "config.yaml")))["lr"]
 

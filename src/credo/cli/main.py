@@ -269,8 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from credo.lab.compare.cli import add_compare_parser
     add_compare_parser(sub)
+    from credo.lab.show.run_credit import cmd_show_or_run
     from credo.lab.show.view import add_show_parser
-    add_show_parser(sub)
+    add_show_parser(sub).set_defaults(fn=cmd_show_or_run)  # --run RUN --step N: a run's logged credit
 
     p = sub.add_parser("eval", help="held-out accuracy of a checkpoint; the last line is accuracy=<float>")
     p.add_argument("--checkpoint", help="a credo checkpoint, a Hugging Face model directory, smollm2-135m or a "

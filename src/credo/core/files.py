@@ -58,6 +58,11 @@ def _atomic_replace(path: str, write: Callable[[str], None]) -> None:
             raise
 
 
+def atomic_write_with(path: str, write: Callable[[str], None]) -> None:
+    """`write(tmp)` writes a whole file (e.g. safetensors' save_file), which then replaces `path` in one rename."""
+    _atomic_replace(path, write)
+
+
 def atomic_write_text(path: str, text: str) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "w") as f:
@@ -171,7 +176,8 @@ _SIGNATURES = {"train": ("config.yaml", "metrics.jsonl"), "sft": ("sft_config.ya
 # files too, and is never taken for (or replaced as) a credo output by its file names alone
 # (tensorboard/, wandb/, mlruns/: the local stores of the trackers a run or comparison reports to)
 _TRACKER_DIRS = ("tensorboard", "wandb", "mlruns")
-_OWN_NAMES = {"train": ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "final", *_TRACKER_DIRS),
+_OWN_NAMES = {"train": ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "final", "credit",
+                        *_TRACKER_DIRS),
               "audit": ("audit.json", "localisers.json", "audit.md", "audit.png", "audit.html"),
               "compare": ("results.json", "report.md", "*.png", "runs", "audit", "premises", "failure-*.txt",
                           ".credo-export", "estimate.json", *_TRACKER_DIRS),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -61,11 +62,12 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 config: LossConfig, norm_length: int, weights: torch.Tensor | None = None,
-                ref_logprobs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                ref_logprobs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """Clipped surrogate `-min(rho*A, clip(rho)*A) * w` (kind 'pg': `-A * log pi * w`) (+ kl_coef * k3), aggregated.
 
     All inputs [B, T]; `mask` selects the tokens that get gradient. Returns (loss, stats): stats are
-    clip_frac (the share of masked tokens whose ratio lies outside the clip range, for either kind) and kl.
+    clip_frac (the share of masked tokens whose ratio lies outside the clip range, for either kind), kl, and
+    clipped[B, T] (bool: those tokens, for the run's credit log).
     """
     m = mask.to(logprobs.dtype)
     log_ratio = (logprobs - old_logprobs) * m
@@ -93,5 +95,6 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
         stats = {
             "clip_frac": float((was_clipped * m).sum() / m.sum().clamp(min=1)),
             "kl": float(kl_value),
+            "clipped": (was_clipped * m) > 0,
         }
     return loss, stats

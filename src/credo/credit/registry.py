@@ -84,6 +84,7 @@ class EstimatorSpec:
         if probe is None and self.probes_model(config):
             raise ValueError(f"estimator {self.name!r} uses the model: pass a Probe")
         check_rewards(rollouts)
+        rollouts = padding_segments_cleared(rollouts)
         if probe is None:
             return self.fn(rollouts, probe, config)
         with probe.metered() as spent:  # everything the call spends, a wrapped estimator's work included
@@ -115,6 +116,19 @@ def check_rewards(rollouts: Any) -> None:
                 f"exceed {MAX_REWARD:g} in magnitude, where group statistics lose their meaning: rescale them")
         raise NonFiniteReward(f"reward of row {row}{about} is {float(rewards[row])}; {len(bad or huge)} of "
                               f"{rewards.numel()} rewards {what}")
+
+
+def padding_segments_cleared(rollouts: Any) -> Any:
+    """rollouts with segment_ids[B, T] set to -1 wherever completion_mask is False (itself when they are already):
+    estimators index segments by id, so a segment id an integration left on padding would otherwise give padding
+    a segment's credit, or index past a row's segments."""
+    ids = getattr(rollouts, "segment_ids", None)
+    if ids is None:
+        return rollouts
+    padding = ~rollouts.completion_mask.to(ids.device)
+    if not bool(((ids != -1) & padding).any()):
+        return rollouts
+    return rollouts.with_fields(segment_ids=ids.masked_fill(padding, -1))
 
 
 _REGISTRY: dict[str, EstimatorSpec] = {}

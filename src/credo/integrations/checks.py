@@ -25,6 +25,9 @@ padding or another group's rows in the mean) move the sum by a whole row's share
 trainable token (its advantage is not in the [B, T] tensor: TRL's mask_truncated_completions) are not summed.
 GRPO-family rows must also hold one value over their trainable tokens (spread <= 1e-4 x max(1, |A_i|)).
 
+The masked-perturbation invariance check (opt-in: it reruns the estimator) is in leak_check.py and re-exported
+here: `check_masked_invariance`, `check_estimator_invariance`, `MaskedInputs`.
+
 All checks are vectorised tensor operations on the batch (no model calls); `groups_whole` across processes
 costs one collective (two all_gathers of the shard's group ids), the same `gather` the estimators use.
 """
@@ -186,3 +189,8 @@ def check_group_sums(advantages: torch.Tensor, trainable: torch.Tensor, group: t
         raise where.fail("group_sums", hit[0], f"its group's {int(sizes[g])} advantages sum to {float(sums[g]):.3g}, "
                          f"not ~0 (tolerance {GROUP_SUM_RTOL:g} x {float(scale[g]):.3g}): the group mean was taken "
                          "over other rows or values")
+
+
+# the opt-in leak check, reachable as credo.checks.<name> (it raises Where.fail; it does not import this module)
+from credo.integrations.leak_check import (MaskedInputs, check_estimator_invariance,  # noqa: E402,F401
+                                           check_masked_invariance)

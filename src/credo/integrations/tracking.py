@@ -338,9 +338,10 @@ class TrackedLog:
     def __init__(self, log: Any, trackers: "Trackers") -> None:
         self.log, self.trackers = log, trackers
 
-    def append(self, row: dict[str, Any]) -> None:
+    def append(self, row: dict[str, Any], tracked_only: dict[str, float] | None = None) -> None:
+        """row to the record and the trackers; tracked_only: more metrics of the row for the trackers alone."""
         self.log.append(row)
-        self.trackers.log_metrics(row)
+        self.trackers.log_metrics({**row, **(tracked_only or {})})
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.log, name)

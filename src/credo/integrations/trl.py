@@ -35,12 +35,15 @@ every batch before the advantages reach TRL: finite rewards (a row every reward 
 counts as not finite: credo would read it as 0), each group's rows sharing one prompt, finite advantages,
 the estimator's masks equal to TRL's completion and tool masks, zero credit on padding and masked tokens,
 and for grpo/dr_grpo/rloo group sums ~0. A failure is a CreditCheckError naming the check, the row (in
-TRL's generation batch) and TRL's global_step.
+TRL's generation batch) and TRL's global_step. `leak_check=True` adds the masked-perturbation invariance
+check (credo.integrations.leak_check): the padding of TRL's completion ids and old log-probs refilled with random
+values must leave every real token's credit unchanged.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 import warnings
 from typing import Any
@@ -62,6 +65,7 @@ if untested_trl_message(trl.__version__):
 
 from credo import credit as credit_registry  # noqa: E402
 from credo.integrations import checks  # noqa: E402
+from credo.integrations.leak_check import check_estimator_invariance, folded  # noqa: E402
 from credo.integrations.shards import process_group_gather  # noqa: E402
 from credo.policy.base import SamplingConfig, as_prompt, left_pad, render_plain  # noqa: E402
 from credo.policy.hf import HFPolicy  # noqa: E402
@@ -78,13 +82,16 @@ class CreditGRPOTrainer(GRPOTrainer):
     template, verifier, teacher context) for estimators that probe the model; the dataset's `answer`
     column becomes each problem's gold answer. sampling: what the Probe samples with (MC estimators).
     credit_checks: run credo's credit sanity checks on every batch (credo.integrations.checks).
+    leak_check: also run the masked-perturbation invariance check (credo.integrations.leak_check; the
+    estimator runs twice per batch).
     Every other argument is GRPOTrainer's, `peft_config` included: with a peft LoraConfig TRL trains the adapter
     alone, its KL reference is the base with the adapter disabled, and credo's Probe scores through the adapted
     model, the one TRL trains (never a copy).
     """
 
     def __init__(self, *args: Any, credit: str = "grpo", credit_config: dict | None = None, task: Any = None,
-                 sampling: SamplingConfig | None = None, credit_checks: bool = True, **kwargs: Any) -> None:
+                 sampling: SamplingConfig | None = None, credit_checks: bool = True, leak_check: bool = False,
+                 **kwargs: Any) -> None:
         # everything credo can check is checked before TRL loads models and reference models
         self.credit_spec = credit_registry.get(credit)
         options = dict(credit_config or {})
@@ -104,6 +111,7 @@ class CreditGRPOTrainer(GRPOTrainer):
                              f"({self.num_generations})")
         self.credit_task = task
         self.credit_checks = bool(credit_checks)
+        self.leak_check = bool(leak_check)
         # an MC estimator's continuations come from the policy TRL samples from: its temperature and top_p
         self.credit_sampling = sampling or SamplingConfig(temperature=self.args.temperature, top_p=self.args.top_p,
                                                           max_new_tokens=self.max_completion_length)
@@ -146,8 +154,13 @@ class CreditGRPOTrainer(GRPOTrainer):
             checks.check_groups(rollouts.group, [x.get("prompt") for x in self._credo_inputs], where)
         probe.no_sampling = sampling_refusal(rollouts)
         rollouts, cut = segmentation_stage(rollouts, probe, self.credit_spec.reads_batch_segments(self.credit_options))
+        state = probe.generator.get_state()
         result = self.credit_spec(rollouts, probe, self.credit_options)
         result.cost = cut + result.cost  # credit's Probe work: segmenting, then the estimator
+        if self.leak_check:
+            leak_where = dataclasses.replace(self._check_where(len(rollouts.rewards)), off="leak_check=False")
+            check_estimator_invariance(self.credit_spec, rollouts, probe, self.credit_options, leak_where,
+                                       before=folded(result), generator_state=state)
         advantages = result.advantages
         if result.weights is not None:
             advantages = advantages * result.weights

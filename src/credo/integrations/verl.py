@@ -8,9 +8,11 @@ runs on one data-parallel shard of a verl `DataProto` (verl_credit.py); in verl'
 `algorithm.adv_estimator=credo:<name>` with `python -m credo.integrations.verl_ppo` (a worker mixin
 registered with verl's dispatch plus a RayPPOTrainer subclass: verl_worker.py, verl_ppo.py).
 
-Reward-only estimators, inside verl's signature:
+Reward-only estimators, inside verl's signature: with credo installed, `import verl` registers them (the
+`verl.plugins` entry point, verl_plugin.py), so `algorithm.adv_estimator=credo_grpo` (or credo_rloo,
+credo_dr_grpo) works with verl's own main; by hand, or to change their settings:
     from credo.integrations.verl import register_with_verl
-    register_with_verl()            # then: algorithm.adv_estimator=credo_grpo (or credo_rloo, credo_dr_grpo)
+    register_with_verl(checks=False)
 
 Each registered function has verl's signature
     fn(token_level_rewards[B, T], response_mask[B, T], index: np.ndarray, epsilon=1e-6,
@@ -24,6 +26,10 @@ reward) is one UserError naming the field and the row. With checks=True (the def
 register_with_verl(checks=False) turns them off) the advantages pass credo's credit sanity checks
 (credo.integrations.checks: finite, zero outside response_mask, group sums ~0 over groups of two or more)
 before verl gets them. verl passes no step: errors name the call count of the estimator in this process.
+A row's score is the sum of its token_level_rewards over all R positions, as verl's own GRPO reads it: verl's
+reward manager puts the score on the last real token, which response_mask leaves out when a multi-turn rollout
+ends on a tool output (and on the last padding position for an empty response), so no position of it is masked
+and the masked-perturbation leak check (leak_check.py) has nothing to refill here; apply_credit runs it.
 """
 
 from __future__ import annotations
@@ -92,6 +98,7 @@ def make_verl_estimator(name: str, checks: bool = True) -> Callable[..., tuple[t
             _check(advantages, response_mask, group, index, step)
         return advantages.to(token_level_rewards.dtype), advantages.to(token_level_rewards.dtype)
 
+    estimator.credo_estimator = name  # how register_with_verl knows an earlier registration as credo's own
     estimator.__name__ = f"credo_{name}"
     estimator.__doc__ = f"credo's {name} advantages with verl's estimator signature."
     return estimator
@@ -108,15 +115,22 @@ def _check(advantages: torch.Tensor, response_mask: torch.Tensor, group: torch.T
     credit_checks.check_group_sums(advantages.detach(), mask, group, where)
 
 
-def register_with_verl(checks: bool = True) -> list[str]:
-    """Register credo_grpo, credo_dr_grpo, credo_rloo in verl's registry; returns the names. checks: credo's
-    credit sanity checks on every call (credo.integrations.checks)."""
+def register_with_verl(checks: bool = True, names: tuple[str, ...] = REWARD_ONLY) -> list[str]:
+    """Register credo_<name> for each of `names` (default credo_grpo, credo_dr_grpo, credo_rloo) in verl's
+    registry; returns the registered names. checks: credo's credit sanity checks on every call
+    (credo.integrations.checks). A credo estimator registered before (by credo's verl plugin on `import verl`,
+    verl_plugin.py) is replaced, so these settings win; any other estimator of the name is left to verl's error."""
     try:
-        from verl.trainer.ppo.core_algos import register_adv_est
+        from verl.trainer.ppo import core_algos
     except ImportError as err:
         raise ImportError("register_with_verl needs verl importable (pip install verl)") from err
-    names = []
-    for name in REWARD_ONLY:
-        register_adv_est(f"credo_{name}")(make_verl_estimator(name, checks=checks))
-        names.append(f"credo_{name}")
-    return names
+    registered = []
+    for name in names:
+        estimator = make_verl_estimator(name, checks=checks)
+        key = f"credo_{name}"
+        known = getattr(core_algos, "ADV_ESTIMATOR_REGISTRY", {})
+        if getattr(known.get(key), "credo_estimator", None) == name:
+            del known[key]  # ours: verl refuses a second function under one name
+        core_algos.register_adv_est(key)(estimator)
+        registered.append(key)
+    return registered

@@ -25,11 +25,14 @@ the vocabulary, credo_problem that is not JSON, no rows) is one UserError naming
 (verl_batch.py). The credit sanity checks (credo.integrations.checks; `checks=False` turns them off) run on the
 estimator's credit before it is written: groups whole on their shard and one prompt each, finite advantages,
 zero on padding and on tokens response_mask leaves out, the loss mask inside the real tokens, and for
-grpo/dr_grpo/rloo group sums ~0.
+grpo/dr_grpo/rloo group sums ~0. `leak_check=True` (`+credo.leak_check=true`) adds the masked-perturbation
+invariance check (credo.integrations.leak_check) on the Rollouts built from the shard: padding of the response
+ids, old log-probs and segment ids refilled with random values must leave every real token's credit unchanged.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Callable
 
@@ -38,6 +41,7 @@ import torch
 
 from credo import credit as credit_registry
 from credo.integrations import checks as credit_checks
+from credo.integrations.leak_check import check_estimator_invariance, folded
 from credo.integrations.shards import group_ids
 from credo.integrations.verl_batch import check_batch, problem_from_row, reward_field, row_namer
 from credo.policy.base import SamplingConfig
@@ -139,17 +143,13 @@ def trainable_mask(batch: Any) -> torch.Tensor:
 
 def folded_advantages(result: Credit) -> torch.Tensor:
     """advantages[B, T] * weights (if any) * loss_mask (if any): what a weight-free PPO loss needs."""
-    advantages = result.advantages
-    if result.weights is not None:
-        advantages = advantages * result.weights
-    if result.loss_mask is not None:
-        advantages = advantages * result.loss_mask
-    return advantages
+    return folded(result)
 
 
 def apply_credit(batch: Any, estimator: str, *, module: torch.nn.Module, tokenizer: Any, task: Any,
                  config: dict | None = None, gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 sampling: SamplingConfig | None = None, seed: int = 0, step: Any = None, checks: bool = True) -> Any:
+                 sampling: SamplingConfig | None = None, seed: int = 0, step: Any = None, checks: bool = True,
+                 leak_check: bool = False) -> Any:
     """Write credo's `estimator` credit into `batch` (a verl DataProto shard) as `advantages`/`returns`.
 
     module: the actor's Hugging Face causal LM (scored without gradient). tokenizer: its tokenizer.
@@ -157,7 +157,8 @@ def apply_credit(batch: Any, estimator: str, *, module: torch.nn.Module, tokeniz
     gather: Probe.gather across shards (None: this shard is the whole batch). sampling: what MC
     estimators sample with (default: up to the response length). seed: the Probe's generator.
     step: the trainer's step, for error messages. checks: run credo's credit sanity checks (every shard
-    must call with the same value: the group check is a collective when `gather` is given).
+    must call with the same value: the group check is a collective when `gather` is given). leak_check: also
+    the masked-perturbation invariance check (credo.integrations.leak_check: the estimator runs twice).
     Returns the same DataProto with advantages/returns[B, R] (float32) and credo_cost[B, 2] (row 0 holds
     this shard's tokens scored/generated, so a concatenation of shards sums to the batch's cost).
     """
@@ -173,19 +174,24 @@ def apply_credit(batch: Any, estimator: str, *, module: torch.nn.Module, tokeniz
     if len(set(sizes.tolist())) > 1:  # a group cut by the shard boundary: its statistics would be wrong
         raise ValueError(f"apply_credit needs whole groups on the shard (equal sizes); got group sizes "
                          f"{sorted(set(sizes.tolist()))}: dispatch with credit_on_shards")
-    where = credit_checks.Where(step="? (not given: apply_credit(step=...))" if step is None else step,
-                                off="apply_credit(checks=False) / +credo.checks=false",
-                                row_name=row_namer(batch)) if checks else None
+    located = credit_checks.Where(step="? (not given: apply_credit(step=...))" if step is None else step,
+                                  off="apply_credit(checks=False) / +credo.checks=false", row_name=row_namer(batch))
+    where = located if checks else None
     if where is not None:
         _check_groups(batch, rollouts, where, gather)
     sampling = sampling or SamplingConfig(max_new_tokens=int(rollouts.completion_ids.shape[1]))
     probe = Probe(policy, task, sampling, torch.Generator().manual_seed(seed), gather=gather,
                   no_sampling=sampling_refusal(rollouts))
     rollouts, cut = segmentation_stage(rollouts, probe, spec.reads_batch_segments(options))
+    state = probe.generator.get_state()
     result = spec(rollouts, probe, options)
     result.cost = cut + result.cost  # credit's Probe work: segmenting, then the estimator
     target = batch.batch["responses"].device
     folded = folded_advantages(result).float()
+    if leak_check:
+        leak_where = dataclasses.replace(located, off="apply_credit(leak_check=False) / +credo.leak_check=false")
+        check_estimator_invariance(spec, rollouts, probe, options, leak_where, before=folded, generator_state=state,
+                                   vocab_size=module.get_input_embeddings().num_embeddings)
     if where is not None:
         _check_credit(batch, rollouts, folded, spec.name, where)
     advantages = folded * rollouts.trainable_mask().to(folded.device).float()  # response_mask within the completion
@@ -255,10 +261,12 @@ def credo_spec(config: Any) -> dict[str, Any] | None:
         raise ValueError("algorithm.adv_estimator=credo:<name> needs +credo.task (e.g. gym:chain_sum)")
     spec = {"estimator": name[len(PREFIX):], "task": extra["task"], "task_options": extra.get("task_options", {}),
             "credit": extra.get("credit", {}), "seed": int(extra.get("seed", 0))}
-    if "checks" in extra:  # credo's credit sanity checks, on unless +credo.checks=false
-        if not isinstance(extra["checks"], bool):
-            raise ValueError(f"credo.checks must be true or false, got {extra['checks']!r}")
-        spec["checks"] = extra["checks"]
+    # credo's credit sanity checks, on unless +credo.checks=false; the leak check, off unless +credo.leak_check=true
+    for key in ("checks", "leak_check"):
+        if key in extra:
+            if not isinstance(extra[key], bool):
+                raise ValueError(f"credo.{key} must be true or false, got {extra[key]!r}")
+            spec[key] = extra[key]
     return spec
 
 

@@ -44,7 +44,8 @@ class CredoCreditWorkerMixin:
                            task=self._credo_task(spec), config=spec.get("credit"),
                            gather=process_group_gather(engine.get_data_parallel_group()),
                            seed=int(spec.get("seed", 0)),  # one seed on every shard: group-seeded draws match 1 shard
-                           step=spec.get("step"), checks=bool(spec.get("checks", True)))
+                           step=spec.get("step"), checks=bool(spec.get("checks", True)),
+                           leak_check=bool(spec.get("leak_check", False)))
         result = out.select(batch_keys=["advantages", "returns", "credo_cost"], non_tensor_batch_keys=[],
                             meta_info_keys=[])
         return result.to("cpu")

@@ -107,6 +107,15 @@ class TrainConfig:
     """Where the curve and the final evaluation are measured: 'heldout' (the test set), or 'validation', a fixed
     set of training-split problems that this run then never trains on (arith tasks), for choosing between methods
     or settings without looking at the held-out set (issue 38's rule). Left out of config.yaml at its default."""
+    credit_log_every: int = field(default=10, metadata={"omit_default": True})
+    """Every this many steps, credit_log_rows rows of the batch with their per-token credit and its
+    parts (GRPO part, the method's part, weights, clipped tokens) go to credit/step-N.safetensors in the run
+    directory (`credo show --run RUN --step N`; credo.train.credit_log); 0: none. It reads what the step computed
+    (no model call, no random draw); a file is about rows x tokens x 45 bytes. Left out of config.yaml at its
+    default."""
+    credit_log_rows: int = field(default=4, metadata={"omit_default": True})
+    """Rows each credit file keeps (1..256), taken group by group, groups whose rewards differ first. Left out of
+    config.yaml at its default."""
     checkpoint_every: int = 10
     """Steps between atomic checkpoints."""
     keep_checkpoints: int = 2
@@ -160,6 +169,8 @@ class TrainConfig:
             check(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
         check_in(self.eval_n, 1, MAX_HELD_OUT, "train.eval_n")
         check_in(self.final_eval_n, 0, MAX_HELD_OUT, "train.final_eval_n")
+        check_in(self.credit_log_every, 0, 1_000_000, "train.credit_log_every")
+        check_in(self.credit_log_rows, 1, 256, "train.credit_log_rows")
         check(self.eval_split in ("heldout", "validation"),
               f"train.eval_split must be 'heldout' or 'validation', got {self.eval_split!r}")
         object.__setattr__(self, "report_to", tracking.checked_names(self.report_to, "train.report_to"))

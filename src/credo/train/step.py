@@ -34,6 +34,7 @@ from credo.policy.device import autocast_dtype, device_name, resolve_device, res
 from credo.strategies import Collected, SamplingContext, Strategy
 from credo.strategies.localisers import check_can_ask
 from credo.tasks import make_task
+from credo.train import credit_log
 from credo.train.config import TrainConfig
 from credo.train.distributed import DataParallel, Sharded
 from credo.train.plan import with_plan
@@ -127,6 +128,7 @@ class TrainerStep:
         credit = self.assign_credit(rollouts)        # 5. the estimator's credit (its Probe cost metered)
         update_stats = self.update(rollouts, credit)  # 6. epochs x minibatches AdamW steps
         self.step += 1
+        self.keep_credit(rollouts, credit)           # every credit_log_every steps: a few rows' credit, to disk
         return self.record(collected, cut + credit.cost, rollouts, credit, update_stats, time.time() - started)
 
     def sampling_context(self) -> SamplingContext:
@@ -175,6 +177,7 @@ class TrainerStep:
             local = float(mask.sum())
             scale = local * self.dp.world / max(self.dp.sum(local), 1.0)
         stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "grad_norm": 0.0, "update_norm": 0.0}
+        self.clipped = torch.zeros(mask.shape, dtype=torch.bool)  # each token's clip in the last pass over its row
         self.policy.model.train()
         with self.dropout_rng():
             n_updates = self.update_passes(rollouts, credit, mask, scale, stats)
@@ -220,8 +223,23 @@ class TrainerStep:
                 stats["clip_frac"] += s["clip_frac"]
                 stats["kl"] += s["kl"]
                 stats["grad_norm"] += float(grad_norm)
+                self.clipped[idx] = s["clipped"].cpu()
                 n_updates += 1
         return n_updates
+
+    def keep_credit(self, rollouts: Rollouts, credit: Credit) -> None:
+        """The credit log (credo.train.credit_log): this step's credit parts for the trackers (`credit_parts`, when
+        the run reports to any) and, every credit_log_every steps, its first rows to RUN/credit/ (main process)."""
+        c = self.config
+        due = c.credit_log_every > 0 and self.step % c.credit_log_every == 0 and self.is_main
+        if not due and not c.report_to:
+            self.credit_parts = None
+            return
+        parts = credit_log.components(rollouts, credit, getattr(self, "clipped", None))
+        self.credit_parts = credit_log.tracker_metrics(parts) if c.report_to and self.is_main else None
+        if due:
+            credit_log.write_step(self.run_dir, self.step, c.method, rollouts, parts, c.credit_log_rows,
+                                  self.policy.token_strings)
 
     def check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """Stop before a non-finite update reaches the weights; the last checkpoint stays the last good one."""

@@ -4,7 +4,8 @@ checkpoints and the run directory.
 `Trainer(config, run_dir).train()` writes config.yaml, evaluates the start (step 0), then steps until the step
 or token budget is spent, evaluating when due, logging each step's metrics row and checkpointing; it ends with the
 final evaluation, final/ and summary.json. A run directory holds config.yaml, metrics.jsonl, checkpoints/step-N
-(atomic, pickle-free, verified) and final/. `--resume RUN_DIR` restarts from the last checkpoint with every random
+(atomic, pickle-free, verified), credit/step-N.safetensors (a few rows' credit every train.credit_log_every
+steps: credo.train.credit_log) and final/. `--resume RUN_DIR` restarts from the last checkpoint with every random
 stream restored, so a resumed run on CPU ends with the same metrics as one that was never interrupted.
 """
 
@@ -68,7 +69,10 @@ class Trainer(TrainerStep):
             row = self.train_step()
             if self.eval_due(tokens_before) or not self.budget_left():
                 row["eval_accuracy"] = self.evaluate(self.config.eval_n)
-            self.log.append(row)
+            if getattr(self, "credit_parts", None):  # the credit's parts, as separate metrics, to the trackers only
+                self.log.append(row, tracked_only=self.credit_parts)
+            else:
+                self.log.append(row)
             if self.on_step:
                 self.on_step(self, row)
             if self.step % self.config.checkpoint_every == 0 and self.is_main:

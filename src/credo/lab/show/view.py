@@ -264,8 +264,9 @@ def render_terminal(page: Page, console: Any = None) -> None:
     console.print(Text(escape_controls(f"{page.title}: {page.subtitle}"), style="bold"))
     for row in page.summary:
         cost = "" if row["cost_vs_step"] is None else f"  cost x{row['cost_vs_step']:.2f}"
-        console.print(escape(escape_controls(f"  {row['label']:<28} first-error top-1 "
-                                             f"{row['first_error_top1']:.2f}{cost}")))
+        top1 = row["first_error_top1"]  # NaN: not measured (a run's logged credit has no step labels)
+        top1 = f" first-error top-1 {top1:.2f}" if top1 == top1 else ""
+        console.print(escape(escape_controls(f"  {row['label']:<28}{top1}{cost}")))
     console.print(f"  colour scale: |credit| {page.scale:.3g} = full red (negative) / blue (positive)")
     for trace in page.traces:
         verdict = "correct" if trace.correct else "wrong" + (f", first error step {trace.first_error + 1}"
@@ -342,8 +343,9 @@ def cmd_show(args: Any) -> int:
     return 0
 
 
-def add_show_parser(sub: Any) -> None:
-    """The `credo show` subcommand (argparse), kept beside the code it runs."""
+def add_show_parser(sub: Any) -> Any:
+    """The `credo show` subcommand (argparse), kept beside the code it runs; returns its parser (the CLI sends
+    `--run` to credo.lab.show.run_credit, which builds on this module)."""
     p = sub.add_parser("show", help="see the credit: per-token credit of each method on sampled traces, as HTML")
     from credo.cli.options import add_config_options, add_force_option
     p.add_argument("--checkpoint", help="a credo checkpoint, a Hugging Face model directory, smollm2-135m or a "
@@ -358,6 +360,10 @@ def add_show_parser(sub: Any) -> None:
     add_config_options(p, "ShowConfig", "--set group_size=8")
     p.add_argument("--out", help="directory for index.html (self-contained) and page.json (required)")
     add_force_option(p, "another credo output")
+    p.add_argument("--run", help="a `credo train` run directory: show the credit it logged (train.credit_log_every) "
+                   "at --step, with its parts, instead of sampling")
+    p.add_argument("--step", type=int, help="with --run: the logged step to show")
     p.add_argument("--terminal", action="store_true", help="also print the coloured tokens to the terminal (rich)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_show)
+    return p
