@@ -23,6 +23,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field, replace
 
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from credo.core.compressed import unpacked_copy
 from credo.core.config import MAX_HELD_OUT, MAX_STEP_COMPLETIONS, ConfigError, check, check_in, config_hash, dump_yaml
 from credo.train.evaluate import evaluate
 from credo.policy.base import right_pad
@@ -352,21 +354,27 @@ def initialise_from(policy: TinyPolicy, directory: str) -> None:
 
 
 def packaged_start(config: SFTConfig) -> str | None:
-    """A start checkpoint shipped with the package for this exact config, if any."""
+    """The folder of the start shipped with the package for this exact config, if any: the starts a preset uses
+    (arith, arith-long-first, arith-long-skilled-band), their weights xz-compressed (credo.core.compressed)."""
     path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", f"sft-{config_hash(config)}")
     return path if os.path.isfile(os.path.join(path, "policy.json")) else None
 
 
 def ensure_sft(config: SFTConfig | None = None, force: bool = False, progress: bool = True, task: str = "arith") -> str:
-    """Path of the SFT start for `config` (default: `task`'s preset): from the cache, else the packaged
-    copy, else trained now."""
+    """Path of the SFT start for `config` (default: `task`'s preset) in the cache: there already, else unpacked
+    from the packaged copy, else trained now from its recipe (a start no preset uses, e.g. arith-long-skilled:
+    75 min on one CPU core; the CPU build is deterministic)."""
     config = config or sft_config_for(task)
     path = os.path.join(cache_root(), "sft", config_hash(config))
     if not force and os.path.isfile(os.path.join(path, "policy.json")):
         return path
     shipped = packaged_start(config)
     if shipped and not force:
-        return shipped
+        unpacked_copy(shipped, path)
+        return path
+    if progress:
+        print(f"credo: training the SFT start {config_hash(config)} from its recipe into {path} (not shipped; "
+              "cached once built)", file=sys.stderr, flush=True)
     train_sft(config, path, progress=progress)
     return path
 
