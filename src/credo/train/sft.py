@@ -139,7 +139,8 @@ class SFTConfig:
 # (docs/results/arith-long-skilled). arith-long-skilled-1 and -2: a first try at a start with those abilities, on
 # the default 0.83M GPT from the `arith` start, 30% solution-in-context and 20% localisation examples, two stages
 # of at most 400 steps at batch 32 (held-out greedy 0.067, then 0.240): neither's teacher read its solution
-# (-15 to -17 nats) nor did it localise above chance. arith-long-skilled (the skilled start, shipped): the
+# (-15 to -17 nats) nor did it localise above chance. arith-long-skilled (the skilled start; no preset uses it, so it
+# is not shipped and `sft:arith-long-skilled` trains it from this recipe, 75 min on one CPU core): the
 # arith-long-first start fine-tuned 1600 steps at batch 32, lr 5e-4, on 50% solution-in-context, 20% localisation,
 # 10% early-answer and 20% plain examples, keeping the last step: its teacher reads its own verified solutions
 # (gain > 0 from step ~1000; the largest-KL token lands in the first wrong step ~5x as often as a uniform token);
