@@ -69,20 +69,23 @@ else
 fi
 
 # need MODULE...: install the carried wheels once if any module is missing; a module still missing is named
+missing_modules() {
+  "$PY" -c 'import importlib.util, sys; print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))' "$@"
+}
 need() {
-  local missing=() module
-  for module in "$@"; do "$PY" -c "import $module" 2> /dev/null || missing+=("$module"); done
-  [ ${#missing[@]} = 0 ] && return 0
+  local missing module
+  missing=$(missing_modules "$@")
+  [ -z "$missing" ] && return 0
   if [ ! -d "$OUT/site" ] && ls "$WHEELS"/*.whl > /dev/null 2>&1; then
-    echo "installing the wheels carried in $WHEELS into $OUT/site (missing: ${missing[*]})"
+    echo "installing the wheels carried in $WHEELS into $OUT/site (missing: $missing)"
     # (an sdist beside them, e.g. pycosat's, which has no wheel for Python 3.12, is built with the machine's compiler)
     "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir \
       --target "$OUT/site" "$WHEELS"/*.whl $(ls "$WHEELS"/*.tar.gz 2> /dev/null) \
       > "$LOGS/wheels.log" 2>&1 || echo "  pip could not install them: $(tail -n 1 "$LOGS/wheels.log")"
     export PYTHONPATH="$OUT/site${PYTHONPATH:+:$PYTHONPATH}"
   fi
-  for module in "${missing[@]}"; do
-    "$PY" -c "import $module" 2> /dev/null || echo "missing: $module (carry its wheel and its own missing ones in $WHEELS)"
+  for module in $(missing_modules $missing); do
+    echo "missing: $module (carry its wheel, and those of what it needs, in $WHEELS)"
   done
 }
 
