@@ -54,9 +54,10 @@ def test_the_smoke_dry_run_checks_placement_dtype_throughput_credit_and_one_step
         assert any(line.startswith(f"  PASS {part} (") for line in lines), printed
     assert f"summary (smoke): {len(SMOKE_CHECKS)} passed, 0 failed" in printed and "TRL GRPO:" in printed
     found = json.load(open(os.path.join(out, "results", "smoke.json")))
-    assert found["device"] == "cpu" and found["dtype"] == "float32"
-    assert found["sample"]["generated_tokens_per_s"] > 0
-    assert set(found["credit"]["seconds"]) == {"grpo", "rloo", "rredcot"}
+    assert found["setup"]["device"] == "cpu" and found["setup"]["dtype"] == "float32"
+    assert all(found["checks"][part]["passed"] for part in SMOKE_PARTS)
+    assert found["checks"]["sample"]["generated_tokens_per_s"] > 0
+    assert set(found["checks"]["credit"]["seconds"]) == {"grpo", "rloo", "rredcot"}
     for run in ("train-tiny", "train-hf"):  # one step each, logged
         assert os.path.isfile(os.path.join(out, run, "summary.json")), run
 

@@ -41,12 +41,13 @@ def main() -> int:
     device = resolve_device("cpu" if args.dry_run else "auto")
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     prompts, group, max_new = (2, 2, 8) if args.dry_run else (16, 8, 128)
-    found: dict = {"device": str(device), "dtype": str(dtype).replace("torch.", ""), "prompts": prompts,
+    setup: dict = {"device": str(device), "dtype": str(dtype).replace("torch.", ""), "prompts": prompts,
                    "group_size": group, "max_new_tokens": max_new}
+    found: dict = {"setup": setup, "checks": {}}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        found["gpu"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, torch {torch.__version__}"
-        print(f"GPU: {found['gpu']}")
+        setup["gpu"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, torch {torch.__version__}"
+        print(f"GPU: {setup['gpu']}")
     task = make_task("gym:chain_sum", {"min_terms": 3, "max_terms": 4, "min_digits": 1, "max_digits": 1})
     failed = 0
 
@@ -57,11 +58,11 @@ def main() -> int:
             value = fn()
         except Exception as err:  # noqa: BLE001 (reported as the check's FAIL line, the smoke goes on)
             failed += 1
-            found[name] = {"passed": False, "error": f"{type(err).__name__}: {err}"}
+            found["checks"][name] = {"passed": False, "error": f"{type(err).__name__}: {err}"}
             print(f"FAIL {name} ({time.perf_counter() - started:.1f} s): {type(err).__name__}: {err}", flush=True)
             traceback.print_exc(file=sys.stderr)
             return None
-        found[name] = {"passed": True, "seconds": time.perf_counter() - started, **(value or {})}
+        found["checks"][name] = {"passed": True, "seconds": time.perf_counter() - started, **(value or {})}
         print(f"PASS {name} ({time.perf_counter() - started:.1f} s) {json.dumps(value or {})}", flush=True)
         return value
 
