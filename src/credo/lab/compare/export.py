@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import shutil
 from dataclasses import dataclass, field
 
 from credo.core.compressed import GZIP, gzip_bytes, read_record, stored_path
@@ -73,8 +74,8 @@ def _check_dest(out_dir: str, dest: str) -> None:
 def _same_run(source: str, target: str) -> bool:
     """Whether DEST's run `target` is a finished record identical to OUT's `source` (a log compared by its content,
     compressed or not)."""
-    return all(stored_path(os.path.join(target, f)) and
-               read_record(os.path.join(source, f)) == read_record(os.path.join(target, f)) for f in RUN_FILES)
+    return all(_present(target, f) and read_record(os.path.join(source, f)) == read_record(os.path.join(target, f))
+               for f in RUN_FILES)
 
 
 def export(out_dir: str, dest: str) -> Exported:
@@ -89,7 +90,7 @@ def export(out_dir: str, dest: str) -> Exported:
             if os.path.isfile(os.path.join(run, "config.yaml")):
                 done.part_way.append(name)
             continue
-        if not all(stored_path(os.path.join(run, f)) for f in RUN_FILES):
+        if not all(_present(run, f) for f in RUN_FILES):
             done.incomplete.append(name)
             continue
         if os.path.exists(target):
@@ -132,14 +133,21 @@ def export(out_dir: str, dest: str) -> Exported:
     return done
 
 
+def _present(run: str, name: str) -> bool:
+    """Whether the run file `name` is in `run`: a log also as its compressed copy (an earlier export's)."""
+    path = os.path.join(run, name)
+    return stored_path(path) is not None if name in COMPRESSED_FILES else os.path.isfile(path)
+
+
 def _copy_run_file(source: str, folder: str) -> None:
-    """Writes the run file `source` (or its compressed copy) into `folder`, compressed when it is one of
-    COMPRESSED_FILES, else as it is."""
-    name, data = os.path.basename(source), read_record(source)
-    if name in COMPRESSED_FILES:
-        name, data = name + GZIP, gzip_bytes(data)
-    with open(os.path.join(folder, name), "wb") as f:
-        f.write(data)
+    """Copies the run file `source` into `folder`: a log gzip-compressed (from the plain file or an earlier
+    export's compressed copy), anything else as it is."""
+    name = os.path.basename(source)
+    if name not in COMPRESSED_FILES:
+        shutil.copyfile(source, os.path.join(folder, name))
+        return
+    with open(os.path.join(folder, name + GZIP), "wb") as f:
+        f.write(gzip_bytes(read_record(source)))
 
 
 def describe(done: Exported, dest: str) -> str:
