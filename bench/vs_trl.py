@@ -61,7 +61,7 @@ def trl_step_seconds(model_dir: str, steps: int) -> float:
     from trl import GRPOConfig, GRPOTrainer
     from credo.tasks import make_task
     task = make_task("gym:chain_sum")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     # the prompt credo sends: with a chat template, the task's system prompt and the question as the user turn
     chat = bool(getattr(tokenizer, "chat_template", None))
     rows = [{"prompt": [{"role": "system", "content": task.system_prompt}, {"role": "user", "content": p.prompt}]
@@ -71,7 +71,8 @@ def trl_step_seconds(model_dir: str, steps: int) -> float:
         args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
                           max_completion_length=LENGTH, max_steps=steps + 1, learning_rate=LR,
                           report_to=[], use_cpu=True, bf16=False, save_strategy="no", logging_steps=1000)
-        trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), processing_class=tokenizer,
+        model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=False)
+        trainer = GRPOTrainer(model=model, processing_class=tokenizer,
                               reward_funcs=lambda completions, **kw: [float(len(c) % 2)
                                                                       for c in completions], args=args,
                               train_dataset=Dataset.from_list(rows))

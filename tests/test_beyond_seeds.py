@@ -16,7 +16,7 @@ from builders import (PROPERTY_POLICY, PROPERTY_TASK, dapo_config, run_estimator
 from credo import credit
 from credo.lab.audit.report import weight_concentration
 from credo.cli.main import main
-from credo.credit.entropy import high_entropy_mask
+from credo.credit.entropy import gtpo_paper_advantages, high_entropy_mask
 from credo.core.groups import grpo_advantages
 from credo.credit.otb import otb_advantages, sampled_token_statistics
 from credo.credit.prefix_shaping import positive_credit, shape_prefixes
@@ -154,6 +154,42 @@ def test_gtpo_weights_follow_the_entropy_shares_at_each_position():
     assert torch.allclose(result.weights[[1, 2], t], 1 + 0.5 * 2 * inv / inv.sum())
     assert (result.weights[~m] == 0).all()
     assert torch.allclose(run_estimator("gtpo", r, a2=0.0).weights, m.float())
+
+
+def test_gtpo_paper_form_is_the_shaped_rewards_of_each_set_standardised_apart():
+    """form=paper, computed here by hand from the paper's equations on entropies that vary: group 0 (one right,
+    two wrong of different lengths) and an all-wrong group 1, which the paper credits through its O- entropy term
+    (the weight form gives it 0)."""
+    gen = torch.Generator().manual_seed(0)
+    H = torch.rand(6, 5, generator=gen, dtype=torch.float64) * 3
+    m = torch.ones(6, 5, dtype=torch.bool)
+    m[2, 3:] = False
+    m[5, 2:] = False
+    H = H * m
+    rewards, group = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 0.0]), torch.tensor([0, 0, 0, 1, 1, 1])
+    expected = torch.zeros_like(H)
+    for rows, positive in (([0], True), ([1, 2], False), ([3, 4, 5], False)):
+        shaped = {}
+        for i in rows:
+            for t in range(int(m[i].sum())):
+                live = [k for k in rows if m[k, t]]
+                score = (lambda k: H[k, t]) if positive else (lambda k: 1 / (H[k, t] + 1e-8))
+                share = len(live) * score(i) / sum(score(k) for k in live)
+                shaped[i, t] = 1.0 + 0.1 * share if positive else -(1.0 + 0.1 * share)
+        values = torch.tensor(list(shaped.values()), dtype=torch.float64)
+        mean, std = values.mean(), ((values - values.mean()) ** 2).mean().add(1e-8).sqrt()
+        for (i, t), v in shaped.items():
+            expected[i, t] = (v - mean) / std
+    config = credit.get("gtpo").make_config({"form": "paper", "a1": 1.0, "a2": 0.1})
+    direct = gtpo_paper_advantages(H.float(), m, group, rewards, config)
+    assert torch.allclose(direct.double(), expected, atol=1e-5)
+    assert (direct[3:][m[3:]].abs() > 0.1).any()  # the all-wrong group is credited, about zero mean
+    assert abs(float(direct[3:][m[3:]].mean())) < 1e-5 and (direct[0] == 0).all()  # one O+ row: constant, 0
+    # the estimator: the same advantages, no token weights; the weight form leaves the all-wrong group at 0
+    r = text_rollouts(TEXTS, [1.0, 0.0, 0.0, 0.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
+    result = run_estimator("gtpo", r, form="paper")
+    assert result.weights is None and (result.advantages[~r.completion_mask] == 0).all()
+    assert (run_estimator("gtpo", r).advantages[3:] == 0).all()
 
 
 @pytest.mark.parametrize("seed", range(5))

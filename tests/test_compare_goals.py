@@ -315,3 +315,21 @@ def test_the_report_names_the_family_its_corrections_pay_for():
     assert "corrected for the 3 comparisons with GRPO: Holm-adjusted p" in text
     low, high = delta["ci_simultaneous"]
     assert f"| Holm p {delta['p_holm']:.3f}; [{100 * low:+.1f}, {100 * high:+.1f}] |" in text
+
+
+def test_the_best_credit_method_must_beat_the_strongest_baseline_not_only_grpo():
+    """rredcot +6 to +7 points over GRPO holds against GRPO alone; beside a DAPO that ends 5 points above GRPO it is
+    about +1.5 over the strongest baseline, and the goal is judged against DAPO (its tokens too)."""
+    rredcot = [_run(0.46, 40_000), _run(0.49, 40_000), _run(0.505, 40_000)]
+    alone = _results({"grpo": GRPO, "rredcot": rredcot})
+    assert _goal(alone, BEST)["holds"] is True
+    assert _goal(alone, BEST)["evidence"].startswith("the only credit method, rredcot: +6.5 [+5.3, +7.7] points (95%);")
+    weak_dapo = [_run(0.39, 100_000), _run(0.41, 100_000), _run(0.43, 100_000)]
+    assert _goal(_results({"grpo": GRPO, "dapo": weak_dapo, "rredcot": rredcot}), BEST)["holds"] is True
+    dapo = [_run(0.45, 100_000), _run(0.47, 100_000), _run(0.49, 100_000)]
+    results = _results({"grpo": GRPO, "dapo": dapo, "rredcot": rredcot})
+    goal = _goal(results, BEST)
+    assert goal["holds"] is False
+    assert goal["evidence"].startswith("the strongest baseline is dapo (0.470, GRPO 0.420); the only credit method, "
+                                       "rredcot: +1.5")
+    assert "reaches dapo's mean final on 3/3 seeds, with 0.40x the tokens dapo's curves took" in goal["evidence"]

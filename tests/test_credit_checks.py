@@ -331,3 +331,22 @@ def test_the_checks_are_reachable_as_credo_checks_and_one_verl_config_key_turns_
     assert off["checks"] is False
     with pytest.raises(ValueError, match="credo.checks must be true or false, got 'no'"):
         credo_spec(OmegaConf.create({**config, "credo": {"task": "gym:chain_sum", "checks": "no"}}))
+
+
+def test_credo_checks_is_an_importable_module():
+    """`import credo.checks` and `from credo.checks import ...` (before: only an attribute, so both failed), in a
+    fresh interpreter, without `import credo` loading torch."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys, credo\n"
+            "assert 'torch' not in sys.modules\n"
+            "import credo.checks\n"
+            "from credo.checks import CreditCheckError, check_advantages\n"
+            "from credo.integrations import checks\n"
+            "assert credo.checks is checks and CreditCheckError is checks.CreditCheckError\n"
+            "print('ok')\n")
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": src})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

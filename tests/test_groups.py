@@ -64,3 +64,25 @@ def test_mean_one_is_bit_identical_to_each_estimators_former_renormalisation(tri
         real = m[row]
         oar = raw[row] * real / ((raw[row] * real).sum() / real.sum().clamp(min=1)).clamp(min=1e-8)
         assert torch.equal(_bits(mean_one(raw[row], real, flat_at=None)), _bits(oar))
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e30, -1e35])
+@pytest.mark.parametrize("std", ["sample", "population"])
+def test_grpo_credit_from_huge_finite_rewards_is_the_scaled_credit_not_zero(scale, std):
+    """(r - mean) / std is scale-free: rewards times 1e20 give the advantages of the 0/1 rewards. Before, the
+    float32 squared deviations (1e40) were inf: every std inf and every advantage 0, with every check passing."""
+    from credo.core.groups import grpo_advantages
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    plain = grpo_advantages(rewards, group, std=std)
+    huge = grpo_advantages(rewards * scale, group, std=std)
+    assert huge.dtype == torch.float32 and huge.abs().min() > 0.5
+    torch.testing.assert_close(huge, plain * (1 if scale > 0 else -1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_reward_too_large_for_group_statistics_is_refused_by_row():
+    from credo.credit.registry import NonFiniteReward, check_rewards
+    from types import SimpleNamespace  # float64 rewards (a verl batch's may be): float32 cannot hold 3e120
+    rollouts = SimpleNamespace(rewards=torch.tensor([1.0, 0.0, 3e120, 0.0], dtype=torch.float64), problems=[])
+    with pytest.raises(NonFiniteReward, match=r"reward of row 2 is 3e\+120; 1 of 4 rewards exceed 1e\+100"):
+        check_rewards(rollouts)

@@ -208,3 +208,44 @@ def test_audit_plot_marks_privileged_methods(tmp_path, monkeypatch):
     rows = {name: {"spearman": 0.1, "first_error_top1": 0.2, "cost_vs_grpo_step": 1.0} for name in ("grpo", "rredcot")}
     plot_audit({"methods": rows, "config": {"privileged_methods": ["rredcot"]}}, str(tmp_path / "audit.png"))
     assert sorted(set(labels)) == ["grpo", "rredcot †"]
+
+
+def test_sc_grpo_is_also_scored_on_the_rows_it_weights_with_their_share():
+    """Rows of groups SC-GRPO does not weight (here n_c = 1: plain GRPO) carry row-constant credit, which
+    locates nothing by design; the routed row scores SC-GRPO's weights on the 2 <= n_c < G groups alone."""
+    from types import SimpleNamespace
+
+    from credo import credit
+    from credo.lab.audit.report import Labels, routed_rows, score_row
+    correct = torch.tensor([1, 1, 0, 0, 1, 0, 0, 0], dtype=torch.bool)
+    rollouts = SimpleNamespace(group=torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]), correct=correct)
+    first = [None, None, 1, 2, None, 0, 1, 2]
+    seg = [torch.zeros(3) for _ in range(8)]
+    for i in (2, 3):  # the weighted wrong rows: most negative at the first error
+        seg[i][first[i]] = -1.0
+    reference = [torch.tensor([0.0, -0.5, -0.5]) for _ in range(8)]
+    labels = Labels(first, [None] * 8)
+    cost = {"tokens_scored_per_trace": 1.0, "tokens_generated_per_trace": 0.0, "seconds_per_trace": 0.0}
+    blended = score_row(seg, reference, labels, cost, 10.0)
+    methods = [("sc_grpo", "sc_grpo", credit.get("sc_grpo").make_config({}))]
+    out = routed_rows(methods, {"sc_grpo": seg}, {"sc_grpo": blended}, rollouts, reference, labels, 10.0)
+    row = out["sc_grpo · routed rows"]
+    assert row["first_error_top1"] == 1.0 and blended["first_error_top1"] < 1.0
+    assert row["routed_share"] == 0.5 and abs(row["routed_share_labelled"] - 2 / 5) < 1e-12
+
+
+def test_a_localisers_resets_are_counted_at_each_step_and_its_hits_by_where_the_error_lies():
+    from credo.lab.audit.report import localiser_table, pick_figures
+    first = [0, 1, 2, 3, 4]
+    picks = [0, 0, 2, 0, 4]  # right on the errors at steps 1, 3 and 5; step 1 for the others
+    figures = pick_figures(picks, first)
+    assert figures["share_by_step"] == {"1": 0.6, "3": 0.2, "5": 0.2}
+    assert figures["top1_by_position"] == {"step 1": 1.0, "steps 2-3": 0.5, "steps 4+": 0.5}
+    loc = {"traces": 5, "oracle_step1_share": 0.2, "random_top1_expectation": 0.2, "failures": {},
+           "oracle_share_by_step": pick_figures(first, first)["share_by_step"],
+           "localisers": {"prompt": {"localisation_top1": 0.6, "localisation_top1_localisable": 0.6,
+                                     "step1_share": 0.6, "reset_success": 0.0, "after_error_success": 0.0,
+                                     "clean_prefix_gain": 0.0, "tokens_scored_per_trace": 0.0, **figures}}}
+    table = localiser_table(loc)
+    assert "| oracle (first errors) | 0.20 | 0.20 | 0.20 | 0.20 | 0.20 | — |" in table
+    assert "| prompt | 0.60 | 0.00 | 0.20 | 0.00 | 0.20 | step 1 1.00, steps 2-3 0.50, steps 4+ 0.50 |" in table

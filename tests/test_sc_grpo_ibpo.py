@@ -191,3 +191,26 @@ def test_sc_grpo_diversity_scores_equal_up_to_float_noise_give_no_advantage():
     _diversity_advantages(advantages, f, [([0, 1, 3], 2)], torch.tensor([3, 3, 2, 3]), mask, 0.1)
     assert (abs(float(advantages[[0, 1, 3], 0].sum())) < 1e-6 and float(advantages[3, 0]) > 0
             and (advantages[2] == 0).all())
+
+
+def test_sc_grpo_single_correct_weights_the_wrong_members_with_the_lone_solution_as_teacher(policy):
+    """With single_correct an n_c = 1 group's wrong members get token weights f (mean 1 per sequence) from a
+    teacher that reads the lone correct rollout; the correct one keeps weight 1, and every advantage stays
+    GRPO's. Off (the default) the group is plain GRPO, as the routing test above checks."""
+    from credo.credit.sc_grpo import weighted_group_rows
+    one_right = [RIGHT, WRONG, "37+48=84\n#### 84", "37+40=77\n#### 77"]
+    mixed = [RIGHT, RIGHT, WRONG, WRONG]
+    r = group_rollouts(policy, [one_right, mixed])
+    spec = credit.get("sc_grpo")
+    on = spec(r, probe_for(policy, ArithTask()), spec.make_config({"single_correct": True}))
+    off = spec(r, probe_for(policy, ArithTask()))
+    m = r.completion_mask
+    a = grpo_advantages(r.rewards, r.group)
+    assert torch.allclose(on.advantages, a[:, None] * m) and torch.allclose(off.advantages, a[:, None] * m)
+    assert (on.weights[0][m[0]] == 1).all() and (off.weights[:4][m[:4]] == 1).all()
+    wrong = on.weights[1:4]
+    assert torch.allclose((wrong * m[1:4]).sum(1) / m[1:4].sum(1), torch.ones(3), atol=1e-5)
+    assert (wrong[m[1:4]] != 1).any()  # the teacher's divergence moved them off uniform
+    assert on.info["weighted_rows"] == off.info["weighted_rows"] + 3
+    assert weighted_group_rows(r) == [4, 5, 6, 7]
+    assert weighted_group_rows(r, single_correct=True) == [1, 2, 3, 4, 5, 6, 7]

@@ -277,3 +277,72 @@ def test_wandb_groups_a_comparisons_runs_by_the_comparison(tmp_path, monkeypatch
     [path] = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     [opened] = [r.run for r in wandb_records(path) if r.WhichOneof("record_type") == "run"]
     assert (opened.run_group, opened.display_name, opened.project) == ("cmp-a", "grpo-s0", "credo")
+
+
+def test_none_with_a_tracker_is_refused_without_calling_none_allowed(capsys, tmp_path):
+    """Before: 'unknown tracker none; allowed: ... (or none)', which named what it refused as allowed."""
+    code = main(["train", "--out", str(tmp_path / "o"), "--set", "report_to=none,tensorboard"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "train.report_to: none means no tracker, so it stands alone; got none,tensorboard" in err
+    assert "unknown tracker" not in err
+
+
+def test_a_tracker_store_that_is_a_file_is_one_line_before_anything_runs(saved_policy, tmp_path, capsys):
+    out = str(tmp_path / "run")
+    sets = [a for s in FAST for a in ("--set", s)]
+    assert main(["train", "--out", out, "--start", saved_policy, "--steps", "2", "--quiet", *sets]) == 0
+    open(os.path.join(out, "tensorboard"), "w").close()  # before: a raw "[Errno 20] Not a directory"
+    code = main(["train", "--resume", out, "--steps", "3", "--quiet", "--set", "report_to=tensorboard"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"train.report_to: tensorboard keeps its store in {out}/tensorboard, which is a file, not a folder" in err
+    assert max(r["step"] for r in read_jsonl(os.path.join(out, "metrics.jsonl"))) == 2  # not resumed
+
+
+def test_wandb_online_without_a_key_is_one_line_naming_wandb(saved_policy, tmp_path, capsys, monkeypatch):
+    """Before: a 44-line traceback from wandb.init."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc key either
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    code = main(["train", "--out", str(tmp_path / "o"), "--start", saved_policy, "--steps", "1", "--quiet",
+                 "--set", "report_to=wandb", *[a for s in FAST for a in ("--set", s)]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "report_to wandb: opening the tracker failed (" in err[0] and "Traceback" not in err[0]
+    assert not os.path.exists(tmp_path / "o" / "metrics.jsonl")  # opened before step 0's evaluation
+
+
+def test_an_unreachable_mlflow_server_is_one_line_within_the_connect_timeout(saved_policy, tmp_path, capsys,
+                                                                             monkeypatch):
+    """Before: `credo train` waited at step 0 with nothing printed (150 s and more)."""
+    import socket
+    with socket.socket() as free:  # a port nothing listens on: the connection is refused at once
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    code = main(["train", "--out", str(tmp_path / "o"), "--start", saved_policy, "--steps", "1", "--quiet",
+                 "--set", "report_to=mlflow"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"train.report_to: mlflow cannot reach MLFLOW_TRACKING_URI=http://127.0.0.1:{port} (" in err[0]
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_a_tracker_that_fails_stops_a_comparison_instead_of_failing_every_method(saved_policy, tmp_path,
+                                                                                monkeypatch):
+    """A tracker fails every run alike: the comparison stops in one line, no method is recorded as failed."""
+    from dataclasses import replace
+
+    def broken(place, config):
+        raise RuntimeError("the tracking server said no")
+    monkeypatch.setitem(tracking.TRACKERS._entries, "tensorboard",
+                        replace(tracking.TRACKERS._entries["tensorboard"], fn=broken))
+    out = str(tmp_path / "cmp")
+    with pytest.raises(tracking.TrackerError, match="report_to tensorboard: opening the tracker failed "
+                                                    r"\(RuntimeError: the tracking server said no\)"):
+        compare("smoke", out, methods=("rloo",), start=saved_policy, progress=False, token_budget=400,
+                report_to=("tensorboard",), jobs=1)
+    assert not glob.glob(os.path.join(out, "failure-*.txt")) and not os.path.exists(os.path.join(out, "results.json"))

@@ -149,3 +149,16 @@ def test_fused_adamw_is_opt_in_and_moves_the_weights_as_the_default_loop_does(sa
     assert any(not torch.equal(weights[True][k], start[k]) for k in start), "no step moved the weights"
     # the same update up to rounding (the fused kernel orders its float operations differently)
     assert all(torch.allclose(weights[True][k], weights[False][k], atol=1e-6, rtol=0) for k in start)
+
+
+def test_each_step_records_the_size_of_its_update_after_adam(saved_policy, tmp_path):
+    """update_norm is ||weights after - weights before|| of the step's one AdamW update (epochs=1,
+    minibatches=1), what the gradient-norm clip does not show."""
+    config = dapo_config(saved_policy, "steps=1", "epochs=1", "minibatches=1")  # its overlong penalty varies rewards
+    trainer = Trainer(config, str(tmp_path / "run"), progress=False)
+    before = {k: v.clone() for k, v in trainer.policy.model.state_dict().items()}
+    trainer.train()
+    row = next(r for r in trainer.log.rows() if "update_norm" in r)
+    after = trainer.policy.model.state_dict()
+    moved = float(sum(((after[k] - before[k]).double() ** 2).sum() for k in before) ** 0.5)
+    assert moved > 0 and abs(row["update_norm"] - moved) <= 1e-6 * moved

@@ -140,3 +140,47 @@ def test_a_batch_with_long_rows_is_sampled_and_scored_in_bounded_sub_batches():
         policy.max_batch_tokens = whole
         full, _ = policy.score(ids, mask, out.completion_ids, out.completion_mask)
     assert torch.allclose(chunked, full, atol=1e-4)
+
+
+def test_show_displays_the_truncated_prompt_the_model_read(hf_dir, tmp_path, capsys):
+    """With truncate_prompts the model reads the end of a long question: `credo show` displays that (before, the
+    uncut question, which the model never read)."""
+    from credo.policy import bind_task
+    from credo.policy.base import prompt_as_read
+    from credo.tasks import make_task
+    data = write_rows(tmp_path / "d.jsonl", [LONG] * 1 + [LONG.replace("4 - 1 - 7", f"{i} - 2")
+                                                            for i in range(40)])
+    task = make_task(f"jsonl:{data}", {"truncate_prompts": True, "heldout_permille": 500})
+    policy = bind_task(load_policy(hf_dir), task, check_as="show.checkpoint", max_new_tokens=6)
+    read = prompt_as_read(policy, LONG)
+    assert read.user.startswith("…") and LONG.endswith(read.user[1:]) and len(read.user) < len(LONG)
+    assert policy.tokenizer.decode(policy.prompt_row(LONG)).count(read.user) == 1  # exactly what it encodes
+    assert main(["show", "--checkpoint", hf_dir, "--task", f"jsonl:{data}", "--n", "2", "--methods", "grpo",
+                 "--set", "group_size=2", "--set", "max_new_tokens=6", "--set", "task_options.truncate_prompts=true",
+                 "--set", "task_options.heldout_permille=500", "--out", str(tmp_path / "out"), "--terminal",
+                 "--quiet"]) == 0
+    shown = capsys.readouterr().out
+    assert "): …" in shown and LONG[:40] not in shown
+
+
+def test_the_context_check_tokenises_only_prompts_that_might_not_fit(hf_dir):
+    """A long file of short questions is cleared by a byte bound (before: every row rendered and tokenised, 28 s
+    for 100,000 rows); every prompt over the context is still among those measured, and a tokenizer for which the
+    bound fails has every prompt measured."""
+    import random
+    from credo.policy.locate import BOUND_SAMPLE, may_not_fit
+    from credo.tasks.base import Problem
+    policy = load_policy(hf_dir)
+    rng = random.Random(0)
+    numbers = [" ".join(str(rng.randint(0, 10 ** rng.randint(1, 6))) for _ in range(rng.randint(1, 40)))
+               for _ in range(400)]
+    problems = [Problem(str(i), text + " é ✓ =", "1") for i, text in enumerate(numbers)]
+    room = 90
+    over = {p.key for p in problems if len(policy.prompt_row(p.prompt)) > room}
+    measured = {p.key for p in may_not_fit(policy, problems, room)}
+    assert over and over <= measured and len(measured) < len(problems)
+    short = [Problem(str(i), f"{i} + 1 =", "1") for i in range(1000)]
+    assert len(may_not_fit(policy, short, room)) == BOUND_SAMPLE
+    real = policy.prompt_row
+    policy.prompt_row = lambda text, system=True: real(text, system) * (1 if text == "" else 4)  # 4 tokens a byte
+    assert len(may_not_fit(policy, short, room)) == len(short)

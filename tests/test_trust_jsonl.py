@@ -46,3 +46,23 @@ def test_non_utf8_rows_name_the_line_and_are_skippable(tmp_path, capsys):
     task = make_task(f"jsonl:{path}", {"skip_bad_rows": True})
     assert "skipped 1 malformed row(s); first: " + f"{path}:3: not UTF-8" in capsys.readouterr().err
     assert len(task.heldout) + len(task.train) == 5
+
+
+def test_a_lone_surrogate_is_a_row_error_that_skip_bad_rows_skips(tmp_path, capsys):
+    """Valid JSON (\\ud800 is a legal escape), but no UTF-8 text: before, a UnicodeEncodeError traceback in eval
+    and train, at the first prompt or log line that held it, and skip_bad_rows did not skip it."""
+    path = tmp_path / "d.jsonl"
+    rows = [json.dumps({"question": f"{i}?", "answer": "1"}) for i in range(5)]
+    rows[1] = '{"question": "1?", "answer": "1", "solution": "x \\udc80 y"}'
+    rows[3] = '{"question": "ok \\ud83d\\ude00?", "answer": "1"}'  # a surrogate pair: one character, fine
+    path.write_text("\n".join(rows) + "\n")
+    try:
+        make_task(f"jsonl:{path}")
+        raise AssertionError("a lone surrogate was accepted")
+    except ValueError as err:
+        assert str(err).startswith(f"{path}:2: solution holds a lone UTF-16 surrogate (\\udc80 at character 2)")
+    task = make_task(f"jsonl:{path}", {"skip_bad_rows": True})
+    assert f"skipped 1 malformed row(s); first: {path}:2: solution holds" in capsys.readouterr().err
+    problems = task.heldout + task.train
+    assert len(problems) == 4 and all(p.prompt.encode("utf-8") for p in problems)
+    assert "ok \U0001f600?" in {p.prompt for p in problems}

@@ -73,3 +73,60 @@ def test_a_utf8_jsonl_with_a_byte_order_mark_is_read(tmp_path):
     task = make_task(f"jsonl:{path}")
     problems = {p.prompt: p for p in task.heldout + task.train}
     assert set(problems) == {f"{i}+{i}=" for i in range(12)} and problems["0+0="].data["line"] == 1
+
+
+def nested_spec(depth: int) -> str:
+    """A method wrapping methods `depth` deep: entropy_mask of tempo of entropy_mask of ..."""
+    names = ["tempo", "entropy_mask"]
+    return ":".join(["entropy_mask"] + ["options." * i + "of=" + names[i % 2] for i in range(depth)])
+
+
+BAD_SPECS = [("rredcot:lam=0.5:lam=0.9", "option 'lam' is given twice"),
+             ("rredcot::lam=0.5", "option '' must look like key=value"),
+             ("shuffled:of=grpo:of=rloo", "option 'of' is given twice"),
+             (nested_spec(40), "wraps methods 40 deep, over the limit of 8")]
+
+
+@pytest.mark.parametrize("spec, says", BAD_SPECS, ids=["repeated", "empty", "of-twice", "nested"])
+@pytest.mark.parametrize("command", ["train --method", "audit --methods", "compare --methods", "show --methods"])
+def test_a_malformed_method_spec_is_the_same_one_line_at_every_entry_point(tmp_path, capsys, spec, says, command):
+    line = one_line_error(capsys, [*command.split(), spec, "--out", str(tmp_path / "out"), "--quiet"])
+    assert says in line
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_methods_nested_hundreds_deep_in_a_config_file_are_one_line(tmp_path, capsys):
+    """Each wrapper level checks and builds the next: 300 levels exhausted Python's recursion (a traceback)."""
+    credit: dict = {"of": "grpo"}
+    for i in range(300):
+        credit = {"of": ["entropy_mask", "tempo"][i % 2], "options": credit}
+    config = tmp_path / "deep.yaml"
+    config.write_text(json.dumps({"method": "entropy_mask", "credit": credit}))
+    line = one_line_error(capsys, ["train", "--config", str(config), "--out", str(tmp_path / "out"), "--quiet"])
+    assert "train.credit.options: entropy_mask wraps methods 301 deep, over the limit of 8" in line
+    from credo.credit.compose import wrapping_depth
+    assert wrapping_depth({}) == 1 and wrapping_depth({"of": "rredcot"}) == 2
+    assert wrapping_depth({"of": "a", "options.of": "b"}) == wrapping_depth({"of": "a", "options": {"of": "b"}}) == 3
+
+
+@pytest.mark.parametrize("method, field", [("srpo:localiser=prompt", "train.reset.localiser"),
+                                           ("prefix_shaping:localiser=prompt", "train.credit.localiser")])
+def test_the_prompt_localiser_on_a_start_that_cannot_read_the_request_is_refused_before_the_run(tmp_path, capsys,
+                                                                                                 method, field):
+    """The shipped arith start's alphabet lacks the request's letters: refused before --out, not at step 1."""
+    line = one_line_error(capsys, ["train", "--method", method, "--steps", "1", "--out", str(tmp_path / "out"),
+                                   "--quiet"])
+    assert f"{field}=prompt needs a policy that can read the task's localisation request" in line
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_the_prompt_localiser_is_accepted_on_a_start_that_reads_the_request(tmp_path):
+    from credo.policy.gpt import GPTConfig
+    from credo.policy.tiny import TinyPolicy
+    from credo.strategies.localisers import check_can_ask
+    from credo.train.sft import make_tokenizer, sft_config_for
+    tokenizer = make_tokenizer(sft_config_for("arith-long-skilled"))
+    policy = TinyPolicy.create(GPTConfig(vocab_size=tokenizer.vocab_size, n_layer=1, d_model=16, n_head=2), tokenizer)
+    check_can_ask(policy, make_task("arith-long"), "train.reset.localiser")  # no error
+    with pytest.raises(ValueError, match="task 'gym:chain_sum' has none"):
+        check_can_ask(policy, type("NoRequest", (), {"name": "gym:chain_sum"})(), "train.reset.localiser")

@@ -8,8 +8,10 @@ import shutil
 
 import pytest
 import torch
+import yaml
 
 from credo.cli.main import main
+from credo.core.config import ConfigError, to_dict
 from credo.policy import load_policy
 from credo.train.trainer import Trainer, TrainingDiverged
 from builders import TRUST_FAST_SET, killed_run, one_line_error, snapshot, train_config
@@ -231,3 +233,40 @@ def test_a_wrong_input_is_one_line_and_leaves_no_output_behind(tmp_path, capsys,
     line = one_line_error(capsys, [a.format(**where) for a in argv] + ["--out", str(out)])
     assert expect.format(**where) in line
     assert not out.exists()
+
+
+COMPARE_FULL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "results", "compare-full")
+
+
+def test_a_committed_export_is_reusable_though_an_older_credo_wrote_default_credit_options_as_empty(tmp_path):
+    """compare-full's runs record `credit: {}` (an older credo left default options out); today's runs record
+    them whole. Compared as the estimator's config, they are the same training: every run is reused. dapo's
+    recipe has changed since (overlong_fit_task): a real difference, refused with advice that trains nothing."""
+    from dataclasses import replace
+    from credo.lab.compare.presets import check_reusable, resolve_preset, run_dir_name
+    export = str(tmp_path / "compare-full")
+    shutil.copytree(COMPARE_FULL, export)
+    recorded = json.load(open(os.path.join(export, "results.json")))
+    methods = recorded["command"].split("--methods ")[1].split()[0].split(",")
+    preset = resolve_preset("full", tuple(m for m in methods if m != "dapo"), None, None, None)
+    preset = replace(preset, train={**preset.train, "device": "cpu", "dtype": "float32"})  # as compare places them
+    plan = [(m, s, os.path.join(export, "runs", run_dir_name(m, s))) for s in preset.seeds for m in preset.methods]
+    assert yaml.safe_load(open(os.path.join(plan[0][2], "config.yaml")))["credit"] == {}
+    check_reusable(plan, preset, "")  # no error: every finished run is reused
+    with_dapo = replace(preset, methods=("dapo",))
+    with pytest.raises(ConfigError, match=r"dapo-s0 was made with a different config \(overlong_fit_task: False -> "
+                                          r"True\); it finished: `credo compare --report-only` rebuilds"):
+        check_reusable([("dapo", 0, os.path.join(export, "runs", "dapo-s0"))], with_dapo, "")
+
+
+def test_a_resume_compares_credit_options_as_the_estimators_config():
+    from credo.train.config import load_train_config
+    from credo.train.resume_checks import config_changes
+    """An older checkpoint recorded `credit: {}`: the same defaults are no change, and an option edited into
+    config.yaml since is one (before, `{}` and `{lam: 0.75}` shared no key, so nothing was compared)."""
+    config = load_train_config(None, ["method=rredcot"])
+    saved = {**to_dict(config), "credit": {}}  # what an older credo recorded for the same defaults
+    assert config_changes(saved, config) == []
+    edited = load_train_config(None, ["method=rredcot", "credit.lam=0.75"])
+    changed = config_changes(saved, edited)
+    assert len(changed) == 1 and changed[0].startswith("train.credit.lam: checkpoint ") and "now 0.75" in changed[0]

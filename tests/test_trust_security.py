@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import io
 import json
 import os
 import shutil
@@ -9,6 +11,7 @@ import shutil
 import pytest
 import torch
 
+from credo.core.config import UserError
 from credo.lab.audit.cache import load_cached
 from credo.core.state_io import CorruptStateError, write_manifest
 from credo.tasks import make_task
@@ -128,3 +131,71 @@ def test_oversized_question_is_refused_with_the_limit_before_parsing(tmp_path):
     with pytest.raises(ValueError,
                        match=r"big.jsonl:2: question is 300 characters, over the limit max_question_chars=100"):
         make_task(f"jsonl:{path}", {"max_question_chars": 100})
+
+
+def custom_code_model(hf_dir: str, folder: str, marker: str, in_file: str) -> str:
+    """A copy of `hf_dir` whose `in_file` has an auto_map naming the folder's own module, which creates `marker`
+    when imported: what transformers would run after asking "Do you wish to run the custom code?"."""
+    shutil.copytree(hf_dir, folder)
+    with open(os.path.join(folder, "evil.py"), "w") as f:
+        f.write(f"import pathlib\npathlib.Path({marker!r}).touch()\n"
+                "from transformers import LlamaConfig as EvilConfig, LlamaForCausalLM as EvilModel\n")
+    path = os.path.join(folder, in_file)
+    data = json.load(open(path))
+    data["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel",
+                        "AutoTokenizer": ["evil.EvilTokenizer", None]}
+    json.dump(data, open(path, "w"))
+    return folder
+
+
+@pytest.mark.parametrize("in_file", ["config.json", "tokenizer_config.json"])
+def test_a_model_folder_naming_its_own_code_is_refused_and_never_run(hf_dir, tmp_path, capsys, monkeypatch, in_file):
+    from credo.policy.hf import HFPolicy
+    marker = str(tmp_path / "pwned")
+    model = custom_code_model(hf_dir, str(tmp_path / "model"), marker, in_file)
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n" * 10))  # a user (or `yes |`) answering transformers' prompt
+    before = snapshot(model)
+    for argv in (["eval", "--checkpoint", model, "--task", "gym:chain_sum", "--n", "2", "--quiet"],
+                 ["train", "--start", model, "--task", "gym:chain_sum", "--steps", "1", "--out",
+                  str(tmp_path / "run"), "--quiet"]):
+        line = one_line_error(capsys, argv)
+        assert os.path.join(model, in_file) in line and "auto_map" in line
+    with pytest.raises(UserError, match="auto_map"):  # the library refuses too
+        HFPolicy.from_pretrained(model)
+    assert not os.path.exists(marker) and not os.path.exists(tmp_path / "run")
+    assert snapshot(model) == before
+
+
+def test_every_from_pretrained_call_refuses_remote_code():
+    """Every transformers from_pretrained call credo makes (library, bench, examples) passes
+    trust_remote_code=False, so a folder changed after the auto_map check still cannot prompt or run code."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    calls = 0
+    for folder in ("src", "bench", "examples", "scripts"):
+        for base, _, files in os.walk(os.path.join(root, folder)):
+            for name in (n for n in files if n.endswith(".py")):
+                path = os.path.join(base, name)
+                for node in ast.walk(ast.parse(open(path).read())):
+                    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                            and node.func.attr == "from_pretrained"
+                            and getattr(node.func.value, "id", "").startswith("Auto")):
+                        calls += 1
+                        flags = {k.arg: getattr(k.value, "value", None) for k in node.keywords}
+                        assert flags.get("trust_remote_code", True) is False, f"{path}:{node.lineno}"
+    assert calls >= 4  # hf.py's two, smollm.py's two at least: the scan sees them
+
+
+ESCAPE = "{{ ''.__class__.__mro__[1].__subclasses__() }}{% for m in messages %}{{ m.content }}{% endfor %}"
+
+
+def test_a_chat_template_that_tries_to_leave_the_sandbox_is_one_line(hf_dir, tmp_path, capsys):
+    """transformers renders chat templates in jinja2's sandbox, which stops the escape: before, a 52-line
+    traceback; now one line naming the model."""
+    model = str(tmp_path / "model")
+    shutil.copytree(hf_dir, model)
+    with open(os.path.join(model, "chat_template.jinja"), "w") as f:
+        f.write(ESCAPE)
+    before = snapshot(model)
+    line = one_line_error(capsys, ["eval", "--checkpoint", model, "--task", "gym:chain_sum", "--n", "2", "--quiet"])
+    assert f"the chat template of {model} cannot be rendered (SecurityError: " in line
+    assert snapshot(model) == before

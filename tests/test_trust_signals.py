@@ -3,6 +3,7 @@ behind holding a run's lock, and the same command (or --resume) goes on bit-iden
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import torch
 import credo.lab.compare.run as cmp
 import sleepy_worker
 from credo.cli.main import main
+from credo.core.config import UserError
 from credo.lab.compare.presets import resolve_preset
 from credo.train.interrupts import Interrupted, signals_raise
 from credo.policy import load_policy
@@ -126,6 +128,34 @@ def test_a_worker_leaves_once_its_parent_is_gone(tmp_path):
         os.kill(worker, signal.SIGKILL)
     assert not left, "the worker trained on after its parent was killed"
     assert not is_locked(str(tmp_path))
+
+
+def test_a_killed_worker_stops_the_comparison_naming_its_run_and_signal(tmp_path, monkeypatch, saved_policy):
+    """Two real spawned workers, each holding its run's lock; one is killed with SIGKILL (what the kernel's
+    out-of-memory killer sends): one stop naming that run and the signal, no run recorded as failed, and within
+    10 s no worker is left and no lock is held. Before, every run came back as a BrokenProcessPool failure."""
+    monkeypatch.setattr(cmp, "_worker", sleepy_worker.train_forever)
+    preset = resolve_preset("smoke", ("rloo",), (0,), None, None)
+    plan = [(m, s, str(tmp_path / f"{m}-{s}")) for s in preset.seeds for m in preset.methods]
+    for _, _, run_dir in plan:
+        os.makedirs(run_dir)
+    pids: dict[str, int] = {}
+
+    def kill_the_second_once_both_train() -> None:
+        deadline = time.time() + 120
+        while len(pids) < 2 and time.time() < deadline:
+            pids.update({d: int(f.split("-")[1]) for _, _, d in plan for f in os.listdir(d) if f.startswith("started")})
+            time.sleep(0.05)
+        os.kill(pids[plan[1][2]], signal.SIGKILL)
+
+    threading.Thread(target=kill_the_second_once_both_train, daemon=True).start()
+    with pytest.raises(UserError) as stopped:
+        cmp._run_parallel(plan, preset, saved_policy, cmp.tqdm(disable=True), jobs=2)
+    line = str(stopped.value)
+    assert f"training {plan[1][0]} seed 0 ({plan[1][2]}) was stopped by SIGKILL" in line, line
+    assert plan[0][2] not in line and "\n" not in line and "no run failed" in line
+    assert not _gone_within(set(pids.values()), 10.0)
+    assert not any(is_locked(run_dir) for _, _, run_dir in plan)
 
 
 # --- Ctrl-C in `credo train`: one line, exit 130, the resume bit-identical ------------------------------
@@ -264,3 +294,43 @@ def test_a_stopped_comparison_leaves_no_process_and_the_same_command_finishes_it
     assert results["failures"] == {}
     assert sorted(results["methods"]) == ["grpo", "rredcot"]
     assert all(results["methods"][m]["seeds"]["0"]["tokens_generated"] >= 15000 for m in ("grpo", "rredcot"))
+
+
+@pytest.mark.slow
+def test_kill_9_of_one_comparison_worker_is_one_line_and_the_rerun_is_bit_identical(tmp_path, saved_policy):
+    """What the kernel's out-of-memory killer does: SIGKILL to one worker while both train. One line naming that
+    run and SIGKILL, exit 2, no failure-*.txt; the same command then finishes both runs with the logs (but their
+    clocks) of a comparison never interrupted."""
+    from builders import strip_time
+    reference, out = str(tmp_path / "reference"), str(tmp_path / "cmp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(_compare_argv(saved_policy, reference), env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    argv = _compare_argv(saved_policy, out)
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    while _training_steps(out) < 4 and process.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    workers = sorted(_descendants(process.pid))
+    held = {}  # worker pid -> the run whose lock it holds (from /proc/<pid>/fd)
+    for pid in workers:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.endswith(".credo-lock"):
+                    held[pid] = os.path.basename(os.path.dirname(target))
+    victim = next(pid for pid, run in held.items() if run == "rredcot-s0")
+    os.kill(victim, signal.SIGKILL)
+    err = process.communicate(timeout=120)[1].strip().splitlines()
+    assert process.returncode == 2, err
+    lines = [line for line in err if "estimated wall time" not in line]
+    assert len(lines) == 1 and lines[0].startswith("credo compare: error: the worker process training rredcot seed 0 "
+                                                   f"({out}/runs/rredcot-s0) was stopped by SIGKILL"), err
+    assert not [f for f in os.listdir(out) if f.startswith("failure-")]
+    assert not _gone_within(set(workers), 10.0)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)  # the same command
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.load(open(os.path.join(out, "results.json")))["failures"] == {}
+    for name in ("grpo-s0", "rredcot-s0"):
+        assert (strip_time(logged_metrics(os.path.join(out, "runs", name)))
+                == strip_time(logged_metrics(os.path.join(reference, "runs", name)))), name

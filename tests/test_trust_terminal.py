@@ -57,3 +57,14 @@ def test_a_one_line_error_escapes_what_the_user_gave(capsys):
     assert main(["eval", "--task", f"jsonl:/nonexistent{CLEAR}.jsonl", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "\x1b" not in err and "/nonexistent\\x1b[2J.jsonl" in err
+
+
+def test_credo_show_escapes_its_out_path_on_the_wrote_line(saved_policy, tmp_path, capsys):
+    """The `wrote ...` line prints the user's --out: escaped like any data (before, raw: a path could clear the
+    terminal or set its title)."""
+    out = str(tmp_path / f"out{TITLE}{CLEAR}")
+    assert main(["show", "--checkpoint", saved_policy, "--n", "2", "--methods", "grpo", "--set", "group_size=2",
+                 "--set", "max_new_tokens=6", "--out", out, "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "\x1b" not in printed and "\x07" not in printed
+    assert f"wrote {tmp_path}/out\\x1b]0;title\\x07\\x1b[2J/" in printed

@@ -132,3 +132,43 @@ def test_a_malformed_input_to_a_registered_estimator_is_one_line(name, plant, ex
     with pytest.raises(UserError) as err:
         make_verl_estimator(estimator)(token_level_rewards=rewards, response_mask=mask, **kwargs)
     assert "\n" not in str(err.value) and expect in str(err.value), str(err.value)
+
+
+class RefusingWrites:
+    """A batch's TensorDict that refuses to store `refused` (a write failing part-way through apply_credit's)."""
+
+    def __init__(self, tensors, refused):
+        self.tensors, self.refused = tensors, refused
+
+    def __setitem__(self, key, value):
+        if key == self.refused:
+            raise RuntimeError(f"cannot store {key}")
+        self.tensors[key] = value
+
+    def __getitem__(self, key):
+        return self.tensors[key]
+
+    def __delitem__(self, key):
+        del self.tensors[key]
+
+    def __getattr__(self, name):
+        return getattr(self.tensors, name)
+
+
+def test_apply_credit_writes_all_its_fields_or_none(hf_setup):
+    """advantages, returns and credo_cost land together: a bool response_mask credits as the integer one does,
+    and a write failing on the last field leaves the batch as it was (before, advantages and returns stayed)."""
+    policy, task, r = hf_setup
+    credited = []
+    for convert in (lambda m: m, lambda m: m.bool()):
+        batch = to_dataproto(r, task, torch.arange(r.batch_size))
+        batch.batch["response_mask"] = convert(batch.batch["response_mask"])
+        out = apply_credit(batch, "grpo", module=policy.model, tokenizer=policy.tokenizer, task=task, step=3)
+        credited.append(out.batch["advantages"])
+    torch.testing.assert_close(credited[0], credited[1], rtol=0, atol=0)
+    batch = to_dataproto(r, task, torch.arange(r.batch_size))
+    before = {k: v.clone() for k, v in batch.batch.items()}
+    batch.batch = RefusingWrites(batch.batch, "credo_cost")
+    with pytest.raises(RuntimeError, match="cannot store credo_cost"):
+        apply_credit(batch, "grpo", module=policy.model, tokenizer=policy.tokenizer, task=task, step=3)
+    assert set(batch.batch.keys()) == set(before)

@@ -8,6 +8,7 @@ import json
 import os
 
 from credo.cli.options import (add_config_options, add_force_option, input_paths, require_out, show_config)
+from credo.lab.show.view import escape_controls
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -59,7 +60,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     task = ArithTask(config.task, args.task)
     result = evaluate(load_policy(args.out, device=device), task, task.heldout_problems(args.eval_n),
                       progress=not args.quiet)
-    print(f"SFT start in {args.out} (cache {path}); "
+    print(f"SFT start in {escape_controls(args.out)} (cache {escape_controls(path)}); "
           f"validation accuracy {summary.get('val_accuracy', float('nan')):.3f}")
     print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
     return 0
@@ -91,8 +92,8 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
                                   autocast=autocast_dtype(config.dtype)),
                       task, task.heldout_problems(args.eval_n), max_new_tokens=config.max_new_tokens,
                       progress=not args.quiet)
-    print(f"SFT start in {args.out}: validation accuracy {summary['val_accuracy']:.3f} at step {summary['step']} "
-          f"({summary['seconds']:.0f}s)")
+    print(f"SFT start in {escape_controls(args.out)}: validation accuracy {summary['val_accuracy']:.3f} at step "
+          f"{summary['step']} ({summary['seconds']:.0f}s)")
     print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
     return 0
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 from credo.core.compressed import GZIP, read_record, stored_path
 from credo.core.config import UserError
 from credo.core.disk_errors import named_disk_errors
+from credo.core.records import METRICS_FIELDS, checked_record
 
 
 @contextlib.contextmanager
@@ -80,10 +81,11 @@ def atomic_write_json(path: str, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def read_jsonl(path: str, drop_torn_tail: bool = False) -> list[dict]:
+def read_jsonl(path: str, drop_torn_tail: bool = False, fields: dict | None = None) -> list[dict]:
     """Rows of a JSONL file, or of its compressed copy `path.gz` (credo.core.compressed). A line that is not JSON
     is an error naming it, except, with `drop_torn_tail`, an unterminated last line (a write cut short by a kill
-    or a full disk)."""
+    or a full disk). With `fields` (credo.core.records), each row is a JSON object whose numbers among them are
+    checked."""
     if stored_path(path) is None:
         return []
     rows = []
@@ -97,6 +99,8 @@ def read_jsonl(path: str, drop_torn_tail: bool = False) -> list[dict]:
             if drop_torn_tail and line_number == len(lines):  # no newline after it: the write never finished
                 break
             raise UserError(f"{path}:{line_number}: not valid JSON ({err})") from None
+        if fields is not None:
+            checked_record(rows[-1], path, fields, line_number)
     return rows
 
 
@@ -112,7 +116,7 @@ class MetricsLog:
         """The rows up to `step` (a torn last line dropped). With `must_reach` (a resume from step's checkpoint)
         the log must hold step's own row, which is written before its checkpoint: a log cut shorter lost rows
         for good, and this refuses it."""
-        rows = [r for r in read_jsonl(self.path, drop_torn_tail=True) if r.get("step", 0) <= step]
+        rows = [r for r in read_jsonl(self.path, True, METRICS_FIELDS) if r.get("step", 0) <= step]
         if must_reach and step > 0 and not any(r.get("step") == step for r in rows):
             last = max((r.get("step", 0) for r in rows), default=None)
             raise UserError(f"{self.path} ends at step {last} but the checkpoint is at step {step}: rows were lost "
@@ -137,7 +141,7 @@ class MetricsLog:
                 os.close(fd)
 
     def rows(self) -> list[dict]:
-        return read_jsonl(self.path)
+        return read_jsonl(self.path, fields=METRICS_FIELDS)
 
 
 class NullLog:

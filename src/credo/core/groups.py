@@ -36,12 +36,22 @@ def group_rows(group: torch.Tensor) -> dict[int, list[int]]:
     return out
 
 
+FLOAT32_EXACT_BELOW = 1e17
+"""|values| up to which group_mean_std computes in float32: the squared deviations of a group of up to
+MAX_GROUP rows stay far below float32's largest number (3.4e38). Above it (rewards of 1e20 squared are 1e40,
+an inf that made every std inf and every GRPO advantage 0) they are computed in float64."""
+
+
 def group_mean_std(values: torch.Tensor, group: torch.Tensor,
                    unbiased: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """values[B], group[B] -> (mean[B], std[B]) of each row's group, broadcast back to rows.
 
-    unbiased=True is the Bessel-corrected sample std (TRL, verl); a group of one has std 0.
+    unbiased=True is the Bessel-corrected sample std (TRL, verl); a group of one has std 0. Values above
+    FLOAT32_EXACT_BELOW in magnitude are reduced in float64 (the results in the values' dtype).
     """
+    if values.dtype == torch.float32 and values.numel() and float(values.abs().max()) > FLOAT32_EXACT_BELOW:
+        mean, std = group_mean_std(values.double(), group, unbiased)
+        return mean.to(values.dtype), std.to(values.dtype)
     _, inverse, counts = torch.unique(group, return_inverse=True, return_counts=True)
     counts_f = counts.to(values.dtype)
     sums = torch.zeros(len(counts), dtype=values.dtype, device=values.device).index_add_(0, inverse, values)

@@ -18,15 +18,39 @@ from credo.core.config import check
 from credo.core.rollouts import Credit, Rollouts
 from credo.credit.registry import get, wrapped
 
+MAX_WRAPPING = 8
+"""Methods a wrapper may wrap inside one another (`shuffled:of=tempo:options.of=rredcot` wraps 2); each level
+checks and builds the next, so a nesting hundreds deep would exhaust Python's recursion instead."""
+
+
+def wrapping_depth(options: dict) -> int:
+    """How many methods a wrapper wraps inside one another, given `options` (its wrapped method's): 1, plus one
+    for each `of` within them, dotted keys (`options.of`) and nested `options` mappings alike, counted without
+    recursion."""
+    deepest, todo = 1, [(options, 1)]
+    while todo:
+        level, depth = todo.pop()
+        for key, value in level.items():
+            parts = str(key).split(".")
+            below = depth + parts.count("options") + (parts[-1] == "of")
+            deepest = max(deepest, below)
+            if parts[-1] == "options" and isinstance(value, dict):
+                todo.append((value, below))
+    return deepest
+
 
 def check_wrapped(owner: str, of: str, options: dict) -> None:
     """Raise a ValueError naming `credit.of` (or the stray option) unless `of` is a registered estimator other
-    than `owner` whose options `options` are valid; of='' (no wrapped method) takes no options."""
+    than `owner` whose options `options` are valid and nest at most MAX_WRAPPING methods deep; of='' (no
+    wrapped method) takes no options."""
     if not of:
         check(not options, f"credit.{next(iter(options), '')} is not an option of {owner} "
               "(options of a wrapped method need of=<method>)")
         return
     check(of != owner, f"credit.of: {owner} cannot wrap itself")
+    depth = wrapping_depth(options)
+    check(depth <= MAX_WRAPPING, f"credit.options: {owner} wraps methods {depth} deep, over the limit of "
+          f"{MAX_WRAPPING} (a wrapped method's own options.of=... wraps one more)")
     try:
         inner = get(of)
     except KeyError as err:

@@ -9,7 +9,8 @@ and return token weights (Credit.weights), from H_{i,t}, the policy's entropy at
                 which multiplies the per-token loss by the mask and keeps the loss's normaliser;
   gtpo          rows above their group's mean (O+): w = a1 + a2 * d_t * H_{i,t} / sum_{k in O+, live at t} H_{k,t};
                 rows below it (O-): w = a1 + a2 * h_t * H_{i,t}^-1 / sum_{k in O-, live at t} H_{k,t}^-1;
-                d_t, h_t = how many O+ / O- rows are live at position t (ours: weights on GRPO's advantage).
+                d_t, h_t = how many O+ / O- rows are live at position t (ours: weights on GRPO's advantage);
+                form=paper: the paper's shaped token rewards, O+ and O- standardised apart within the group.
 """
 
 from __future__ import annotations
@@ -108,9 +109,16 @@ class GTPOConfig(GroupNormConfig):
     """Weight of the entropy share (the paper's alpha_2; 0: plain GRPO)."""
     h_min: float = 1e-6
     """Floor of H before it is inverted for the O- rows (an entropy-0 token would take the whole share)."""
+    form: str = "weights"
+    """'weights' (ours): the entropy shares as token weights on GRPO's advantage; 'paper': the paper's shaped token
+    rewards, each of O+ (reward > threshold) and O- standardised apart within the group, as textpolicy's
+    paper-exact GTPO (docs/methods.md)."""
+    threshold: float = 0.5
+    """form=paper: a row whose reward exceeds it is in O+ (textpolicy's reward_threshold)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()  # std, eps
+        check(self.form in ("weights", "paper"), f"credit.form must be 'weights' or 'paper', got {self.form!r}")
         check(0 <= self.a1 <= 10, f"credit.a1 must be in [0, 10], got {self.a1}")
         check(0 <= self.a2 <= 10, f"credit.a2 must be in [0, 10], got {self.a2}")
         check(self.a1 + self.a2 > 0, f"credit.a1 + credit.a2 must be > 0, got {self.a1} + {self.a2}")
@@ -144,12 +152,50 @@ def gtpo_weights(entropies: torch.Tensor, mask: torch.Tensor, group: torch.Tenso
     return weights
 
 
+PAPER_EPS = 1e-8  # textpolicy's eps (Remark 2.1): added to H before inverting and to each set's variance
+
+
+def gtpo_paper_advantages(entropies: torch.Tensor, mask: torch.Tensor, group: torch.Tensor, rewards: torch.Tensor,
+                          config: GTPOConfig) -> torch.Tensor:
+    """The paper's GTPO advantages[B, T] from entropies[B, T], mask[B, T], group[B], rewards[B]: per group,
+    O+ tokens get r+ = a1 r_i + a2 d_t H_{i,t} / sum_{O+ live at t} H, O- tokens r- = -(a1 + a2 h_t H^-1 / sum
+    H^-1) (a share is 0 where its position's total is); each set's tokens are then standardised apart
+    (population std + PAPER_EPS under the root). Within a set the outcome's constant cancels: the entropy term
+    carries the credit, and a group with no right (or no wrong) member is credited too."""
+    advantages = torch.zeros_like(entropies, dtype=torch.float64)  # a set's spread can be ~1e-5 of its values
+    live = mask.double()
+    entropies = entropies.double()
+    for rows in group_rows(group).values():
+        index = torch.tensor(rows, dtype=torch.long, device=entropies.device)
+        positive = rewards[index] > config.threshold
+        for side, sign in ((positive, 1.0), (~positive, -1.0)):
+            if not bool(side.any()):
+                continue
+            members, m = index[side], live[index[side]]
+            h = entropies[members] * m
+            score = h if sign > 0 else m / (h + PAPER_EPS)
+            total = score.sum(0)
+            share = torch.where(total > 0, score / total.clamp(min=1e-30), torch.zeros_like(score)) * m.sum(0)
+            if sign > 0:
+                shaped = config.a1 * rewards[members].double()[:, None] + config.a2 * share
+            else:
+                shaped = -(config.a1 + config.a2 * share)
+            values = shaped[m.bool()]
+            mean = values.mean()
+            std = torch.sqrt(((values - mean) ** 2).mean() + PAPER_EPS)
+            advantages[members] = (shaped - mean) / std * m
+    return advantages.float()
+
+
 @register("gtpo", "GTPO-style: GRPO with entropy-weighted token rewards (above-mean rows: high entropy weighs more; "
           "below-mean rows: confident tokens weigh more)", GTPOConfig, uses_model=True)
 def gtpo(rollouts: Rollouts, probe: Probe, config: GTPOConfig) -> Credit:
     mask = rollouts.trainable_mask()
     entropies = token_entropies(rollouts, probe)
+    info = {"entropy_mean": float((entropies * mask).sum() / mask.sum().clamp(min=1))}
+    if config.form == "paper":
+        return Credit(advantages=gtpo_paper_advantages(entropies, mask, rollouts.group,
+                                                       rollouts.rewards.to(mask.device), config), info=info)
     adv = grpo_advantages(rollouts.rewards.float(), rollouts.group, std=config.std, eps=config.eps).to(mask.device)
     weights = gtpo_weights(entropies, mask, rollouts.group, adv, config)
-    return Credit(advantages=adv[:, None] * mask.float(), weights=weights,
-                  info={"entropy_mean": float((entropies * mask).sum() / mask.sum().clamp(min=1))})
+    return Credit(advantages=adv[:, None] * mask.float(), weights=weights, info=info)

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from credo.core.config import UserError, from_dict
+from credo.core.config import ConfigError, UserError, from_dict
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,11 @@ class EstimatorSpec:
         return result
 
 
+MAX_REWARD = 1e100
+"""The largest reward magnitude an estimator takes: group statistics square deviations, which past ~1e150 are
+inf even in float64 (credo.core.groups computes them there above 1e17)."""
+
+
 class NonFiniteReward(UserError):
     """A reward is NaN or infinite; the message names the row."""
 
@@ -101,12 +106,15 @@ def check_rewards(rollouts: Any) -> None:
     advantage (or silently zero a group), so it stops the run, naming the first bad row."""
     rewards = rollouts.rewards
     bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
-    if bad:
-        row = bad[0]
+    huge = (rewards.abs() > MAX_REWARD).nonzero().flatten().tolist() if not bad else []
+    if bad or huge:
+        row = (bad or huge)[0]
         problems = getattr(rollouts, "problems", None) or []
         about = f" (problem {problems[row].key!r})" if row < len(problems) and hasattr(problems[row], "key") else ""
-        raise NonFiniteReward(f"reward of row {row}{about} is {float(rewards[row])}; {len(bad)} of {rewards.numel()} "
-                              "rewards are not finite: the task's reward function must return finite numbers")
+        what = ("are not finite: the task's reward function must return finite numbers" if bad else
+                f"exceed {MAX_REWARD:g} in magnitude, where group statistics lose their meaning: rescale them")
+        raise NonFiniteReward(f"reward of row {row}{about} is {float(rewards[row])}; {len(bad or huge)} of "
+                              f"{rewards.numel()} rewards {what}")
 
 
 _REGISTRY: dict[str, EstimatorSpec] = {}
@@ -153,10 +161,10 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     options = {}
     for item in items:
         if "=" not in item:
-            raise ValueError(f"method {spec!r}: option {item!r} must look like key=value")
+            raise ConfigError(f"method {spec!r}: option {item!r} must look like key=value")
         key, value = item.split("=", 1)
         if key in options:  # the later one would silently win: `shuffled:of=tempo:of=rredcot` shuffles rredcot
-            raise ValueError(f"method {spec!r}: option {key!r} is given twice (the method a wrapped method wraps "
+            raise ConfigError(f"method {spec!r}: option {key!r} is given twice (the method a wrapped method wraps "
                              f"is options.of=..., its options options.<key>=...)")
         options[key] = value
     return name, options

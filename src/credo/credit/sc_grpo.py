@@ -13,7 +13,9 @@ Routing by n_c, the number of correct rollouts in a group of G:
   n_c = 0       a random rollout o_r is the reference; for the others s_i = mean_{t <= min(|o_i|,
                 |o_r|)} f_t (raw f), z-scored among the others (o_r, conditioned on itself, stays out
                 and gets 0) into a diversity pseudo-advantage scaled by alpha (weights 1);
-  n_c in {1, G} plain GRPO (n_c = 1 would collapse entropy onto a single solution).
+  n_c in {1, G} plain GRPO (n_c = 1 would collapse entropy onto a single solution); with
+                `single_correct` (ours, off by default) an n_c = 1 group's wrong members are weighted with
+                the lone correct rollout as their tau, the correct one keeping weight 1.
 References are drawn from per-step, per-group RNGs: seeded by a draw from the run's probe generator
 (seeded by the run seed, saved in checkpoints; the same on every data-parallel shard), `seed` and
 the group id, so steps differ, runs repeat, and shards choose as the whole batch would.
@@ -55,6 +57,10 @@ class SCGRPOConfig:
     seed: int = 0
     """Offset of the per-step, per-group RNG that draws the reference solutions (combined with a draw from the
     run's probe generator)."""
+    single_correct: bool = False
+    """(ours) In a group with exactly one correct rollout, weight its wrong members with that lone verified
+    solution as their teacher's tau (the correct one keeps weight 1: it has no tau but itself); false: the
+    paper's plain GRPO for such groups."""
 
     def __post_init__(self) -> None:
         check(0 < self.quantile < 1, f"credit.quantile must be in (0, 1), got {self.quantile}")
@@ -132,10 +138,28 @@ def weight_from_divergence(D: torch.Tensor, mask: torch.Tensor, quantile: float,
     return D / (D + c) * mask
 
 
-def route(rollouts: Rollouts, seed: str) -> tuple[list[int], list[int], list[tuple[list[int], int]]]:
+def weighted_group_rows(rollouts: Rollouts, single_correct: bool = False) -> list[int]:
+    """The rows SC-GRPO gives token weights (route's weighted rows, which need no draw to find): every member
+    of a group with 2 <= n_c < G, and with single_correct the wrong members of a group with n_c = 1. The
+    other rows get plain GRPO or the diversity term, uniform within the row, so an audit of their credit
+    locates nothing by design."""
+    groups = group_rows(rollouts.group)
+    correct = rollouts.correct.tolist()
+    rows = []
+    for members in groups.values():
+        good = [i for i in members if correct[i]]
+        if 2 <= len(good) < len(members):
+            rows += members
+        elif single_correct and len(good) == 1 and len(members) > 1:
+            rows += [i for i in members if i != good[0]]
+    return sorted(rows)
+
+
+def route(rollouts: Rollouts, seed: str,
+          single_correct: bool = False) -> tuple[list[int], list[int], list[tuple[list[int], int]]]:
     """(weighted rows, their reference rows, n_c = 0 groups as (members but the reference, reference)).
     One generator per group id, seeded by `seed` and the id, so the choices do not depend on which
-    other groups share the batch (data-parallel shards)."""
+    other groups share the batch (data-parallel shards). single_correct: SCGRPOConfig.single_correct."""
     groups = group_rows(rollouts.group)
     correct = rollouts.correct.tolist()
     weighted_rows, weighted_refs, diversity = [], [], []
@@ -146,6 +170,11 @@ def route(rollouts: Rollouts, seed: str) -> tuple[list[int], list[int], list[tup
             for i in members:
                 weighted_rows.append(i)
                 weighted_refs.append(rng.choice([j for j in good if j != i]))
+        elif single_correct and len(good) == 1 and len(members) > 1:
+            for i in members:
+                if i != good[0]:
+                    weighted_rows.append(i)
+                    weighted_refs.append(good[0])
         elif not good and len(members) > 1:
             ref = rng.choice(members)
             diversity.append(([i for i in members if i != ref], ref))
@@ -158,7 +187,7 @@ def route(rollouts: Rollouts, seed: str) -> tuple[list[int], list[int], list[tup
           SCGRPOConfig, uses_model=True)
 def sc_grpo(rollouts: Rollouts, probe: Probe, config: SCGRPOConfig) -> Credit:
     step_seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=probe.generator))  # the same on every shard
-    weighted_rows, weighted_refs, diversity = route(rollouts, f"{step_seed}:{config.seed}")
+    weighted_rows, weighted_refs, diversity = route(rollouts, f"{step_seed}:{config.seed}", config.single_correct)
     mask = rollouts.trainable_mask()
     a_grpo = grpo_advantages(rollouts.rewards, rollouts.group)
     advantages = broadcast(a_grpo, rollouts)

@@ -18,6 +18,11 @@ each their own tracker run, named after their run directory (`grpo-s0`) and grou
 basename of --out). A resumed run reopens its trackers at its checkpoint's step: TensorBoard hides the rows the
 interrupted process logged past it (purge_step); W&B, MLflow and Trackio get a new tracker run of the same name
 that continues from that step. Each backend's package is an optional extra (`pip install 'credo[wandb]'`).
+
+Before a run touches its directory (check_trackers), a local store's folder that is a file, and a remote MLflow
+server that does not answer within CONNECT_TIMEOUT seconds, are one line naming the tracker; a tracker that fails
+to open, or later to log, is one too (TrackerError), raised before the first step for the opening. In a comparison
+it stops the comparison (rerun it once fixed) rather than failing every method.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ import contextlib
 import importlib.util
 import json
 import os
+import socket
 import sys
 import time
+from urllib.parse import urlparse
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from credo.core.config import ConfigError, to_dict
 from credo.core.registry import Registry
@@ -39,6 +46,15 @@ TRACKERS = Registry("tracker")
 
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
 """The import each tracker needs; the extra that installs it has the tracker's name (`credo[mlflow]`)."""
+STORES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlruns"}
+"""The folder under a run's tracking root each local store writes (mlflow's unless MLFLOW_TRACKING_URI is set)."""
+CONNECT_TIMEOUT = 10.0
+"""Seconds a remote tracker (an http(s) MLFLOW_TRACKING_URI) gets to answer a connection, and each MLflow request
+(MLFLOW_HTTP_REQUEST_TIMEOUT, unless set), so an unreachable server is an error, not a run waiting at step 0."""
+
+
+class TrackerError(ConfigError):
+    """A tracker could not be opened or written; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -70,9 +86,12 @@ def checked_names(names: Iterable[str], field: str) -> tuple[str, ...]:
     if names == ["none"]:
         return ()
     known = TRACKERS.names()
+    if "none" in names:  # 'none' is allowed, but only alone: with a tracker it would mean two things
+        raise ConfigError(f"{field}: none means no tracker, so it stands alone; got {','.join(names)} (name the "
+                          f"trackers, of {', '.join(known)}, or none)")
     for name in names:
         if name not in known:
-            raise ConfigError(f"{field}: unknown tracker {name!r}; allowed: {', '.join(known)} (or none)")
+            raise ConfigError(f"{field}: unknown tracker {name!r}; allowed: {', '.join(known)} (or none alone)")
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ConfigError(f"{field} names {', '.join(twice)} twice")
@@ -84,6 +103,43 @@ def check_installed(names: Iterable[str], field: str) -> None:
     for name in names:
         if importlib.util.find_spec(PACKAGES[name]) is None:
             raise ConfigError(f"{field}: {name} is not installed; install it with: pip install 'credo[{name}]'")
+
+
+def check_trackers(names: Iterable[str], field: str, place: "TrackingPlace") -> None:
+    """Before a run starts: each named tracker is installed (check_installed), its local store under `place.root`
+    is a folder where it exists (not a file), and a remote MLflow server answers within CONNECT_TIMEOUT; else a
+    ConfigError (TrackerError) naming `field`."""
+    check_installed(names, field)
+    for name in names:
+        uri = os.environ.get("MLFLOW_TRACKING_URI", "") if name == "mlflow" else ""
+        store = os.path.join(place.root, STORES[name]) if name in STORES and not uri else ""
+        for path in (store, os.path.join(store, place.run_name)) if store else ():
+            if os.path.exists(path) and not os.path.isdir(path):
+                raise TrackerError(f"{field}: {name} keeps its store in {path}, which is a file, not a folder; "
+                                   "move it away")
+        if urlparse(uri).scheme in ("http", "https"):
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(CONNECT_TIMEOUT)))
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+            parsed = urlparse(uri)
+            try:
+                port = parsed.port or (443 if parsed.scheme == "https" else 80)
+                socket.create_connection((parsed.hostname or "", port), timeout=CONNECT_TIMEOUT).close()
+            except (OSError, ValueError) as err:
+                raise TrackerError(f"{field}: mlflow cannot reach MLFLOW_TRACKING_URI={uri} ({err}; waited at "
+                                   f"most {CONNECT_TIMEOUT:g} s)") from None
+
+
+@contextlib.contextmanager
+def named_failure(name: str, what: str) -> Iterator[None]:
+    """A tracker's own exception (a missing API key, a server gone, a folder it cannot write) as one TrackerError
+    naming the tracker and what it was doing."""
+    try:
+        yield
+    except Exception as err:
+        if isinstance(err, TrackerError):
+            raise
+        first = " ".join(str(err).split())[:300]
+        raise TrackerError(f"report_to {name}: {what} failed ({type(err).__name__}: {first})") from None
 
 
 def metric_items(row: dict[str, Any], prefix: str = "") -> dict[str, float]:
@@ -307,25 +363,34 @@ class Trackers:
     """The trackers `report_to` names, opened together, each row and the summary sent to all of them."""
 
     def __init__(self, names: Iterable[str], place: TrackingPlace, config: dict[str, Any]) -> None:
-        self.trackers: list[Tracker] = []
+        self.trackers: list[tuple[str, Tracker]] = []
         try:
             for name in names:
                 opener: Callable[..., Tracker] = TRACKERS.get(name).fn
-                self.trackers.append(opener(place, config))
+                with named_failure(name, "opening the tracker"):
+                    self.trackers.append((name, opener(place, config)))
         except BaseException:
             self.close(failed=True)
             raise
 
     def log_metrics(self, row: dict[str, Any]) -> None:
-        for tracker in self.trackers:
-            tracker.log_metrics(row)
+        for name, tracker in self.trackers:
+            with named_failure(name, f"logging step {row.get('step')}"):
+                tracker.log_metrics(row)
 
     def log_summary(self, summary: dict[str, Any]) -> None:
-        for tracker in self.trackers:
-            tracker.log_summary(summary)
+        for name, tracker in self.trackers:
+            with named_failure(name, "logging the summary"):
+                tracker.log_summary(summary)
 
     def close(self, failed: bool = False) -> None:
-        """Close every tracker (each once; a later call does nothing)."""
+        """Close every tracker (each once; a later call does nothing; a tracker that fails to close is left, so
+        the error that ended the run is the one reported)."""
         trackers, self.trackers = self.trackers, []
-        for tracker in trackers:
-            tracker.close(failed)
+        for name, tracker in trackers:
+            if failed:
+                with contextlib.suppress(Exception):
+                    tracker.close(failed)
+            else:
+                with named_failure(name, "closing the tracker"):
+                    tracker.close(failed)

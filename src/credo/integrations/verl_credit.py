@@ -41,6 +41,7 @@ from credo.integrations import checks as credit_checks
 from credo.integrations.shards import group_ids
 from credo.integrations.verl_batch import check_batch, problem_from_row, reward_field, row_namer
 from credo.policy.base import SamplingConfig
+from credo.core.config import UserError
 from credo.core.probe import Probe, sampling_refusal
 from credo.core.rollouts import Credit, Rollouts
 from credo.core.segment import segmentation_stage
@@ -188,12 +189,33 @@ def apply_credit(batch: Any, estimator: str, *, module: torch.nn.Module, tokeniz
     if where is not None:
         _check_credit(batch, rollouts, folded, spec.name, where)
     advantages = folded * rollouts.trainable_mask().to(folded.device).float()  # response_mask within the completion
-    batch.batch["advantages"] = advantages.to(target)
-    batch.batch["returns"] = advantages.clone().to(target)
     cost = torch.zeros(len(batch), 2)
     cost[0] = torch.tensor([result.cost.tokens_scored, result.cost.tokens_generated], dtype=torch.float32)
-    batch.batch["credo_cost"] = cost.to(target)
+    write_all(batch, {"advantages": advantages.to(target), "returns": advantages.clone().to(target),
+                      "credo_cost": cost.to(target)}, step)
     return batch
+
+
+def write_all(batch: Any, staged: dict[str, torch.Tensor], step: Any) -> None:
+    """Write `staged` into batch.batch all together or not at all: advantages and returns must have the
+    responses' shape (verl indexes them by it), and a write that fails part-way puts back what was there, so a
+    batch is never left half-credited whatever went wrong."""
+    shape = tuple(batch.batch["responses"].shape)
+    for key in ("advantages", "returns"):
+        if tuple(staged[key].shape) != shape:
+            raise UserError(f"verl batch at step {step}: credo's {key} have shape {tuple(staged[key].shape)}, "
+                            f"field 'responses' {shape}")
+    before = {key: batch.batch[key] for key in staged if key in batch.batch.keys()}
+    try:
+        for key, value in staged.items():
+            batch.batch[key] = value
+    except BaseException:
+        for key in staged:
+            if key in before:
+                batch.batch[key] = before[key]
+            elif key in batch.batch.keys():
+                del batch.batch[key]
+        raise
 
 
 def _check_groups(batch: Any, rollouts: Rollouts, where: Any, gather: Callable | None) -> None:

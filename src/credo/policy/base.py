@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -104,13 +104,36 @@ def fit_prompt(encode: Callable[[Prompt], list[int]], prompt: Prompt, limit: int
     """encode(prompt) (a prompt's token ids, template included), cut to at most `limit` tokens by dropping the
     start of its user text (marked `mark`): the end of a question usually holds what it asks. Only when the user
     asked for it (a task's `truncate_prompts`); a template that alone exceeds `limit` is a UserError."""
+    return fitted_prompt(encode, prompt, limit, mark)[1]
+
+
+def prompt_as_read(policy: Any, text: str | Prompt) -> Prompt:
+    """The prompt `policy` reads for `text`: itself, or, where the policy cuts prompts to fit its context
+    (max_prompt_tokens, a task's truncate_prompts), the cut one fit_prompt encodes (what `credo show` displays)."""
+    limit = getattr(policy, "max_prompt_tokens", None)
+    if limit is None:
+        return as_prompt(text)
+    policy.max_prompt_tokens = None  # prompt_row uncut, as the encode fit_prompt is given
+    try:
+        return fitted_prompt(policy.prompt_row, as_prompt(text), limit,
+                             getattr(policy, "truncation_mark", TRUNCATION_MARK))[0]
+    finally:
+        policy.max_prompt_tokens = limit
+
+
+def fitted_prompt(encode: Callable[[Prompt], list[int]], prompt: Prompt, limit: int,
+                  mark: str = TRUNCATION_MARK) -> tuple[Prompt, list[int]]:
+    """(the prompt fit_prompt keeps, its ids): `prompt` itself when it fits."""
     ids = encode(prompt)
     if len(ids) <= limit:
-        return ids
+        return prompt, ids
     user = prompt.user
 
     def cut(drop: int) -> list[int]:
-        return encode(Prompt(mark + user[drop:], prompt.system))
+        return encode(kept(drop))
+
+    def kept(drop: int) -> Prompt:
+        return Prompt(mark + user[drop:], prompt.system)
 
     if len(cut(len(user))) > limit:
         raise UserError(f"a prompt's template alone is {len(cut(len(user)))} tokens, over the {limit} the model's "
@@ -122,7 +145,7 @@ def fit_prompt(encode: Callable[[Prompt], list[int]], prompt: Prompt, limit: int
             high = middle
         else:
             low = middle + 1
-    return cut(high)
+    return kept(high), cut(high)
 
 
 def strip_eos(ids: Sequence[int], eos_id: int) -> list[int]:

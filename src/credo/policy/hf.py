@@ -52,6 +52,28 @@ def refuse_pickled_weights(path: str, field: str = "") -> None:
                         "transformers where you trust the file, then save_pretrained it) and use that directory")
 
 
+CODE_NAMING_FILES = ("config.json", "tokenizer_config.json")
+"""The files of a Hugging Face model directory whose `auto_map` names Python modules in the directory."""
+
+
+def refuse_custom_code(path: str, field: str = "") -> None:
+    """A model directory whose config.json or tokenizer_config.json has an `auto_map` (classes in the folder's own
+    Python, which transformers imports, after asking on stdin) is one line naming the file: no model folder makes
+    credo run code. Loading passes trust_remote_code=False as well, so nothing can prompt even if a file changes
+    between this check and the load."""
+    for name in CODE_NAMING_FILES:
+        file = os.path.join(path, name)
+        try:
+            with open(file, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):  # absent, or unreadable: transformers' own load names it
+            continue
+        if isinstance(data, dict) and "auto_map" in data:
+            where = f"{field}={path!r}: " if field else ""
+            raise UserError(f"{where}{file} has an auto_map naming Python code of the model folder's own, which "
+                            "credo never runs; use a model whose architecture transformers ships")
+
+
 @contextlib.contextmanager
 def quiet_loading() -> Iterator[None]:
     """transformers' 'Loading weights' bar off while a local model loads: an error after it stays one line."""
@@ -96,9 +118,10 @@ class HFPolicy(CompletionScoring):
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
         refuse_pickled_weights(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        refuse_custom_code(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         with quiet_loading():
-            model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, trust_remote_code=False)
         policy = cls(model, tokenizer, device, chat, dtype=dtype, autocast=autocast)
         if lora_r > 0:
             policy.add_lora(lora_r, lora_alpha, lora_targets)
@@ -131,7 +154,14 @@ class HFPolicy(CompletionScoring):
         system_text = "\n\n".join(x for x in ((self.system_prompt if system else None), prompt.system) if x)
         messages = (([{"role": "system", "content": system_text}] if system_text else [])
                     + [{"role": "user", "content": prompt.user}])
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        from jinja2.exceptions import TemplateError  # transformers' chat templates are jinja2, sandboxed
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except TemplateError as err:  # a template that tries to leave the sandbox, or is broken: the model's file
+            first = " ".join(str(err).split())[:200]
+            raise UserError(f"the chat template of {getattr(self.tokenizer, 'name_or_path', '') or 'the model'} "
+                            f"cannot be rendered ({type(err).__name__}: {first}); credo runs it sandboxed and "
+                            "refuses it; fix or remove the model's chat_template") from None
 
     @property
     def context_length(self) -> int | None:

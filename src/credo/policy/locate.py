@@ -43,8 +43,9 @@ def check_policy_path(path: str, field: str) -> str:
         raise ConfigError(f"{field}={path!r}: its policy.json names backend {backend!r}, which needs a Hugging Face "
                           f"config.json, and {path} has none; the checkpoint is incomplete")
     else:
-        from credo.policy.hf import refuse_pickled_weights
+        from credo.policy.hf import refuse_custom_code, refuse_pickled_weights
         refuse_pickled_weights(path, field)
+        refuse_custom_code(path, field)
     from credo.core.state_io import check_safetensors
     check_safetensors(path)  # a damaged header: one line naming the file, before --out is touched
     return path
@@ -92,7 +93,7 @@ def check_context(policy: Any, task: Any, field: str, max_new_tokens: int) -> No
                           f"context of {context} tokens")
     if getattr(task, "truncate_prompts", False):
         policy.max_prompt_tokens = room
-    for problem in task_problems(task):
+    for problem in may_not_fit(policy, task_problems(task), room):
         length = len(policy.prompt_row(problem.prompt))
         if length > room:
             row = (f"{task.path}:{problem.data['line']}" if hasattr(task, "path") and "line" in problem.data
@@ -101,6 +102,36 @@ def check_context(policy: Any, task: Any, field: str, max_new_tokens: int) -> No
                               f"(max_new_tokens) it needs {length + needed}, over the model's context of {context} "
                               "tokens; shorten the row or lower max_new_tokens, or set task_options.truncate_prompts"
                               "=true to cut such prompts to fit")
+
+
+BOUND_SLACK = 8
+"""Tokens allowed, in may_not_fit's bound, for the template's own tokens to split differently around a question
+than around none (a newline that merges with the next one when the question is empty)."""
+BOUND_SAMPLE = 64
+"""The longest prompts may_not_fit always tokenises: on them the bound is checked against the exact count."""
+
+
+def may_not_fit(policy: Any, problems: list[Any], room: int) -> list[Any]:
+    """The problems whose prompt might take more than `room` tokens: those check_context must tokenise. A text of
+    b UTF-8 bytes is at most b tokens (every token of a byte-level BPE, a SentencePiece with byte fallback or a
+    character vocabulary covers at least one byte), so a prompt is at most the tokens of the template around an
+    empty question, plus BOUND_SLACK, plus its own bytes; a prompt under `room` by that bound fits, and only the
+    others are tokenised (a 100,000-row file of short questions: none). The bound is checked on the
+    BOUND_SAMPLE longest prompts, tokenised in any case; where it fails (a tokenizer whose normaliser expands
+    text) every prompt is."""
+    from credo.policy.base import as_prompt
+
+    def size(problem: Any) -> int:
+        prompt = as_prompt(problem.prompt)
+        return len(prompt.user.encode("utf-8", "surrogatepass")) + len((prompt.system or "").encode("utf-8"))
+
+    empty = len(policy.prompt_row(""))
+    sizes = [size(p) for p in problems]
+    longest = sorted(range(len(problems)), key=sizes.__getitem__, reverse=True)[:BOUND_SAMPLE]
+    if any(len(policy.prompt_row(problems[i].prompt)) > empty + BOUND_SLACK + sizes[i] for i in longest):
+        return problems
+    chosen = set(longest)
+    return [p for i, p in enumerate(problems) if i in chosen or empty + BOUND_SLACK + sizes[i] > room]
 
 
 def check_alphabet(alphabet: str, task: Any, field: str) -> None:

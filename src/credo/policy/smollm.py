@@ -38,8 +38,9 @@ def ensure_smollm2() -> str:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     folder, name = os.path.dirname(path), os.path.basename(path)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32,
+                                                 trust_remote_code=False)
     # the GGUF loader leaves a quantizer behind that blocks training and saving: drop it
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):

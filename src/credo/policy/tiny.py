@@ -36,6 +36,7 @@ class TinyPolicy(CompletionScoring):
 
     system_prompt: str | None = None  # no system turn: a bound task system prompt is not rendered
     max_prompt_tokens: int | None = None  # set: prompts are cut to fit (a task's truncate_prompts)
+    truncation_mark = ""  # where a cut prompt lost its start: none, since '…' is not in its alphabet
     clamps_generation = True  # `sample` stops at model.max_len: a prompt needs room for one new token only
 
     def __init__(self, model: GPT, tokenizer: CharTokenizer, device: str | torch.device = "cpu") -> None:
@@ -66,8 +67,7 @@ class TinyPolicy(CompletionScoring):
             return self.tokenizer.encode(render_plain(prompt), bos=True)
         if self.max_prompt_tokens is None:
             return encode(text)
-        # no mark: '…' is not in its alphabet
-        return fit_prompt(encode, as_prompt(text), self.max_prompt_tokens, mark="")
+        return fit_prompt(encode, as_prompt(text), self.max_prompt_tokens, mark=self.truncation_mark)
 
     @property
     def context_length(self) -> int:

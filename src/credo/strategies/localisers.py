@@ -32,6 +32,7 @@ from typing import Sequence
 
 import torch
 
+from credo.core.config import ConfigError
 from credo.core.registry import Registry
 from credo.core.values import suffix_values
 from credo.policy.base import SamplingConfig
@@ -147,6 +148,22 @@ def unreadable(policy, texts: Sequence[str]) -> str:  # noqa: ANN001
     if not isinstance(alphabet, str):
         return ""
     return "".join(sorted(set("".join(texts)) - set(alphabet)))
+
+
+def check_can_ask(policy, task, field: str) -> None:  # noqa: ANN001
+    """Refuses, naming `field` (set to 'prompt'), a prompt localiser that could never be answered, before a run
+    starts rather than at its first reset: a task without a localisation request, or a character-level policy
+    whose alphabet lacks a character of the request's own wording (a start not trained with localisation
+    examples; the steps quoted in it are the policy's own text, which it can read)."""
+    builder = getattr(task, "localisation_prompt", None)
+    if builder is None:
+        raise ConfigError(f"{field}=prompt needs a task with a localisation request (localisation_prompt); task "
+                          f"{getattr(task, 'name', '?')!r} has none: use value, random or oracle")
+    missing = unreadable(policy, [builder(problem, ["", ""]) for problem in task.heldout_problems(1)])
+    if missing:
+        raise ConfigError(f"{field}=prompt needs a policy that can read the task's localisation request; this "
+                          f"tiny policy's alphabet lacks {missing!r} (a start trained with localisation examples "
+                          "can: sft:arith-long-skilled)")
 
 
 def localisation_requests(rollouts: Rollouts, rows: Sequence[int], probe: Probe,

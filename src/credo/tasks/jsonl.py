@@ -65,6 +65,12 @@ def _parse_row(raw: bytes, max_question_chars: int) -> Problem:
     if not question.strip():
         raise ValueError("empty question")
     data = {"solution": row["solution"]} if isinstance(row.get("solution"), str) else {}  # RREDCoT's reference tail
+    for name, value in (("question", question), ("answer", str(row["answer"])), *data.items()):
+        try:  # JSON's \ud800 escapes can spell a lone surrogate, which no UTF-8 text (a prompt, a log) can hold
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"{name} holds a lone UTF-16 surrogate (\\u{ord(value[err.start]):04x} at character "
+                             f"{err.start}), which is not text") from None
     return Problem(key=question, prompt=question, answer=str(row["answer"]), data=data)
 
 

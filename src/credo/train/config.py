@@ -251,6 +251,19 @@ def flatten_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def comparable_config(tree: dict[str, Any]) -> dict[str, Any]:
+    """flatten_config of a config dict (to_dict of a TrainConfig, or what a checkpoint recorded) with its credit
+    options as the method's estimator's whole config, so that an option at its default compares equal whether a
+    run recorded it (`credit: {eps: 1.0e-06}`) or left it out (`credit: {}`, as an older credo wrote them)."""
+    tree = dict(tree)
+    try:
+        spec = methods.estimator_of(str(tree.get("method", "")))
+        tree["credit"] = to_dict(spec.make_config(dict(tree.get("credit") or {})))
+    except (ValueError, KeyError, TypeError):
+        pass  # options the estimator refuses: compared as recorded, so the difference shows
+    return flatten_config(tree)
+
+
 def config_from_run(run_dir: str) -> TrainConfig:
     """The config a run directory was made with. An empty or truncated config.yaml is an error, never defaults."""
     path = os.path.join(run_dir, "config.yaml")

@@ -10,7 +10,8 @@ A comparison's worker processes (`--jobs` > 1) are stopped by their parent (`sto
 SIGKILL after a grace period. A worker ignores SIGINT (a terminal's Ctrl-C reaches the whole foreground process
 group; the parent decides), leaves on SIGTERM or SIGHUP after unwinding its run, and leaves by itself when its
 parent is gone (killed with SIGKILL, which no process can handle), so it never trains on as an orphan that
-holds its run's lock.
+holds its run's lock. A worker that dies by itself (the kernel's out-of-memory killer, `kill -9`) is named with
+its task and the signal that ended it (TaskWorkers), and the comparison stops in one line.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import signal
 import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 from tqdm import tqdm
 
@@ -100,8 +101,54 @@ def workers_stopped_on_interrupt() -> Iterator[None]:
 _busy = False  # whether this worker is running a task (a stop then unwinds it) or waiting for one (it just leaves)
 
 
-def worker_started(parent_pid: int) -> None:
-    """Initializer of a comparison's worker process (see the module docstring)."""
+_announce: Any = None  # the parent's queue, on which each task tells which process runs it (run_announced)
+
+
+class TaskWorkers:
+    """Which worker process of a pool runs which task: each task, as it begins in a worker (run_announced), puts
+    (task index, process id) on `queue`, passed to worker_started. A pool whose worker died fails every task it
+    held with BrokenProcessPool, naming neither the task nor the cause; `died` finds both."""
+
+    def __init__(self, context: Any) -> None:
+        self.queue = context.SimpleQueue()
+        self.pid_of: dict[int, int] = {}
+
+    def drain(self) -> None:
+        while not self.queue.empty():
+            index, pid = self.queue.get()
+            self.pid_of[index] = pid
+
+    def died(self, processes: dict[int, Any], tasks: list[int]) -> tuple[list[int], str]:
+        """Of `tasks` (their futures broken), the ones whose process died by a signal, and that signal's name;
+        `processes` (pid -> multiprocessing Process, the pool's, joined). A worker the pool itself stopped
+        after the death (SIGTERM, which its handler turns into exit status 143) is not one; when no process
+        died by another signal, every task of `tasks` and how the first of them ended. A task index -1: a worker
+        died between tasks."""
+        self.drain()
+        ended = {i: processes[self.pid_of[i]].exitcode for i in tasks if self.pid_of.get(i) in processes}
+        killed = [i for i, code in ended.items() if code is not None and code < 0 and -code != signal.SIGTERM]
+        chosen = killed or sorted(i for i in tasks if i >= 0)
+        code = ended[chosen[0]] if chosen and chosen[0] in ended else next(
+            (p.exitcode for p in processes.values() if (p.exitcode or 0) < 0), None)  # one idle between tasks
+        if code is None:
+            return chosen, "an unknown cause"
+        number = -code if code < 0 else code - 128
+        with contextlib.suppress(ValueError):
+            return chosen, signal.Signals(number).name
+        return chosen, f"exit status {code}"
+
+
+def run_announced(index: int, fn: Any, *args: Any) -> Any:
+    """In a worker: tell the parent (TaskWorkers) that this process runs task `index`, then run fn(*args)."""
+    if _announce is not None:
+        _announce.put((index, os.getpid()))
+    return fn(*args)
+
+
+def worker_started(parent_pid: int, announce: Any = None) -> None:
+    """Initializer of a comparison's worker process (see the module docstring); `announce`: TaskWorkers' queue."""
+    global _announce
+    _announce = announce
     # tqdm's default lock is a multiprocessing semaphore, which a stopped worker (os._exit) would leave for the
     # resource tracker to report as leaked, on the parent's stderr; a worker's bars are off, a thread lock will do
     tqdm.set_lock(threading.RLock())

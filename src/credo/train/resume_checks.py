@@ -16,10 +16,11 @@ import os
 from typing import Any
 
 from credo.core.config import ConfigError, UserError, dump_yaml, to_dict
+from credo.core.records import METRICS_FIELDS
 from credo.core.files import (atomic_write_text, claim_output, holds_only_own_files, is_locked, last_checkpoint,
                               read_jsonl)
 from credo.core.state_io import CorruptStateError
-from credo.train.config import TrainConfig, config_from_run, flatten_config
+from credo.train.config import TrainConfig, comparable_config, config_from_run
 
 
 # fields a resume may change in config.yaml: none of them changes what training does (report_to: where it is
@@ -36,7 +37,7 @@ def config_changes(saved: dict[str, Any] | None, config: TrainConfig) -> list[st
     side has (one added to TrainConfig since) is not a difference."""
     if saved is None:
         return []
-    old, new = flatten_config(saved), flatten_config(to_dict(config))
+    old, new = comparable_config(saved), comparable_config(to_dict(config))
     return [f"train.{k}: checkpoint {old[k]!r}, now {new[k]!r}" for k in sorted(set(old) & set(new))
             if k not in MAY_CHANGE + MAY_MOVE and old[k] != new[k]]
 
@@ -74,7 +75,7 @@ def check_restartable(run_dir: str, config: TrainConfig) -> None:
     if os.path.exists(os.path.join(run_dir, "summary.json")) or os.path.isdir(os.path.join(run_dir, "final")):
         raise CorruptStateError(f"{run_dir} finished, but its checkpoints/ is missing: nothing to resume from "
                                 "(start a new run with --out)")
-    rows = read_jsonl(os.path.join(run_dir, "metrics.jsonl"), drop_torn_tail=True)
+    rows = read_jsonl(os.path.join(run_dir, "metrics.jsonl"), drop_torn_tail=True, fields=METRICS_FIELDS)
     last = max((int(r.get("step", 0)) for r in rows), default=0)
     if last > config.checkpoint_every:  # step checkpoint_every's checkpoint was written before step +1 was logged
         raise CorruptStateError(f"{run_dir}: metrics.jsonl reaches step {last}, past the checkpoint of step "

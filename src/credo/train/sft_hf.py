@@ -176,6 +176,9 @@ def check_sft_inputs(config: HFSFTConfig):  # noqa: ANN201
     if config.start not in ALIASES and not os.path.isfile(os.path.join(config.start, "config.json")):
         raise ConfigError(f"sft.start={config.start!r} is neither 'smollm2-135m' nor a Hugging Face model directory "
                           "(no config.json)")
+    if config.start not in ALIASES:
+        from credo.policy.hf import refuse_custom_code
+        refuse_custom_code(config.start, "sft.start")
     return task
 
 

@@ -30,6 +30,7 @@ from credo.policy import bind_task, check_policy_path, load_policy
 from credo.policy.base import Policy
 from credo.policy.device import autocast_dtype, device_name, resolve_device, resolve_dtype
 from credo.strategies import Collected, SamplingContext, Strategy
+from credo.strategies.localisers import check_can_ask
 from credo.tasks import make_task
 from credo.train.config import TrainConfig
 from credo.train.distributed import DataParallel, Sharded
@@ -60,6 +61,10 @@ class TrainerStep:
         # reusing the run continues on it, and moving it elsewhere is asked for explicitly (docs/gpu.md)
         self.config = config = replace(config, device=device_name(policy.device))
         self.policy = bind_task(policy, self.task, "train.start", config.sampling.max_new_tokens)  # now, not mid-run
+        for field, localiser in (("train.reset.localiser", config.strategy == "resets" and config.reset.localiser),
+                                 ("train.credit.localiser", config.credit.get("localiser"))):
+            if localiser == "prompt":  # a request the policy cannot read: refused now, not at the first reset
+                check_can_ask(self.policy, self.task, field)
         self.reference = self.policy.copy() if config.loss.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad], lr=config.lr,
                                            betas=(config.beta1, config.beta2), weight_decay=config.weight_decay,
@@ -166,7 +171,7 @@ class TrainerStep:
         if self.dp is not None and c.loss.aggregation == "token-mean":
             local = float(mask.sum())
             scale = local * self.dp.world / max(self.dp.sum(local), 1.0)
-        stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "grad_norm": 0.0, "update_norm": 0.0}
         n_updates = 0
         self.policy.model.train()
         for _ in range(c.epochs):
@@ -190,7 +195,9 @@ class TrainerStep:
                     self.dp.average_gradients(trainable)
                 grad_norm = torch.nn.utils.clip_grad_norm_(trainable, c.grad_clip)
                 self.check_finite(loss, grad_norm)
+                before = [p.detach().clone() for p in trainable]
                 self.optimizer.step()
+                stats["update_norm"] += update_norm(trainable, before)
                 stats["loss"] += float(loss.detach())
                 stats["clip_frac"] += s["clip_frac"]
                 stats["kl"] += s["kl"]
@@ -249,3 +256,10 @@ def validation_split(task: Any, config: TrainConfig) -> list:
 
 class TrainingDiverged(UserError):
     """Training produced a non-finite loss or gradient; the message names the step and the last good checkpoint."""
+
+
+def update_norm(parameters: list[torch.Tensor], before: list[torch.Tensor]) -> float:
+    """||theta_after - theta_before||_2 over the trainable parameters: the size of one optimiser update after
+    Adam's normalisation, what gradient-norm clipping does not show (a method clipped on every step runs
+    normalised-gradient Adam, its updates no smaller than an unclipped method's)."""
+    return float(torch.sqrt(sum(((p.detach() - b).double() ** 2).sum() for p, b in zip(parameters, before))))

@@ -23,7 +23,7 @@ from credo.core.config import dump_yaml, to_dict
 from credo.core.files import KIND_MARKER, MetricsLog, NullLog, atomic_directory, atomic_write_text, run_lock
 from credo.core.state_io import (CorruptStateError, check_safetensors, load_state, optimizer_state,
                                  optimizer_state_dict, save_state, verify_manifest, write_manifest)
-from credo.integrations.tracking import TrackingPlace, check_installed, closing_trackers, open_trackers
+from credo.integrations.tracking import TrackingPlace, check_trackers, closing_trackers, open_trackers
 from credo.policy.base import Policy
 from credo.train.config import TrainConfig, config_from_run, load_train_config  # noqa: F401  (re-exported)
 from credo.train.eta import format_seconds, seconds_left, steps_ahead
@@ -43,8 +43,9 @@ class Trainer(TrainerStep):
                  accept_unrecorded_checkpoint: bool = False, tracking: TrackingPlace | None = None) -> None:
         self.on_step = on_step
         self.accept_unrecorded_checkpoint = accept_unrecorded_checkpoint  # resume_checks.check_resumable
-        check_installed(config.report_to, "train.report_to")  # before a model loads or --out is touched
         self.tracking, self.trackers = tracking or TrackingPlace.for_run(run_dir), None  # opened by begin()
+        # installed, its store a folder, a remote one answering: before a model loads or --out is touched
+        check_trackers(config.report_to, "train.report_to", self.tracking)
         loaded_commit()  # summary.json's credo_commit, read while what is on disk is the code this process loaded
         super().__init__(config, run_dir, policy, progress)
         self.log = MetricsLog(os.path.join(run_dir, "metrics.jsonl"))

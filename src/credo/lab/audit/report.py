@@ -200,6 +200,35 @@ def score_row(credit: Sequence[torch.Tensor], reference: Sequence[torch.Tensor],
             "cost_vs_grpo_step": (cost["tokens_scored_per_trace"] + cost["tokens_generated_per_trace"]) / trace_tokens}
 
 
+ROUTED = " · routed rows"
+"""Suffix of an audit row scored on the rows a routing estimator weights (SC-GRPO: groups with 2 <= n_c < G)."""
+
+
+def routed_rows(methods: list[tuple[str, str, Any]], credits: dict[str, list[torch.Tensor]],
+                rows: dict[str, dict[str, float]], rollouts: Any, reference: Sequence[torch.Tensor], labels: Labels,
+                trace_tokens: float) -> dict[str, dict[str, float]]:
+    """SC-GRPO's credit scored again on the rows it weights only, with `routed_share` (those rows' share of the
+    traces) and `routed_share_labelled` (of the wrong traces with a labelled first error): the other rows get
+    GRPO's or the diversity term's row-constant credit by design, and blended in they say how often SC-GRPO
+    routes, not whether its weights locate the error. credits: each method's segment credit, by label."""
+    from credo.credit.sc_grpo import weighted_group_rows
+    out = {}
+    for label, name, options in methods:
+        if name != "sc_grpo" or label not in credits:
+            continue
+        keep = weighted_group_rows(rollouts, options.single_correct)
+        credit = credits[label]
+        sub = Labels([labels.first[i] for i in keep], [labels.localisable[i] for i in keep])
+        cost = {k: rows[label][k] for k in ("tokens_scored_per_trace", "tokens_generated_per_trace",
+                                            "seconds_per_trace")}
+        row = score_row([credit[i] for i in keep], [reference[i] for i in keep], sub, cost, trace_tokens)
+        labelled = [i for i, f in enumerate(labels.first) if f is not None]
+        out[label + ROUTED] = {**row, "routed_share": len(keep) / max(len(labels.first), 1),
+                               "routed_share_labelled": (sum(i in set(keep) for i in labelled) / len(labelled)
+                                                         if labelled else float("nan"))}
+    return out
+
+
 def random_expectation(reference: Sequence[torch.Tensor], first_errors: Sequence[int | None]) -> float:
     """Expected first_error_top1 of a uniform guess: mean of 1/(segments) over the labelled traces."""
     values = [1.0 / len(r) for r, f in zip(reference, first_errors) if f is not None and f < len(r)]
@@ -227,6 +256,9 @@ def markdown_table(report: dict[str, Any]) -> str:
     privileged = set(cfg.get("privileged_methods", ()))
     for name, m in report["methods"].items():
         mark = " †" if name in privileged else ""
+        if "routed_share" in m:  # routed_rows: the rows a routing estimator weights, and their share
+            mark += (f" ({100 * m['routed_share']:.0f}% of traces, {_figure(m['routed_share_labelled'])} of the "
+                     "labelled wrong ones)")
         lines.append(f"| {name}{mark} | {m['spearman']:.3f} | {m['spearman_localisable']:.3f} | {m['pairwise']:.3f} | "
                      f"{m['pairwise_localisable']:.3f} | {m['first_error_top1']:.3f} | "
                      f"{m['first_error_top1_localisable']:.3f} | {m['tokens_scored_per_trace']:.0f} | "
@@ -286,6 +318,22 @@ def plot_audit(report: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
+def pick_figures(picks: Sequence[int], first: Sequence[int]) -> dict[str, dict[str, float]]:
+    """Where a localiser resets, as SRPO uses it: `share_by_step`, the share of its resets at each step
+    ('1', '2', ...; 1-based), and `top1_by_position`, its first-error top-1 split by where the first error lies
+    ('step 1', 'steps 2-3', 'steps 4+'). picks and first: 0-based steps, one per wrong trace."""
+    n = max(len(picks), 1)
+    counts: dict[int, int] = {}
+    for k in picks:
+        counts[k] = counts.get(k, 0) + 1
+    shares = {str(k + 1): c / n for k, c in sorted(counts.items())}
+    buckets: dict[str, list[int]] = {}
+    for k, e in zip(picks, first):
+        buckets.setdefault("step 1" if e == 0 else "steps 2-3" if e <= 2 else "steps 4+", []).append(int(k == e))
+    return {"share_by_step": shares,
+            "top1_by_position": {b: sum(hits) / len(hits) for b, hits in sorted(buckets.items())}}
+
+
 def localiser_table(loc: dict[str, Any]) -> str:
     lines = [f"## Reset localisers ({loc['traces']} incorrect traces with a labelled first error before their last "
              f"segment; each parent valued alone, as at training time; the oracle resets at step 1 in "
@@ -304,4 +352,15 @@ def localiser_table(loc: dict[str, Any]) -> str:
                      f"{_figure(m.get('parse_rate'))} |")
     for name, why in loc["failures"].items():
         lines.append(f"| {name} | failed: {why} |" + " |" * 8)
+    if "oracle_share_by_step" in loc:  # audits from before the split have none
+        steps = sorted({k for m in [loc["oracle_share_by_step"], *(m.get("share_by_step", {}) for m in
+                                                                  loc["localisers"].values())] for k in m}, key=int)
+        lines += ["", "Share of resets at each step (the oracle's: where the first errors lie), and top-1 by where "
+                  "the first error lies:", "", "| localiser | " + " | ".join(f"step {k}" for k in steps)
+                  + " | top-1 by first-error position |", "|---|" + "---|" * (len(steps) + 1)]
+        for name, shares in [("oracle (first errors)", loc["oracle_share_by_step"]),
+                             *((n, m.get("share_by_step", {})) for n, m in loc["localisers"].items())]:
+            split = loc["localisers"].get(name, {}).get("top1_by_position", {})
+            lines.append(f"| {name} | " + " | ".join(f"{shares.get(k, 0.0):.2f}" for k in steps) + " | "
+                         + (", ".join(f"{b} {v:.2f}" for b, v in split.items()) or "—") + " |")
     return "\n".join(lines) + "\n"

@@ -55,6 +55,7 @@ from credo.core.rollouts import Rollouts
 from credo.core.files import atomic_write_json, atomic_write_text, cache_root
 from credo.core.segment import SEGMENTERS, default_segmenter, segment_means
 from credo.lab.audit.report import (FLOORS, METRICS, Labels, fidelity, first_error_top1, floor_credit,  # noqa: F401
+                                    pick_figures, routed_rows,
                                 weight_concentration, localisable_errors, localiser_table, markdown_table,
                                 most_frequent_position, first_errors,
                                 checked_methods, pairwise_rank, parse_method, plot_audit, score_row,
@@ -239,8 +240,7 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
     config = with_task_segmenter(config, task)
     data = build_reference(config, checkpoint, progress)
     rollouts, segment_ids = data.rollouts, data.segment_ids
-    reference = data.reference.differences()
-    n = rollouts.batch_size
+    reference, n = data.reference.differences(), rollouts.batch_size
     first = first_errors(task, rollouts)
     labels = Labels(first, localisable_errors(data.reference, first))
     prior = most_frequent_position(first, reference)
@@ -258,6 +258,8 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> dict[
 
     credits: dict[str, Any] = {}  # label -> Credit, for the show grid of audit.html
     failures = score_methods(config, methods, on_device, segments_on_device, policy, task, progress, record, credits)
+    rows.update(routed_rows(methods, {label: segment_credit_of(c, segments_on_device) for label, c in credits.items()},
+                            rows, on_device, reference, labels, data.trace_tokens))
     rows["mc_reference"] = score_row(reference, reference, labels, data.reference_cost, data.trace_tokens)
     split_half = split_half_spearman(data.reference)
     reliability = 2 * split_half / (1 + split_half) if split_half > -1 else float("nan")
@@ -361,6 +363,7 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
     out: dict[str, Any] = {
         "traces": len(rows), "oracle_step1_share": sum(first[i] == 0 for i in rows) / max(len(rows), 1),
         "random_top1_expectation": sum(1 / (len(reference.values[i]) - 1) for i in rows) / max(len(rows), 1),
+        "oracle_share_by_step": pick_figures([first[i] for i in rows], [first[i] for i in rows])["share_by_step"],
         "localisers": {}, "failures": {},
         "privileged_localisers": [n for n in config.localisers if LOCALISERS.get(n).reads_privileged()]}
     sampling = SamplingConfig(config.temperature, 1.0, config.max_new_tokens)
@@ -387,7 +390,7 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
             "reset_success": success / n, "after_error_success": after / n, "clean_prefix_gain": (success - after) / n,
             "tokens_scored_per_trace": spent.tokens_scored / n,
             "tokens_generated_per_trace": spent.tokens_generated / n, **parse_figures(notes),
-        }
+            **pick_figures(picks, [first[i] for i in rows])}
     ran = out["localisers"]
     out["privileged_localisers"] = [n for n in out["privileged_localisers"]  # `self` that asked the policy reads none
                                     if ran.get(n, {}).get("resolved", "value") != "prompt"]

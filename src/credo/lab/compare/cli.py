@@ -16,6 +16,7 @@ from dataclasses import replace
 from credo.cli.options import (add_config_options, add_force_option, check_inputs, csv_flags, flag_values, input_paths,
                               require_out, show_config)
 from credo.core.config import ConfigError
+from credo.lab.show.view import escape_controls
 from credo.train.interrupts import Interrupted
 
 
@@ -80,7 +81,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if args.force or args.report_only or args.status:
             raise ConfigError("--export copies --out's finished runs and nothing else: it takes no --force, "
                               "--report-only or --status")
-        print(describe(export(out, args.export), args.export))
+        print(escape_controls(describe(export(out, args.export), args.export)))  # paths the user gave
         return 0
     if args.status:  # read-only: safe beside the running comparison
         from credo.lab.compare.status import status_text

@@ -11,8 +11,10 @@ estimate of a run is
     steps = ceil(remaining budget / generated tokens of the timed step)
     seconds = steps x seconds of the timed step + evaluations x seconds of one evaluation
 
-and the comparison's is the sum over the runs still to do, divided by the jobs run at once. It is rough:
-step cost drifts as completions lengthen or shorten, and two jobs slow each other a little.
+and the comparison's is the sum over the runs still to do, divided by the jobs run at once, plus the start
+audit and the premise checks that follow the training (after_training_seconds: their completions at the timed
+evaluation's cost per completion). It is rough: step cost drifts as completions lengthen or shorten, and two jobs
+slow each other a little.
 
 Above an hour the comparison starts only when confirmed: `--yes`, or "y" at the prompt when stdin is a
 terminal. A non-interactive run (a script, nohup, CI) above an hour without `--yes` is refused with one
@@ -34,6 +36,9 @@ from typing import Any, Callable
 from tqdm import tqdm
 
 from credo.core.config import ConfigError
+from credo.core.records import COUNT, SECONDS, number
+from credo.lab.compare.presets import Preset, run_config
+from credo.lab.compare.runs import progress_of, run_result
 
 HOUR = 3600.0
 ESTIMATE_FILE = "estimate.json"
@@ -82,7 +87,8 @@ def timed_steps(out_dir: str) -> dict[str, tuple[Timing, str]]:
 
 def _timing(entry: dict[str, Any]) -> Timing:
     """One per_method entry of estimate()'s dict as a Timing."""
-    return Timing(float(entry["seconds_per_step"]), max(int(entry["tokens_per_step"]), 1))
+    return Timing(number(entry["seconds_per_step"], "seconds_per_step", SECONDS),
+                  max(int(number(entry["tokens_per_step"], "tokens_per_step", COUNT)), 1))
 
 
 def keep_estimate(out_dir: str, estimate_: dict[str, Any]) -> None:
@@ -210,3 +216,65 @@ def confirm(estimate_seconds: float, *, yes: bool, interactive: bool, ask: Calla
             return
         raise ConfigError("not started (answered no); pass --yes to start without asking")
     raise ConfigError(f"estimated wall time {describe(estimate_seconds)} is over an hour: pass --yes to start it")
+
+
+def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
+                       progress: bool = False) -> dict[str, Any]:
+    """Estimates the wall time of the runs still to do (estimate): a method with finished runs in `plan`
+    is costed from their own clocks, every other one by timing one step of it."""
+    finished: dict[str, list[dict[str, Any]]] = {}
+    for spec, _, run_dir in plan:
+        if os.path.exists(os.path.join(run_dir, "summary.json")):
+            finished.setdefault(spec, []).append(run_result(run_dir))
+    pending = [(spec, seed, preset.token_budget - progress_of(run_dir, preset.token_budget)[0])
+               for spec, seed, run_dir in plan if not os.path.exists(os.path.join(run_dir, "summary.json"))]
+    measured = {spec: measured_timing(runs) for spec, runs in finished.items()}
+    measured = {spec: timing for spec, timing in measured.items() if timing is not None}
+    first_seed: dict[str, int] = {}
+    for spec, seed, _ in pending:
+        if spec not in measured:
+            first_seed.setdefault(spec, seed)
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+    timings, eval_seconds = (time_methods(list(first_seed.items()), lambda m, s: run_config(m, s, preset, start),
+                                          threads, progress) if first_seed else ({}, 0.0))
+    if (pending or preset.audit_n > 0 or preset.premise_n > 0) and not first_seed:  # no step to time: evaluation
+        eval_seconds = time_evaluation(run_config(preset.methods[0], preset.seeds[0], preset, start), threads)
+    out = estimate([(spec, left) for spec, _, left in pending], {**timings, **measured}, eval_seconds,
+                   eval_every_tokens=preset.eval_every_tokens, final_eval_ratio=preset.final_eval_n / preset.eval_n,
+                   jobs=jobs, measured=frozenset(measured))
+    after = after_training_seconds(preset, eval_seconds)
+    return {**out, **after, "seconds": out["seconds"] + sum(after.values())}
+
+
+STEPS_UNKNOWN = 4
+"""Steps a trace is taken to have where the task's problems carry no worked solution to count them from."""
+
+
+def after_training_seconds(preset: Preset, eval_seconds: float) -> dict[str, float]:
+    """{audit_seconds, premise_seconds}: the start audit (preset.audit_n traces, k_ref Monte-Carlo continuations
+    from each step boundary, each on average half a trace long) and the premise checks (preset.premise_n traces
+    of the start and of each final policy of a method that rests on a premise, plus a reply to each localiser's
+    request), costed in completions at the timed evaluation's seconds per completion. Rough, and long rather
+    than short: a reference or a premise measurement kept from an earlier start is counted as if measured again."""
+    from credo.lab.audit.premises import premises_of
+    per_completion = eval_seconds / max(preset.eval_n, 1)
+    audit = preset.audit_n * (1 + preset.audit_k_ref * steps_per_trace(preset) / 2) if preset.audit_n > 0 else 0
+    premise = 0.0
+    if preset.premise_n > 0:
+        needs = [premises_of(m) for m in preset.methods]
+        policies = 1 + len(preset.seeds) * sum(bool(teacher or loc) for teacher, loc in needs)
+        premise = preset.premise_n * policies * (1 + any(loc for _, loc in needs)) if policies > 1 else 0.0
+    return {"audit_seconds": round(audit * per_completion, 1), "premise_seconds": round(premise * per_completion, 1)}
+
+
+def steps_per_trace(preset: Preset) -> float:
+    """The mean number of steps of the task's worked solutions (of 8 held-out problems), STEPS_UNKNOWN without."""
+    from credo.tasks import make_task
+    task = make_task(preset.task, preset.train.get("task_options", {}))
+    counts = []
+    for problem in task.heldout_problems(8):
+        lines = (task.solution_lines(problem) if hasattr(task, "solution_lines")
+                 else getattr(task, "reference_solution", lambda p: None)(problem))
+        if lines:
+            counts.append(len(lines))
+    return sum(counts) / len(counts) if counts else STEPS_UNKNOWN

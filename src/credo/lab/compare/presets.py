@@ -19,7 +19,7 @@ from credo.integrations import tracking
 from credo.core.config import (MAX_EPOCHS, MAX_HELD_OUT, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigError, check,
                                parse_yaml_value, to_dict)
 from credo.policy.device import check_device_fields
-from credo.train.config import config_from_run, flatten_config, load_train_config
+from credo.train.config import comparable_config, config_from_run, load_train_config
 
 ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain", "rredcot", "ibpo",
                "sc_grpo", "rrpo", "srpo")
@@ -138,6 +138,14 @@ PRESETS = {
 # protocol itself (so its grpo and rredcot runs are the long grid's), with controls and no start audit. The credo
 # method is the one the rule of docs/methods.md chose on the validation split (docs/results/beyond-seeds/selection/),
 # before this ran.
+# DAPO's recipe with credit: on the skilled start DAPO is the strongest row (+2.5 over GRPO) and ties or beats every
+# credit method, and users run DAPO-style recipes; does any credit add to it? The long-skilled protocol, with DAPO's
+# settings (clip-higher, token-mean, dynamic sampling, fitted overlong penalty) on each method's credit.
+PRESETS["dapo-credit"] = replace(PRESETS["long-skilled"], methods=(
+    "grpo", "dapo", "dapo:of=rredcot:options.include_reference=false",
+    "dapo:of=tempo:options.of=rredcot:options.include_reference=false", "dapo:of=ibpo:options.preserve_mass=false",
+    "dapo:of=sc_grpo"),
+    note="the long-skilled protocol and budget, every method on DAPO's recipe (dapo:of=<estimator>)")
 PRESETS["beyond"] = replace(PRESETS["long"], audit_n=0, methods=(
     "grpo", "rredcot", "tempo", "lambda_grpo", "entropy_mask", "gtpo", "otb", "prefix_shaping", CREDO_METHOD,
     CREDO_CONTROL, "shuffled:of=tempo:level=token"))
@@ -150,7 +158,8 @@ class CompareConfig:
     preset: str = "quick"
     """quick (~15 min, 1 seed, 4 methods), full (3 seeds, every method and the shuffled controls), long
     (arith-long, 12 methods incl. controls, 5 seeds), long-skilled (round two on the skilled arith-long start, 13
-    methods, 5 seeds; --start sft:arith-long-skilled), smollm2 (SmolLM2-135M on gym:chain_sum, 2 seeds; needs
+    methods, 5 seeds; --start sft:arith-long-skilled), dapo-credit (long-skilled's protocol, credit methods on
+    DAPO's recipe: dapo:of=<estimator>), smollm2 (SmolLM2-135M on gym:chain_sum, 2 seeds; needs
     --start), smollm2-long (round two on 5-8 term chains, 3 seeds; needs --start) or smoke (tests)."""
     methods: tuple[str, ...] | None = None
     """Methods instead of the preset's, each a name or name:key=value (e.g. shuffled:of=rredcot); grpo is
@@ -242,8 +251,10 @@ def run_config(spec: str, seed: int, preset: Preset, start: str, report_to: tupl
     spec's options as the estimator's credit options. The shared schedule goes under the recipe: a recipe
     that sets its own schedule (a paper's setting) keeps it in any comparison. report_to: the run's trackers.
     A reset recipe's `localiser` option (srpo:localiser=prompt) is its reset's localiser, not a credit option."""
-    from credo.train.methods import resolve
+    from credo.train.methods import RECIPES, resolve
     name, options = parse_spec(spec)
+    if name in RECIPES and "of" in options:  # 'dapo:of=rredcot:...': the spec is the method, its options the recipe's
+        name, options = spec, {}
     reset = {}
     if "localiser" in options and resolve(name).defaults.get("strategy") == "resets":
         reset = {**preset.train.get("reset", {}), "localiser": options.pop("localiser")}
@@ -303,8 +314,8 @@ def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str)
     for method, seed, run_dir in plan:
         if not os.path.exists(os.path.join(run_dir, "config.yaml")):
             continue
-        old = flatten_config(to_dict(config_from_run(run_dir)))
-        new = flatten_config(to_dict(run_config(method, seed, preset, start)))
+        old = comparable_config(to_dict(config_from_run(run_dir)))  # default-valued credit options as such
+        new = comparable_config(to_dict(run_config(method, seed, preset, start)))
         for recorded in (old, new):  # the default start named by a path (another checkout's, the cache's) is ''
             if is_default_start(recorded.get("start", ""), preset.task):
                 recorded["start"] = ""
@@ -312,19 +323,22 @@ def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str)
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k != "report_to")
         if changed:
             moved = f"pass --device {old['device']} to continue it where it ran, " if "device" in changed else ""
+            done = os.path.exists(os.path.join(run_dir, "summary.json"))  # removing it would train it again
+            then = ("it finished: `credo compare --report-only` rebuilds the report from it as it is, or choose a new "
+                    "--out" if done else "choose a new --out or remove that run directory")
             raise ConfigError(f"{run_dir} was made with a different config "
                               f"({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed[:4])}); "
-                             f"{moved}choose a new --out or remove that run directory")
+                              f"{moved}{then}")
 
 
 def check_method_specs(specs: tuple[str, ...], where: str) -> None:
     """Every spec names a known method (`name` or `name:key=value`); else a one-line ConfigError naming it."""
     for spec in specs:
         try:
-            method_registry.estimator_of(parse_spec(spec)[0], where)
+            method_registry.estimator_of(spec, where)
         except ConfigError:  # an unknown name: estimator_of's error already names `where`
             raise
-        except ValueError as err:  # a malformed option ('name:key')
+        except ValueError as err:
             raise ConfigError(f"{where}: {err.args[0] if err.args else err}") from None
 
 

@@ -23,14 +23,7 @@ from credo.lab.compare.goals import (corrected, goals, points, points_corrected,
                                      unprivileged)
 from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, VS_GRPO_FAMILY, control_pairs,
                                      correct_family, equal_updates, figure, grpo_first_evaluations, method_clipping,
-                                     paired, paired_deltas, resolution)
-
-
-def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
-    for point in curve:
-        if point["accuracy"] >= target and point["tokens_generated"] > 0:
-            return point["tokens_generated"]
-    return None
+                                     paired, paired_deltas, resolution, tokens_to_reach)
 
 
 def summarise(results: dict[str, Any]) -> None:
@@ -97,9 +90,12 @@ def _audit_row(results: dict[str, Any], name: str) -> dict[str, Any]:
     if name in audit:  # a spec with options ('shuffled:of=rredcot') is its own audit row
         return audit[name]
     try:
-        estimator = method_registry.estimator_of(parse_spec(name)[0]).name
-    except ConfigError:  # a method this version no longer knows: its audit row cannot be matched
+        row = method_registry.credit_spec(name)  # 'dapo:of=rredcot' trains with rredcot's credit
+    except (ConfigError, KeyError, ValueError):  # a method this version no longer knows: no row to match
         return {}
+    if row in audit:
+        return audit[row]
+    estimator = parse_spec(row)[0]
     # a recipe on GRPO advantages (dapo, gspo, rrpo, srpo) has no credit of its own to audit
     return audit.get(estimator, {}) if (estimator != "grpo" or name == "grpo") else {}
 

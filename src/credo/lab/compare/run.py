@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 from credo.train import methods as method_registry
 from credo.lab.compare import eta as compare_eta
+from credo.lab.compare.eta import estimate_wall_time
 from credo.lab.audit.run import AuditConfig, run_audit
 from credo.lab.compare.report import goals, plot_curves, report, summarise  # noqa: F401  (re-exported)
 from credo.lab.compare.presets import (ALL_METHODS, PRESETS, Preset, check_reusable, protocol,  # noqa: F401  (re-exported)
@@ -47,8 +48,10 @@ from credo.lab.compare.runs import clear_failure, failure_path, progress_of, run
 from credo.credit.registry import parse_spec
 from credo.core.config import ConfigError, UserError
 from credo.core.disk_errors import DiskError, as_disk_error, is_disk_error
-from credo.train.interrupts import Interrupted, worker_started, worker_task, workers_stopped_on_interrupt
-from credo.integrations.tracking import TrackingPlace, check_installed, checked_names
+from credo.core.records import check_run_result
+from credo.train.interrupts import (Interrupted, TaskWorkers, run_announced, worker_started, worker_task,
+                                    workers_stopped_on_interrupt)
+from credo.integrations.tracking import TrackerError, TrackingPlace, check_trackers, checked_names
 from credo.policy.device import device_name, resolve_device, resolve_dtype
 from credo.train.provenance import loaded_commit
 from credo.core.files import atomic_write_json, atomic_write_text, is_locked, run_lock
@@ -83,6 +86,8 @@ def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, ba
         except Exception as err:
             if is_disk_error(err):  # the machine's, not the method's: every later run would fail the same way
                 raise as_disk_error(err) from err
+            if isinstance(err, TrackerError):  # the same: a tracker fails every run, whatever its method
+                raise
             outcomes.append((None, traceback.format_exc()))
         bar.update(preset.token_budget - state["tokens"])
     return outcomes
@@ -98,16 +103,27 @@ def _worker(method: str, seed: int, preset: Preset, start: str, run_dir: str, th
         except Exception as err:
             if is_disk_error(err):  # raised to the parent, which stops the grid (DiskError pickles from its parts)
                 raise as_disk_error(err) from err
+            if isinstance(err, TrackerError):  # the same (a tracker fails every run), and it pickles
+                raise
             return None, traceback.format_exc()
 
 
-def _executor(jobs: int) -> Any:
+def _executor(jobs: int, workers: TaskWorkers) -> Any:
     """The worker pool of _run_parallel: `jobs` spawned processes (no forked torch thread pools), each of which
-    leaves when its parent stops it or is gone (credo.train.interrupts.worker_started)."""
+    leaves when its parent stops it or is gone, and says which run it trains (credo.train.interrupts)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=worker_started, initargs=(os.getpid(),))
+                               initializer=worker_started, initargs=(os.getpid(), workers.queue))
+
+
+def worker_died(plan: list[tuple[str, int, str]], died: tuple[list[int], str]) -> UserError:
+    """The one line of a comparison whose worker process died (the kernel's out-of-memory killer, `kill -9`):
+    the run it trained and what ended it. No run has failed: the pool stopped the others, which resume."""
+    runs = " or ".join(f"{plan[i][0]} seed {plan[i][1]} ({plan[i][2]})" for i in died[0]) or "no run"
+    return UserError(f"the worker process training {runs} was stopped by {died[1]} (the kernel's out-of-memory "
+                     "killer sends SIGKILL); no run failed: the others were stopped at once and keep their last "
+                     "checkpoints; rerun the same command to go on (finished runs are reused)")
 
 
 def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm, jobs: int,
@@ -115,39 +131,45 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
     """Runs `plan` `jobs` at a time. A run is submitted only when a worker is free: a process pool starts
     what it is handed ahead of time, so a full disk (DiskError) then stops the grid with no run begun after
     it; the runs already going are waited for (on that disk they fail at their next write), then it raises."""
+    import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, wait
+    from concurrent.futures.process import BrokenProcessPool
 
     threads = max(1, (os.cpu_count() or 1) // jobs)
     outcomes: dict[int, tuple[Any, str | None]] = {}
-    shown, queued, stop = 0, list(enumerate(plan))[::-1], None  # popped from the end: plan order
+    shown, queued, stop, broken = 0, list(enumerate(plan))[::-1], None, []  # popped from the end: plan order
     futures: dict[Any, int] = {}
-    with _executor(jobs) as pool, workers_stopped_on_interrupt():  # no worker trains on, holding its lock
+    workers = TaskWorkers(multiprocessing.get_context("spawn"))
+    with _executor(jobs, workers) as pool, workers_stopped_on_interrupt():  # no worker trains on, holding its lock
+        processes = pool._processes  # pid -> Process; the pool drops it at shutdown, when the exit codes are known
         def submit_next() -> set[Any]:
-            while queued:
-                i, (method, seed, run_dir) = queued.pop()
-                try:
-                    future = pool.submit(_worker, method, seed, preset, start, run_dir, threads, report_to)
-                except Exception:  # a pool broken by a worker that died: each run left fails, and is reported
-                    outcomes[i] = (None, traceback.format_exc())
-                    continue
-                futures[future] = i
-                return {future}
-            return set()
+            if not queued or broken:  # a broken pool takes no task: what is left resumes on the rerun
+                return set()
+            i, (method, seed, run_dir) = queued[-1]
+            try:
+                future = pool.submit(run_announced, i, _worker, method, seed, preset, start, run_dir, threads,
+                                     report_to)
+            except BrokenProcessPool:  # a worker died between runs: no run of its to name
+                broken.append(-1)
+                return set()
+            futures[future] = queued.pop()[0]
+            return {future}
         pending: set[Any] = set()
         for _ in range(jobs):
             pending |= submit_next()
         while pending:
             done, pending = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
+            workers.drain()
             for future in done:
                 try:
                     outcomes[futures[future]] = future.result()
-                except DiskError as err:
+                except (DiskError, TrackerError) as err:
                     stop = stop or err
                     if pending:
-                        print(f"credo compare: stopping on a refused write; waiting for {len(pending)} running "
-                              "run(s)", file=sys.stderr, flush=True)
-                except Exception:  # the worker itself died (killed, out of memory)
-                    outcomes[futures[future]] = (None, traceback.format_exc())
+                        print(f"credo compare: stopping ({err}); waiting for {len(pending)} running run(s)",
+                              file=sys.stderr, flush=True)
+                except BrokenProcessPool:  # a worker died (killed, out of memory): stopped below, not a failure
+                    broken.append(futures[future])
                 if stop is None:
                     pending |= submit_next()
             started = sorted((futures[f], *progress_of(plan[futures[f]][2], preset.token_budget)) for f in pending)
@@ -157,6 +179,8 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
             shown = now
             running = ", ".join(f"{plan[i][0]} seed {plan[i][1]} step {step}" for i, _, step in started[:jobs])
             bar.set_description(f"{len(outcomes)}/{len(plan)} runs done" + (f"; running {running}" if running else ""))
+    if broken:
+        stop = stop or worker_died(plan, workers.died(processes, broken))
     if stop is not None:
         raise stop
     return [outcomes[i] for i in range(len(plan))]
@@ -195,34 +219,6 @@ def default_start(task: str, progress: bool) -> str:
     return ensure_sft(progress=progress)
 
 
-def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
-                       progress: bool = False) -> dict[str, Any]:
-    """Estimates the wall time of the runs still to do (compare_eta): a method with finished runs in `plan`
-    is costed from their own clocks, every other one by timing one step of it."""
-    finished: dict[str, list[dict[str, Any]]] = {}
-    for spec, _, run_dir in plan:
-        if os.path.exists(os.path.join(run_dir, "summary.json")):
-            finished.setdefault(spec, []).append(run_result(run_dir))
-    pending = [(spec, seed, preset.token_budget - progress_of(run_dir, preset.token_budget)[0])
-               for spec, seed, run_dir in plan if not os.path.exists(os.path.join(run_dir, "summary.json"))]
-    measured = {spec: compare_eta.measured_timing(runs) for spec, runs in finished.items()}
-    measured = {spec: timing for spec, timing in measured.items() if timing is not None}
-    first_seed: dict[str, int] = {}
-    for spec, seed, _ in pending:
-        if spec not in measured:
-            first_seed.setdefault(spec, seed)
-    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
-    timings, eval_seconds = (compare_eta.time_methods(list(first_seed.items()),
-                                                      lambda m, s: run_config(m, s, preset, start),
-                                                      threads, progress) if first_seed else ({}, 0.0))
-    if pending and not first_seed:  # every remaining method is costed from its runs: only the evaluation is timed
-        eval_seconds = compare_eta.time_evaluation(run_config(pending[0][0], pending[0][1], preset, start), threads)
-    return compare_eta.estimate([(spec, left) for spec, _, left in pending], {**timings, **measured}, eval_seconds,
-                                eval_every_tokens=preset.eval_every_tokens,
-                                final_eval_ratio=preset.final_eval_n / preset.eval_n, jobs=jobs,
-                                measured=frozenset(measured))
-
-
 def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = None,
             seeds: tuple[int, ...] | None = None,
             start: str | None = None, progress: bool = True, jobs: int | None = None,
@@ -247,7 +243,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     preset = resolve_preset(preset_name, methods, seeds, token_budget, schedule, task, eval_split, audit_n,
                             premise_n)
     report_to = checked_names(report_to, "compare.report_to")
-    check_installed(report_to, "compare.report_to")  # before any timing or training
+    check_trackers(report_to, "compare.report_to", TrackingPlace(out_dir, ""))  # before any timing or training
     jobs = preset.jobs if jobs is None else jobs
     if jobs < 1:
         raise ConfigError(f"jobs (--jobs) must be >= 1, got {jobs}")
@@ -268,7 +264,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
                                "final_eval_n": preset.final_eval_n, "note": preset.note,
                                "protocol": protocol(preset, start, jobs), "methods": {}, "failures": {}}
     began = time.time()
-    results["estimate"] = estimate_wall_time(plan, preset, start, jobs, progress)  # training only, not the audit
+    results["estimate"] = estimate_wall_time(plan, preset, start, jobs, progress)  # the audit and premises too
     if confirm is not None:
         confirm(results["estimate"]["seconds"])
     elif progress:
@@ -369,7 +365,11 @@ def rewrite_report(out_dir: str) -> dict[str, Any]:
                 run_dir = os.path.join(out_dir, "runs", run_dir_name(method, int(seed)))
                 if os.path.exists(os.path.join(run_dir, "summary.json")):
                     entry["seeds"][seed] = run_result(run_dir)
+                else:  # its numbers as recorded: checked as a run's own files are
+                    check_run_result(entry["seeds"][seed], f"{path}: methods.{method}.seeds.{seed}")
         write_report(results, out_dir)
+    except UserError:
+        raise
     except KeyError as err:  # a hand-edited or truncated results.json (CREDO_DEBUG=1 shows where)
         raise UserError(f"{path} lacks the field {err} that the report needs") from None
     except (ValueError, TypeError, AttributeError) as err:
@@ -383,9 +383,8 @@ def audit_rows(preset: Preset, start: str, out_dir: str, progress: bool, device:
     from credo import credit
     estimators = []
     for spec in preset.methods:
-        name, options = parse_spec(spec)
-        estimator = method_registry.estimator_of(name).name
-        row = spec if options else estimator  # 'shuffled:of=rredcot' is audited with its options
+        row = method_registry.credit_spec(spec)  # 'shuffled:of=rredcot' is audited with its options
+        estimator = parse_spec(row)[0]
         if estimator in credit.names() and row not in estimators and estimator != "grpo":
             estimators.append(row)
     config = AuditConfig(checkpoint=start, task=preset.task, n=preset.audit_n,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from typing import Any
 
 import yaml
@@ -13,6 +14,7 @@ import yaml
 from credo.lab.compare.presets import run_dir_name
 from credo.lab.compare.stats import clipping, stalled_seconds
 from credo.core.files import MetricsLog
+from credo.core.records import METRICS_FIELDS, SUMMARY_FIELDS, checked_record, read_record
 from credo.train.config import TrainConfig
 from credo.train.shaping import OVERLONG_FIT_PROBLEMS
 
@@ -34,9 +36,15 @@ def run_result(run_dir: str) -> dict[str, Any]:
     """One finished training run as results.json records it, read from its run directory. Its `seconds`
     and `seconds_per_step` leave out stalled steps (compare_stats.stalled_seconds); its curve keeps the
     training clock as logged."""
-    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    summary = read_record(os.path.join(run_dir, "summary.json"), SUMMARY_FIELDS,
+                          required=("step", "tokens_generated", "seconds", "final_accuracy"))
     config = recorded_config(run_dir)
-    rows = MetricsLog(os.path.join(run_dir, "metrics.jsonl")).rows()
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    rows = MetricsLog(metrics).rows()
+    for row in rows:  # a curve point needs its position (every credo wrote them)
+        if "eval_accuracy" in row:
+            checked_record(row, f"{metrics} (an eval_accuracy row)", {}, required=("step", "tokens_generated",
+                                                                                   "seconds"))
     curve = [{"step": r["step"], "tokens_generated": r["tokens_generated"], "seconds": r["seconds"],
               "accuracy": r["eval_accuracy"]} for r in rows if "eval_accuracy" in r]
     steps = [r for r in rows if r.get("step", 0) > 0]
@@ -45,12 +53,14 @@ def run_result(run_dir: str) -> dict[str, Any]:
     # a paused process's clock is not the method's cost: its stalled steps count at the run's median step
     stalled, stalled_steps = stalled_seconds([float(r["seconds"]) for r in steps if "seconds" in r])
     norms = [float(r["grad_norm"]) for r in steps if "grad_norm" in r]
+    updates = [float(r["update_norm"]) for r in steps if "update_norm" in r]  # runs from before it: none
     return {"curve": curve, "final_accuracy": summary["final_accuracy"], "steps": summary["step"],
             "tokens_generated": summary["tokens_generated"], "seconds": summary["seconds"] - stalled,
             "stalled_seconds": stalled, "stalled_steps": stalled_steps,
             "seconds_per_step": (summary["seconds"] - stalled) / max(summary["step"], 1),
             "tokens_scored": steps[-1].get("tokens_scored", 0) if steps else 0,
             **(clipping(norms, run_grad_clip(config)) if norms else {}), **run_overlong(config, summary),
+            **({"update_norm_median": statistics.median(updates)} if updates else {}),
             **({"commit": summary["credo_commit"]} if "credo_commit" in summary else {})}
 
 
@@ -96,8 +106,8 @@ def progress_of(run_dir: str, budget: int) -> tuple[int, int]:
         lines = f.read().splitlines()
     for line in reversed(lines):
         try:
-            row = json.loads(line)
+            row = checked_record(json.loads(line), path, METRICS_FIELDS)
             return min(int(row.get("tokens_generated", 0)), budget), int(row.get("step", 0))
-        except (ValueError, json.JSONDecodeError):
-            continue  # a line being written
+        except ValueError:
+            continue  # a line being written (or a damaged one: the run's own reads name it)
     return 0, 0

@@ -147,6 +147,14 @@ def excludes_zero(interval: dict[str, Any], direction: int) -> bool | None:
     return low > 0 if direction > 0 else high < 0
 
 
+def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
+    """Generated tokens at a run's first evaluation at or above `target` (its start left out); None if never."""
+    for point in curve:
+        if point["accuracy"] >= target and point["tokens_generated"] > 0:
+            return point["tokens_generated"]
+    return None
+
+
 def paired_deltas(a: dict[str, Any], b: dict[str, Any], value: Any) -> list[float]:
     """value(run_a) - value(run_b) for every seed both methods finished; value(run) may be None (skipped)."""
     out = []
@@ -280,14 +288,17 @@ def clipping(grad_norms: list[float], clip: float) -> dict[str, Any]:
 
 
 def method_clipping(runs: dict[str, Any]) -> dict[str, Any] | None:
-    """One method's clipping over its seeds: the mean of the runs' clipped shares and the median of their
-    median norms; None when no run recorded gradient norms."""
+    """One method's clipping over its seeds: the mean of the runs' clipped shares, the median of their median
+    pre-clip gradient norms and of their median update sizes after AdamW (`update_norm`; None unless every run
+    recorded it); None when no run recorded gradient norms."""
     recorded = [r for r in runs.values() if r.get("clipped_share") is not None]
     if not recorded:
         return None
+    updates = [r["update_norm_median"] for r in recorded if r.get("update_norm_median") is not None]
     return {"clipped_share": statistics.mean(r["clipped_share"] for r in recorded),
             "grad_norm_median": statistics.median(r["grad_norm_median"] for r in recorded),
-            "grad_clip": sorted({r["grad_clip"] for r in recorded}), "runs": len(recorded)}
+            "grad_clip": sorted({r["grad_clip"] for r in recorded}), "runs": len(recorded),
+            "update_norm_median": statistics.median(updates) if len(updates) == len(recorded) else None}
 
 
 def figure(value: Any, pattern: str = "{:.3f}") -> str:

@@ -22,6 +22,7 @@ from credo.lab.compare.goals import points
 from credo.lab.compare.stats import paired, paired_deltas, stalled_seconds
 from credo.core.config import ConfigError
 from credo.core.files import read_jsonl
+from credo.core.records import METRICS_FIELDS
 from credo.train.config import config_from_run
 
 
@@ -42,7 +43,7 @@ def run_state(run_dir: str, budget: int, failure_file: str) -> dict[str, Any]:
 def _clock_so_far(metrics_path: str) -> dict[str, Any] | None:
     """{steps, seconds, tokens_generated} a part-way run has logged (stalled steps left out), shaped like a
     run_result for compare_eta.measured_timing; None before its first step."""
-    rows = [r for r in read_jsonl(metrics_path, drop_torn_tail=True) if r.get("step", 0) > 0 and "seconds" in r]
+    rows = [r for r in read_jsonl(metrics_path, True, METRICS_FIELDS) if r.get("step", 0) > 0 and "seconds" in r]
     if not rows:
         return None
     clock = [float(r["seconds"]) for r in rows]

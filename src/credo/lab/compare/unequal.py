@@ -57,12 +57,14 @@ def clipping_lines(results: dict[str, Any], shown: Callable[[str], str]) -> list
              "it mostly equalises the steps' weights in the moment estimates (a method clipped on every step runs "
              "normalised-gradient Adam). The concentration that makes a method's norm large is its own "
              "normalisation of credit, not the clip.", "",
-             "| method | steps above the clip (mean over seeds) | median pre-clip gradient norm | clip |",
-             "|---|---|---|---|"]
+             "| method | steps above the clip (mean over seeds) | median pre-clip gradient norm | clip | median "
+             "update size after AdamW, ‖Δθ‖ per update (— : runs from before it was logged) |",
+             "|---|---|---|---|---|"]
     for name, c in rows:
         clip = ", ".join(f"{v:g}" for v in c["grad_clip"])
+        size = c.get("update_norm_median")
         lines.append(f"| {shown(name)} | {100 * c['clipped_share']:.0f}% | {c['grad_norm_median']:.2f} | "
-                     f"{clip} |")
+                     f"{clip} | {'—' if size is None else f'{size:.3g}'} |")
     return lines + [""]
 
 

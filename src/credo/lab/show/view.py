@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from credo.core.config import check
+from credo.policy.base import prompt_as_read
 from credo.policy.device import autocast_dtype, check_device_fields, resolve_device, resolve_dtype
 
 
@@ -150,7 +151,8 @@ def build_page(title: str, subtitle: str, task: Any, policy: Any, rollouts: Any,
                 ref_value=float(values[k + 1]) if values is not None else None,
                 ref_diff=float(values[k + 1] - values[k]) if values is not None else None))
         firsts.append(first if first is not None and first < len(segments) else None)
-        traces.append(Trace(j + 1, rollouts.problems[row].prompt, bool(rollouts.correct[row]), firsts[-1], segments))
+        shown = prompt_as_read(policy, rollouts.problems[row].prompt).user  # as the model read it (cut to fit)
+        traces.append(Trace(j + 1, shown, bool(rollouts.correct[row]), firsts[-1], segments))
     row_ids = torch.tensor(list(rows), dtype=torch.long)
     summary = []
     for r in runs:
@@ -336,7 +338,7 @@ def cmd_show(args: Any) -> int:
     claim_output(out, "show", force=args.force,  # both the path given and the policy it names (a run's final/)
                  inputs=input_paths(args.config, config.checkpoint, config.task) + (policy_dir,))
     path = run_show(replace(config, checkpoint=policy_dir), out, terminal=args.terminal, progress=not args.quiet)
-    print(f"wrote {path}")
+    print(f"wrote {escape_controls(path)}")  # the path is the user's --out: escaped like any data
     return 0
 
 
