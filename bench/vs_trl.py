@@ -1,8 +1,11 @@
 """credo's trainer vs TRL's GRPOTrainer: the same tiny HF model, prompts, group size, lengths and
 optimiser schedule (one AdamW step per generated batch), both with GRPO advantages, timed in one run. Prints
 credo's step time over TRL's (goal <= 0.5) and where credo's step time goes, phase by phase.
+With `--lora R` both train the same LoRA adapters (rank R, alpha 16, every linear layer of the attention and the
+MLP, no dropout: credo's `lora.*` settings, TRL's `peft_config`), and credo's full-weight step is timed in the same
+run beside them.
 
-Usage: python bench/vs_trl.py [--steps 4] [--model tiny|smollm2-135m]
+Usage: python bench/vs_trl.py [--steps 4] [--model tiny|smollm2-135m] [--lora R]
 """
 
 from __future__ import annotations
@@ -28,15 +31,20 @@ PROMPTS, GROUP, LENGTH = SIZES["tiny"]
 PHASES = ("collect", "prepare", "segment", "assign_credit", "update")  # TrainerStep.train_step's phases, in order
 
 
-def credo_step_seconds(model_dir: str, steps: int) -> tuple[float, dict[str, float]]:
+LORA_ALPHA = 16
+
+
+def credo_step_seconds(model_dir: str, steps: int, lora_r: int = 0) -> tuple[float, dict[str, float]]:
     """(seconds per step, {phase: seconds per step}) of credo's trainer on TRL's schedule: one optimiser
-    step per generated batch (epochs=1, minibatches=1, TRL's default steps_per_generation)."""
+    step per generated batch (epochs=1, minibatches=1, TRL's default steps_per_generation); LoRA adapters of
+    rank `lora_r` when > 0."""
     from credo.train.trainer import Trainer, load_train_config
+    lora = [f"lora.r={lora_r}", f"lora.alpha={LORA_ALPHA}", "lora.target_modules=all-linear"] if lora_r else []
     config = load_train_config(None, [f"start={model_dir}", "task=gym:chain_sum", f"prompts_per_step={PROMPTS}",
                                       f"group_size={GROUP}", f"sampling.max_new_tokens={LENGTH}", f"lr={LR}",
                                       "epochs=1", "minibatches=1", "beta2=0.999", "eval_n=1", "final_eval_n=0",
                                       # TRL's default optimiser (GRPOConfig.optim = adamw_torch_fused)
-                                      "fused_adamw=true"])
+                                      "fused_adamw=true", *lora])
     spent = dict.fromkeys(PHASES, 0.0)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(config, tmp, progress=False)
@@ -55,7 +63,7 @@ def credo_step_seconds(model_dir: str, steps: int) -> tuple[float, dict[str, flo
         return (time.perf_counter() - start) / steps, {k: v / steps for k, v in spent.items()}
 
 
-def trl_step_seconds(model_dir: str, steps: int) -> float:
+def trl_step_seconds(model_dir: str, steps: int, lora_r: int = 0) -> float:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -75,7 +83,7 @@ def trl_step_seconds(model_dir: str, steps: int) -> float:
         trainer = GRPOTrainer(model=model, processing_class=tokenizer,
                               reward_funcs=lambda completions, **kw: [float(len(c) % 2)
                                                                       for c in completions], args=args,
-                              train_dataset=Dataset.from_list(rows))
+                              train_dataset=Dataset.from_list(rows), peft_config=peft_config(lora_r))
         times: list[float] = []
         from transformers import TrainerCallback
 
@@ -91,12 +99,23 @@ def trl_step_seconds(model_dir: str, steps: int) -> float:
         return sum(times[1:]) / max(len(times) - 1, 1)
 
 
+def peft_config(lora_r: int) -> object:
+    """The peft LoraConfig TRL gets for credo's `lora.r=lora_r` settings (None: full weights)."""
+    if not lora_r:
+        return None
+    from peft import LoraConfig
+    return LoraConfig(r=lora_r, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules="all-linear",
+                      task_type="CAUSAL_LM")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--model", choices=tuple(SIZES), default="tiny",
                         help="tiny random Llama (8 x 4 completions of <= 32 tokens) or SmolLM2-135M-Instruct "
                              "(2 x 4 of <= 64, the sizes credo uses for it on a CPU)")
+    parser.add_argument("--lora", type=int, default=0, metavar="R",
+                        help="both train LoRA adapters of rank R (credo's full-weight step timed beside them)")
     args = parser.parse_args()
     global PROMPTS, GROUP, LENGTH
     PROMPTS, GROUP, LENGTH = SIZES[args.model]
@@ -110,17 +129,24 @@ def main() -> None:
         else:
             from credo.policy.smollm import ensure_smollm2
             model_dir = ensure_smollm2()
-        ours, phases = credo_step_seconds(model_dir, args.steps)
-        theirs = trl_step_seconds(model_dir, args.steps)
-    rows = [{"trainer": "credo", "seconds_per_step": ours, "ratio_to_trl": ours / theirs},
-            {"trainer": "trl GRPOTrainer", "seconds_per_step": theirs, "ratio_to_trl": 1.0}]
-    rows += [{"trainer": f"credo: {name}", "seconds_per_step": seconds, "ratio_to_trl": seconds / theirs}
+        ours, phases = credo_step_seconds(model_dir, args.steps, args.lora)
+        theirs = trl_step_seconds(model_dir, args.steps, args.lora)
+        full = credo_step_seconds(model_dir, args.steps)[0] if args.lora else None
+    adapter = f" (LoRA r={args.lora})" if args.lora else ""
+    rows = [{"trainer": f"credo{adapter}", "seconds_per_step": ours, "ratio_to_trl": ours / theirs},
+            {"trainer": f"trl GRPOTrainer{adapter}", "seconds_per_step": theirs, "ratio_to_trl": 1.0}]
+    if full is not None:
+        rows.append({"trainer": "credo (full weights)", "seconds_per_step": full, "ratio_to_trl": full / theirs})
+    rows += [{"trainer": f"credo{adapter}: {name}", "seconds_per_step": seconds, "ratio_to_trl": seconds / theirs}
              for name, seconds in phases.items()]
-    name = "vs_trl" if args.model == "tiny" else f"vs_trl_{args.model.split('-')[0]}"
+    name = ("vs_trl" if args.model == "tiny" else f"vs_trl_{args.model.split('-')[0]}") + ("_lora" if args.lora else "")
+    lora_note = (f" Both train LoRA adapters of rank {args.lora} (alpha {LORA_ALPHA}, every linear layer of the "
+                 "attention and the MLP; TRL through peft_config); 'credo (full weights)' is credo's step without "
+                 "them, timed in the same run." if args.lora else "")
     write(name, rows, f"{PROMPTS} prompts x {GROUP} completions, up to {LENGTH} new tokens, one optimiser step per "
           f"generated batch for both (credo: epochs=1, minibatches=1), {args.model} on CPU. credo's phases: collect = "
           "sampling + rewards, prepare = old log-probs (skipped on this on-policy schedule), assign_credit = GRPO "
-          "advantages, update = forward + backward + AdamW.")
+          "advantages, update = forward + backward + AdamW." + lora_note)
 
 
 if __name__ == "__main__":

@@ -69,8 +69,9 @@ def test_reset_localisers_run_through_the_hf_backend(hf_policy, gym_task, locali
 
 def test_lora_step_changes_only_adapter_weights(hf_policy, gym_task):
     from credo.core.loss import LossConfig, policy_loss
+    from credo.policy.adapters import LoraSettings
     policy = hf_policy.copy()
-    policy.add_lora(4, 8, ("q_proj", "v_proj"))
+    policy.add_lora(LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     r = gym_rollouts(policy, gym_task)
     adv = credit.get("grpo")(r).advantages
@@ -85,24 +86,25 @@ def test_lora_step_changes_only_adapter_weights(hf_policy, gym_task):
 
 
 def test_lora_adapters_are_saved_without_pickle_and_restored_on_resume(hf_policy, tmp_path):
-    from credo.policy.hf import ADAPTER_FILE
+    from credo.policy.adapters import ADAPTER_WEIGHTS, LoraSettings
     from credo.core.state_io import CorruptStateError
+    settings, base = LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj")), ("model", "sha256:0")
     trained = hf_policy.copy()
-    trained.add_lora(4, 8, ("q_proj", "v_proj"))
+    trained.add_lora(settings, base=base)
     with torch.no_grad():
         for name, p in trained.model.named_parameters():
             if "lora_" in name:
                 p.add_(0.01 * torch.randn_like(p))
     trained.save_into(str(tmp_path / "ckpt"))
-    assert sorted(f for f in os.listdir(tmp_path / "ckpt") if f.startswith("adapter")) == [ADAPTER_FILE]
+    assert sorted(f for f in os.listdir(tmp_path / "ckpt") if f.endswith(".safetensors")) == [ADAPTER_WEIGHTS]
     resumed = hf_policy.copy()
-    resumed.add_lora(4, 8, ("q_proj", "v_proj"))
+    resumed.add_lora(settings, seed=1, base=base)
     resumed.load_weights_from(str(tmp_path / "ckpt"))
     want = dict(trained.model.named_parameters())
     lora = [n for n, _ in resumed.model.named_parameters() if "lora_" in n]
     assert lora and all(torch.equal(p, want[n]) for n, p in resumed.model.named_parameters() if n in lora)
-    os.remove(tmp_path / "ckpt" / ADAPTER_FILE)
-    with pytest.raises(CorruptStateError, match=ADAPTER_FILE):
+    os.remove(tmp_path / "ckpt" / ADAPTER_WEIGHTS)
+    with pytest.raises(CorruptStateError, match=ADAPTER_WEIGHTS):
         resumed.load_weights_from(str(tmp_path / "ckpt"))
 
 

@@ -43,6 +43,28 @@ def test_two_training_steps(tmp_path, credit):
         assert trainer.credit_cost_total["tokens_scored"] > 0
 
 
+def test_a_peft_config_reaches_trl_and_credit_probes_the_adapted_model(tmp_path, monkeypatch):
+    from peft import LoraConfig, PeftModel
+    from credo.core.probe import Probe
+    trainer = make_trainer(tmp_path, "rredcot", peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                                         task_type="CAUSAL_LM"))
+    assert isinstance(trainer.model, PeftModel)  # TRL wrapped the model with the adapter asked for
+    probed = []  # the model behind each Probe the credit step builds
+    original = Probe.__init__
+
+    def spy(self, policy, *args, **kwargs):
+        probed.append(policy.model)
+        original(self, policy, *args, **kwargs)
+
+    monkeypatch.setattr(Probe, "__init__", spy)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert changed and all("lora_" in n for n in changed)  # only the adapter trained
+    assert probed and all(isinstance(m, PeftModel) and m is trainer.model for m in probed)
+    assert trainer.credit_cost_total["tokens_scored"] > 0
+
+
 def test_grpo_credit_equals_trls_own_advantages(tmp_path, monkeypatch):
     trainer = make_trainer(tmp_path, "grpo")
     from trl import GRPOTrainer

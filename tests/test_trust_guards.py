@@ -169,8 +169,8 @@ def test_resume_refuses_a_run_whose_checkpoints_were_removed(tmp_path, capsys, s
     ("seed=99999999999999999999999", "train.seed must be in 0..4294967295"),
     ("seed=-1", "train.seed must be in 0..4294967295"),
     ("credit=5", "train.credit must be a mapping"),
-    ("lora_targets=5", "train.lora_targets must be a list"),
-    ("lora_targets={a: 1}", "train.lora_targets must be a list"),
+    ("lora.target_modules=5", "train.lora.target_modules must be a list"),
+    ("lora.target_modules={a: 1}", "train.lora.target_modules must be a list"),
     ("task_options=5", "train.task_options must be a mapping"),
     ("eval_n=0", "train.eval_n must be > 0, got 0"),
     # a typo's extra digits: one line, not an allocation that fails with a traceback or a list built for hours
@@ -189,7 +189,7 @@ def test_bad_overrides_name_their_field(override, expect):
 
 @pytest.mark.parametrize("overrides, expect", [
     (["sampling.max_new_tokens=100000000"], "train.sampling.max_new_tokens must be in 1..32,768"),
-    (["lora_r=100000"], "train.lora_r must be in 0..4,096"),
+    (["lora.r=100000"], "train.lora.r must be in 0..4,096"),
     (["method=vineppo", "credit.k=1000000000"], "train.credit.k must be in 1..1,024"),
     (["method=srpo", "reset.n_fresh=100000"], "train.reset.n_fresh must be in 2..1,024"),
     (["method=srpo", "reset.max_fresh_attempts=1000000000"], "train.reset.max_fresh_attempts must be in 1..65,536"),
@@ -477,7 +477,7 @@ def test_a_full_disk_in_a_parallel_comparison_starts_no_further_run(tmp_path, sa
 
     class Counting(ThreadPoolExecutor):
         def submit(self, fn, *args, **kwargs):
-            submitted.append(args[:2])
+            submitted.append(args[2:4])  # run_announced(index, _worker, method, seed, ...)
             return super().submit(fn, *args, **kwargs)
 
     def worker(method, seed, *_):
@@ -485,7 +485,7 @@ def test_a_full_disk_in_a_parallel_comparison_starts_no_further_run(tmp_path, sa
             raise DiskError("No space left on device: /full/runs/grpo-s0")
         time.sleep(0.5)
         return {"final_accuracy": 0.5}, None
-    monkeypatch.setattr(cmp, "_executor", lambda jobs: Counting(max_workers=jobs))
+    monkeypatch.setattr(cmp, "_executor", lambda jobs, workers: Counting(max_workers=jobs))
     monkeypatch.setattr(cmp, "_worker", worker)
     preset = resolve_preset("smoke", ("rloo",), (0, 1, 2), None, None)
     plan = [(m, s, str(tmp_path / f"{m}-{s}")) for s in preset.seeds for m in preset.methods]
@@ -495,9 +495,9 @@ def test_a_full_disk_in_a_parallel_comparison_starts_no_further_run(tmp_path, sa
     assert "stopping on a refused write; waiting for 1 running run(s)" in capsys.readouterr().err
 
 
-def test_a_broken_worker_pool_reports_each_run_left_as_failed(tmp_path, saved_policy, monkeypatch):
-    """A worker killed (out of memory) breaks a process pool: the runs not yet handed over fail, reported,
-    instead of the comparison ending in a traceback."""
+def test_a_broken_worker_pool_stops_the_comparison_and_fails_no_run(tmp_path, saved_policy, monkeypatch):
+    """A worker killed (out of memory) breaks a process pool: the comparison stops in one line once the runs
+    going are done, and the runs not yet handed over are not recorded as failed (a rerun trains them)."""
     from concurrent.futures import ThreadPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
     import credo.lab.compare.run as cmp
@@ -510,20 +510,21 @@ def test_a_broken_worker_pool_reports_each_run_left_as_failed(tmp_path, saved_po
             if BreaksAfterTwo.handed > 2:
                 raise BrokenProcessPool("A process in the process pool was terminated abruptly")
             return super().submit(fn, *args, **kwargs)
-    monkeypatch.setattr(cmp, "_executor", lambda jobs: BreaksAfterTwo(max_workers=jobs))
+    monkeypatch.setattr(cmp, "_executor", lambda jobs, workers: BreaksAfterTwo(max_workers=jobs))
     monkeypatch.setattr(cmp, "_worker", lambda method, seed, *_: ({"final_accuracy": 0.5, "seed": seed}, None))
     preset = resolve_preset("smoke", ("rloo",), (0, 1, 2), None, None)
     plan = [(m, s, str(tmp_path / f"{m}-{s}")) for s in preset.seeds for m in preset.methods]
-    outcomes = cmp._run_parallel(plan, preset, saved_policy, cmp.tqdm(disable=True), jobs=2)
-    assert [o[0]["seed"] for o in outcomes[:2]] == [0, 0]
-    assert all(result is None and "BrokenProcessPool" in error for result, error in outcomes[2:])
+    with pytest.raises(UserError, match=r"^a worker process, between runs, was stopped by an unknown cause .*; no "
+                                        r"run failed: .*rerun the same command to go on"):
+        cmp._run_parallel(plan, preset, saved_policy, cmp.tqdm(disable=True), jobs=2)
+    assert BreaksAfterTwo.handed == 3  # nothing handed over after the pool broke
 
 
 @pytest.mark.parametrize("which, override, expect", [
     ("tiny", "batch_size=100000000", "sft.batch_size must be in 1..65,536"),
     ("hf", "batch_size=100000000", "sft.batch_size must be in 1..65,536"),
     ("hf", "max_new_tokens=100000000", "sft.max_new_tokens must be in 1..32,768"),
-    ("hf", "lora_r=100000", "sft.lora_r must be in 0..4,096"),
+    ("hf", "lora.r=100000", "sft.lora.r must be in 0..4,096"),
 ])
 def test_sft_sizes_have_upper_bounds(which, override, expect):
     from credo.train.sft import SFTConfig

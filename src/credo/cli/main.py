@@ -1,4 +1,4 @@
-"""`credo` command line: methods, sft, train, eval, audit, compare, show.
+"""`credo` command line: methods, sft, train, eval, audit, compare, show, merge.
 
 Every command is configured the same way: a frozen dataclass (TrainConfig, SFTConfig, EvalConfig,
 AuditConfig, CompareConfig, ShowConfig) loaded from defaults <- `--config FILE.yaml` <- the command's
@@ -183,6 +183,32 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    """`credo merge ADAPTER --out DIR`: a LoRA adapter's full weights (its base with the adapter merged in)."""
+    from credo.core.config import ConfigError
+    from credo.core.files import claim_output
+    from credo.policy import load_policy
+    from credo.policy.adapters import merge_adapter
+    from credo.train.starts import resolve_checkpoint
+    adapter = resolve_checkpoint(args.adapter, "merge ADAPTER")
+    if os.path.abspath(require_out(args)) == os.path.abspath(adapter):
+        raise ConfigError(f"--out {args.out} is the adapter itself; name a new directory for the full weights")
+    claim_output(args.out, "merge", force=args.force, inputs=(args.adapter, adapter))
+    written = merge_adapter(adapter, args.out, load_policy)
+    print(json.dumps(written))
+    return 0
+
+
+def _add_merge_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("merge", help="write a LoRA adapter's full weights (its base with the adapter merged in) as a "
+                       "checkpoint every command and transformers load")
+    p.add_argument("adapter", help="the adapter: a LoRA run's checkpoint or final/ (or the run directory), or a LoRA "
+                   "SFT start")
+    p.add_argument("--out", help="directory for the full weights (required)")
+    add_force_option(p, "another credo output")
+    p.set_defaults(fn=cmd_merge)
+
+
 def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="RL-train a policy with a credit-assignment method")
     p.add_argument("--method", help="estimator or recipe name (see `credo methods`; default grpo)")
@@ -238,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_force_option(p, "another credo output")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_audit)
+
+    _add_merge_parser(sub)
 
     from credo.lab.compare.cli import add_compare_parser
     add_compare_parser(sub)

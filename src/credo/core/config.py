@@ -314,7 +314,7 @@ MAX_ROUNDS = 100
 MAX_NEW_TOKENS = 32_768
 """Generation limit of one completion (train.sampling.max_new_tokens, eval --max-new-tokens, sft)."""
 MAX_LORA_RANK = 4096
-"""LoRA rank (train.lora_r, sft.lora_r)."""
+"""LoRA rank (train.lora.r, sft.lora.r)."""
 
 
 def check_in(value: Any, low: Any, high: Any, name: str) -> None:

@@ -78,6 +78,9 @@ class CreditGRPOTrainer(GRPOTrainer):
     template, verifier, teacher context) for estimators that probe the model; the dataset's `answer`
     column becomes each problem's gold answer. sampling: what the Probe samples with (MC estimators).
     credit_checks: run credo's credit sanity checks on every batch (credo.integrations.checks).
+    Every other argument is GRPOTrainer's, `peft_config` included: with a peft LoraConfig TRL trains the adapter
+    alone, its KL reference is the base with the adapter disabled, and credo's Probe scores through the adapted
+    model, the one TRL trains (never a copy).
     """
 
     def __init__(self, *args: Any, credit: str = "grpo", credit_config: dict | None = None, task: Any = None,

@@ -10,37 +10,48 @@ import torch
 from credo.policy.base import Policy, SamplingConfig, Samples, read_policy_meta  # noqa: F401
 from credo.policy.tiny import TinyPolicy  # noqa: F401
 from credo.policy.locate import check_policy_path, check_task_fits  # noqa: F401
+from credo.policy.adapters import LoraSettings, adapter_meta, load_adapter_policy, weights_digest
 
 
-def load_policy(path: str, device: str | torch.device = "cpu", lora_r: int = 0, lora_alpha: int = 16,
-                lora_targets: tuple[str, ...] = ("q_proj", "v_proj"), dtype: torch.dtype = torch.float32,
-                autocast: torch.dtype | None = None) -> "Policy":
-    """A policy from a credo checkpoint, any Hugging Face model directory, or an alias (smollm2-135m), with
-    its weights on `device` (credo.policy.device.resolve_device) in `dtype`, computing under torch.autocast in
-    `autocast` when set (credo.policy.device.autocast_dtype; both a Hugging Face model's only)."""
+def load_policy(path: str, device: str | torch.device = "cpu", lora: LoraSettings | None = None, seed: int = 0,
+                dtype: torch.dtype = torch.float32, autocast: torch.dtype | None = None) -> "Policy":
+    """A policy from a credo checkpoint (a saved LoRA adapter included: its base loaded, checked and the adapter
+    applied), any Hugging Face model directory, or an alias (smollm2-135m), with its weights on `device`
+    (credo.policy.device.resolve_device) in `dtype`, computing under torch.autocast in `autocast` when set
+    (credo.policy.device.autocast_dtype; both a Hugging Face model's only). A saved adapter stays apart from its
+    base (a command that scores reads it as it was trained); with `lora` (the caller trains) it is merged into its
+    base, and with lora.r > 0 fresh adapters, drawn from `seed`, go on top: what trains is a plain model or those."""
     from credo.policy.smollm import ALIASES, ensure_smollm2
+    named = path
     if path in ALIASES:
         path = ensure_smollm2()
     backend = read_policy_meta(path).get("backend")
     if backend == "tiny":
-        if lora_r:
+        if lora is not None and lora.r:
             from credo.core.config import ConfigError
-            raise ConfigError(f"train.lora_r={lora_r}: LoRA needs a Hugging Face model; {path} is a tiny policy, "
-                              "which trains in full (set lora_r=0)")
+            raise ConfigError(f"lora.r={lora.r}: LoRA needs a Hugging Face model; {path} is a tiny policy, "
+                              "which trains in full (set lora.r=0)")
         if dtype != torch.float32 or autocast is not None:
             from credo.core.config import ConfigError
-            named = "bfloat16-mixed" if autocast is not None else str(dtype).replace("torch.", "")
-            raise ConfigError(f"dtype={named}: {path} is a tiny policy, which runs float32 "
+            setting = "bfloat16-mixed" if autocast is not None else str(dtype).replace("torch.", "")
+            raise ConfigError(f"dtype={setting}: {path} is a tiny policy, which runs float32 "
                               "(dtype is for a Hugging Face model)")
         return _checked_load(TinyPolicy.load, path, device)
-    if os.path.isfile(os.path.join(path, "config.json")):
+    if adapter_meta(path) is not None:
+        def base(directory: str) -> "Policy":
+            return load_policy(directory, device, dtype=dtype, autocast=autocast)
+        policy = _checked_load(lambda p, _: load_adapter_policy(p, base), path, device)
+    elif os.path.isfile(os.path.join(path, "config.json")):
         from credo.policy.hf import HFPolicy
         policy = _checked_load(functools.partial(HFPolicy.load, dtype=dtype, autocast=autocast), path, device)
-        if lora_r:
-            policy.add_lora(lora_r, lora_alpha, lora_targets)
-        return policy
-    raise FileNotFoundError(f"{path} is neither a credo checkpoint (policy.json) "
-                            "nor a Hugging Face model (config.json)")
+    else:
+        raise FileNotFoundError(f"{path} is neither a credo checkpoint (policy.json) "
+                                "nor a Hugging Face model (config.json)")
+    if lora is not None:
+        policy.merge_adapter()  # an adapter start trains as the full model it stands for
+    if lora is not None and lora.r:
+        policy.add_lora(lora, seed, base=(named if named in ALIASES else os.path.abspath(path), weights_digest(path)))
+    return policy
 
 
 def _checked_load(load, path: str, device: str) -> "Policy":

@@ -6,7 +6,7 @@ the attention mask, so padded rows match unpadded ones. Sampling runs the shared
 credo.policy.base with the model's own KV cache. With `chat=True` prompts are wrapped in the
 tokenizer's chat template (a system prompt when the task gives one). Branch scoring re-reads
 each prefix (no tree attention through HF models), and reports that cost honestly.
-LoRA adapters come from peft (`lora_r > 0`); only adapter weights then train.
+LoRA adapters come from peft (credo.policy.adapters): only they then train, and a save holds them alone.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import os
 from typing import Iterator, Sequence
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from credo.core.config import UserError
 from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, distinct_prompts, fit_prompt,
@@ -28,50 +27,15 @@ from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_pr
 from credo.core.rollouts import Prompt
 from credo.core.files import atomic_directory
 from credo.core.state_io import CorruptStateError
+from credo.policy.adapters import LoraSettings, is_lora, load_adapter_weights, save_adapter, wrap_with_lora
+from credo.policy.hf_folder import refuse_custom_code, refuse_pickled_weights
 
 
-ADAPTER_FILE = "adapter_state.safetensors"
-"""A LoRA policy's adapters in a saved directory (beside the merged model, which loads anywhere)."""
 MAX_BATCH_TOKENS = 65_536
 """Padded tokens (rows x (longest prompt + new tokens)) one sampling or gradient-free scoring pass may hold; a
 batch over it runs as consecutive sub-batches, each padded to its own longest row. ~3 GB of KV cache for
 SmolLM2-135M (46 KB a token); every batch of credo's SmolLM2 recipes stays under it (so runs as before). Three
 15,000-character questions among 24 prompts x 8 samples made one pass of ~190 rows x ~4,100 tokens (16.7 GB)."""
-
-
-def refuse_pickled_weights(path: str, field: str = "") -> None:
-    """A model directory whose weights are only pickled (pytorch_model*.bin, no *.safetensors) is one line
-    saying to convert them: credo reads no pickle from disk (unpickling can run code), whatever transformers
-    would do with it (its restricted loader, or a traceback when the pickle holds more than tensors)."""
-    names = sorted(os.listdir(path)) if os.path.isdir(path) else []
-    pickled = [n for n in names if n.startswith("pytorch_model") and n.endswith((".bin", ".bin.index.json"))]
-    if pickled and not any(n.endswith(".safetensors") for n in names):
-        where = f"{field}={path!r}: " if field else ""
-        raise UserError(f"{where}{os.path.join(path, pickled[0])} holds pickled PyTorch weights, which credo does "
-                        "not load (a pickle can run code); convert them to safetensors (load the model with "
-                        "transformers where you trust the file, then save_pretrained it) and use that directory")
-
-
-CODE_NAMING_FILES = ("config.json", "tokenizer_config.json")
-"""The files of a Hugging Face model directory whose `auto_map` names Python modules in the directory."""
-
-
-def refuse_custom_code(path: str, field: str = "") -> None:
-    """A model directory whose config.json or tokenizer_config.json has an `auto_map` (classes in the folder's own
-    Python, which transformers imports, after asking on stdin) is one line naming the file: no model folder makes
-    credo run code. Loading passes trust_remote_code=False as well, so nothing can prompt even if a file changes
-    between this check and the load."""
-    for name in CODE_NAMING_FILES:
-        file = os.path.join(path, name)
-        try:
-            with open(file, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError):  # absent, or unreadable: transformers' own load names it
-            continue
-        if isinstance(data, dict) and "auto_map" in data:
-            where = f"{field}={path!r}: " if field else ""
-            raise UserError(f"{where}{file} has an auto_map naming Python code of the model folder's own, which "
-                            "credo never runs; use a model whose architecture transformers ships")
 
 
 @contextlib.contextmanager
@@ -108,11 +72,12 @@ class HFPolicy(CompletionScoring):
         self.max_batch_tokens = MAX_BATCH_TOKENS
         # score rows that share a prompt by reading it once (shared_prompt_logits); False: every row in full
         self.share_prompts = True
+        # a LoRA policy's base: (its name as given, the sha256 of its weights), written beside the adapter on save
+        self.adapter_base: tuple[str, str] | None = None
 
     # --- construction -----------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, path: str, device: str | torch.device = "cpu", chat: bool | None = None, lora_r: int = 0,
-                        lora_alpha: int = 16, lora_targets: Sequence[str] = ("q_proj", "v_proj"),
+    def from_pretrained(cls, path: str, device: str | torch.device = "cpu", chat: bool | None = None,
                         dtype: torch.dtype = torch.float32, autocast: torch.dtype | None = None) -> "HFPolicy":
         from transformers import AutoModelForCausalLM, AutoTokenizer
         if not os.path.isfile(os.path.join(path, "config.json")):
@@ -122,16 +87,22 @@ class HFPolicy(CompletionScoring):
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         with quiet_loading():
             model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, trust_remote_code=False)
-        policy = cls(model, tokenizer, device, chat, dtype=dtype, autocast=autocast)
-        if lora_r > 0:
-            policy.add_lora(lora_r, lora_alpha, lora_targets)
-        return policy
+        return cls(model, tokenizer, device, chat, dtype=dtype, autocast=autocast)
 
-    def add_lora(self, r: int, alpha: int, targets: Sequence[str]) -> None:
-        """Wrap the model with peft LoRA adapters; only they keep requires_grad."""
-        from peft import LoraConfig, get_peft_model
-        self.model = get_peft_model(self.model, LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets),
-                                                           lora_dropout=0.0, task_type="CAUSAL_LM"))
+    def add_lora(self, settings: LoraSettings, seed: int = 0, base: tuple[str, str] | None = None) -> None:
+        """Wrap the model with fresh peft LoRA adapters (credo.policy.adapters.wrap_with_lora: initial weights
+        from `seed`); only they keep requires_grad. `base`: (name, weights digest) of the model under them, which
+        a save records."""
+        self.model = wrap_with_lora(self.model, settings, seed)
+        self.adapter_base = base
+
+    def merge_adapter(self) -> None:
+        """Fold the adapters into the weights they modify (peft's merge_and_unload): a plain model again."""
+        if is_lora(self.model):
+            self.model = self.model.merge_and_unload()
+            self.adapter_base = None
+            for p in self.model.parameters():  # peft froze the base: trainable again, as a freshly loaded model
+                p.requires_grad_(True)
 
     # --- text <-> tensors -------------------------------------------------------------------------
     @property
@@ -357,26 +328,35 @@ class HFPolicy(CompletionScoring):
             self.save_into(tmp)
 
     def save_into(self, directory: str) -> None:
+        """The policy into `directory`: a LoRA policy as its adapter alone, with policy.json naming its base and
+        the base's weights digest (credo.policy.adapters); any other as full weights with its tokenizer."""
         os.makedirs(directory, exist_ok=True)
-        model = self.model
-        if hasattr(model, "merge_and_unload"):  # peft: save a merged copy (loadable anywhere) + the adapters
-            from peft import get_peft_model_state_dict
-            adapters = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
-            save_file(adapters, os.path.join(directory, ADAPTER_FILE))  # not a pickle: read back on resume
-            model = copy.deepcopy(model).merge_and_unload()
-        model.save_pretrained(directory)
-        self.tokenizer.save_pretrained(directory)
+        meta = {"backend": "hf", "chat": self.chat, "system_prompt": self.system_prompt}
+        if is_lora(self.model):
+            if self.adapter_base is None:
+                raise ValueError("a LoRA policy saved without its base named: build it with add_lora(base=...)")
+            save_adapter(self.model, directory)
+            meta["adapter"] = {"base": self.adapter_base[0], "base_digest": self.adapter_base[1]}
+        else:
+            self.model.save_pretrained(directory)
+            self.tokenizer.save_pretrained(directory)
         with open(os.path.join(directory, "policy.json"), "w") as f:
-            json.dump({"backend": "hf", "chat": self.chat, "system_prompt": self.system_prompt}, f, indent=2)
+            json.dump(meta, f, indent=2)
 
     def load_weights_from(self, directory: str) -> None:
-        """Restore trainable weights saved by save_into (adapters for a LoRA model)."""
-        if hasattr(self.model, "merge_and_unload"):
-            from peft import set_peft_model_state_dict
-            adapter = os.path.join(directory, ADAPTER_FILE)
-            if not os.path.exists(adapter):  # e.g. an older credo's adapter_state.pt: a pickle, never loaded
-                raise CorruptStateError(f"{directory} has no {ADAPTER_FILE} (LoRA adapters); it cannot be resumed")
-            set_peft_model_state_dict(self.model, load_file(adapter))
+        """Restore trainable weights saved by save_into (the adapter of a LoRA policy, after checking that the
+        checkpoint was trained on this policy's base)."""
+        if is_lora(self.model):
+            from credo.policy.adapters import adapter_meta
+            meta = adapter_meta(directory)
+            if meta is None:
+                raise CorruptStateError(f"{directory} holds full weights, not the LoRA adapter this run trains")
+            base = self.adapter_base
+            if base is not None and meta["base_digest"] != base[1]:
+                raise CorruptStateError(f"{os.path.join(directory, 'policy.json')}: the checkpoint's adapter was "
+                                        f"trained on base {meta['base']} ({meta['base_digest'][:19]}...), but this "
+                                        f"run's start {base[0]} has weights {base[1][:19]}...")
+            load_adapter_weights(self.model, directory)
             return
         self.model.load_state_dict(HFPolicy.load(directory, dtype=self.dtype).model.state_dict())
 
@@ -393,4 +373,5 @@ class HFPolicy(CompletionScoring):
                          dtype=self.dtype, autocast=self.autocast)
         clone.banned_ids = list(self.banned_ids)
         clone.max_prompt_tokens, clone.max_batch_tokens = self.max_prompt_tokens, self.max_batch_tokens
+        clone.adapter_base = self.adapter_base
         return clone

@@ -21,7 +21,8 @@ def is_policy(path: str) -> bool:
 
 def check_policy_path(path: str, field: str) -> str:
     """`path`, after refusing, naming `field`, a path that load_policy could not read: a tiny policy (policy.json with
-    backend 'tiny') needs its model.safetensors, anything else a Hugging Face config.json. '' (the task's SFT
+    backend 'tiny') needs its model.safetensors, a LoRA adapter its adapter weights, anything else a Hugging Face
+    config.json. '' (the task's SFT
     start) and an alias are resolved later, by load_policy or resolve_checkpoint."""
     from credo.policy.smollm import ALIASES
     if path == "" or path in ALIASES:  # 'sft' is resolve_checkpoint's: load_policy would not know it
@@ -34,8 +35,14 @@ def check_policy_path(path: str, field: str) -> str:
             if os.path.isfile(os.path.join(path, "config.yaml")) else ""
         raise ConfigError(f"{field}={path!r}: {path} is neither a credo checkpoint (policy.json) nor a Hugging Face "
                           f"model (config.json){hint}")
-    backend = read_policy_meta(path).get("backend")
-    if backend == "tiny":
+    meta = read_policy_meta(path)
+    backend = meta.get("backend")
+    if backend == "hf" and "adapter" in meta:  # a LoRA adapter: its base is read (and its digest checked) on load
+        from credo.policy.adapters import ADAPTER_WEIGHTS
+        weights = os.path.join(path, ADAPTER_WEIGHTS)
+        if not os.path.isfile(weights):
+            raise ConfigError(f"{field}={path!r}: {weights} is missing; the adapter is incomplete")
+    elif backend == "tiny":
         weights = os.path.join(path, "model.safetensors")
         if not os.path.isfile(weights):
             raise ConfigError(f"{field}={path!r}: {weights} is missing; the checkpoint is incomplete")
@@ -43,7 +50,7 @@ def check_policy_path(path: str, field: str) -> str:
         raise ConfigError(f"{field}={path!r}: its policy.json names backend {backend!r}, which needs a Hugging Face "
                           f"config.json, and {path} has none; the checkpoint is incomplete")
     else:
-        from credo.policy.hf import refuse_custom_code, refuse_pickled_weights
+        from credo.policy.hf_folder import refuse_custom_code, refuse_pickled_weights
         refuse_pickled_weights(path, field)
         refuse_custom_code(path, field)
     from credo.core.state_io import check_safetensors

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from credo.integrations import tracking
-from credo.core.config import (MAX_EPOCHS, MAX_GROUP, MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_ROUNDS,
+from credo.core.config import (MAX_EPOCHS, MAX_GROUP, MAX_HELD_OUT, MAX_NEW_TOKENS, MAX_ROUNDS,
                                MAX_STEP_COMPLETIONS, ConfigError, check, check_in, from_dict, merge, read_yaml,
                                to_dict, user_settings)
+from credo.policy.adapters import LoraSettings
 from credo.policy.device import check_device_fields
 from credo.core.loss import LossConfig
 from credo.policy.base import SamplingConfig
@@ -43,12 +44,9 @@ class TrainConfig:
     start: str = ""
     """Policy to start from: a credo checkpoint, a Hugging Face model directory or 'smollm2-135m'
     ('' = the cached SFT start of the tiny policy for `task`)."""
-    lora_r: int = 0
-    """> 0 trains LoRA adapters of this rank instead of every weight (Hugging Face models only)."""
-    lora_alpha: int = 16
-    """LoRA scaling alpha."""
-    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
-    """Module names that get LoRA adapters."""
+    lora: LoraSettings = field(default_factory=LoraSettings, metadata={"omit_default": True})
+    """LoRA adapters instead of full-weight training (lora.r > 0; a Hugging Face start). Left out of config.yaml
+    while off."""
     steps: int = 150
     """Optimisation steps (one batch of prompts each)."""
     max_generated_tokens: int = 0
@@ -145,9 +143,6 @@ class TrainConfig:
         check(self.grad_clip > 0, f"train.grad_clip must be > 0 (a clip norm; <= 0 would freeze or reverse the "
               f"update), got {self.grad_clip}")
         check_in(self.dynamic_max_rounds, 1, MAX_ROUNDS, "train.dynamic_max_rounds")
-        check(self.lora_r >= 0 and self.lora_alpha > 0, f"train.lora_r must be >= 0 and train.lora_alpha > 0, "
-              f"got {self.lora_r}/{self.lora_alpha}")
-        check_in(self.lora_r, 0, MAX_LORA_RANK, "train.lora_r")
         check(self.overlong_penalty >= 0, f"train.overlong_penalty must be >= 0, got {self.overlong_penalty}")
         check(self.reset.prompt_temperature > 0,
               f"train.reset.prompt_temperature must be > 0, got {self.reset.prompt_temperature}")
@@ -278,7 +273,24 @@ def config_from_run(run_dir: str) -> TrainConfig:
         raise ConfigError(f"{path} lacks {', '.join('train.' + m for m in missing)} (truncated?); the "
                           "run cannot be resumed")
     # a run recorded before `device` existed trained on the CPU (credo ran nowhere else): it continues there
-    return train_config_from_dict(nest_sampling({**data, "device": data.get("device", RECORDED_BEFORE_DEVICES)}))
+    data = nest_lora(nest_sampling(data))
+    return train_config_from_dict({**data, "device": data.get("device", RECORDED_BEFORE_DEVICES)})
+
+
+LEGACY_LORA = {"lora_r": "r", "lora_alpha": "alpha", "lora_targets": "target_modules"}
+"""The flat LoRA keys of a run recorded before `lora` was a section -> their field in it."""
+
+
+def nest_lora(data: dict[str, Any]) -> dict[str, Any]:
+    """A recorded run's config with its flat LoRA keys (LEGACY_LORA: every run under docs/results/ records them)
+    moved into `lora`; dropped when their rank is 0 (LoRA was off: the other two did nothing)."""
+    flat = {k: data[k] for k in LEGACY_LORA if k in data}
+    if not flat:
+        return data
+    rest = {k: v for k, v in data.items() if k not in LEGACY_LORA}
+    if not flat.get("lora_r"):
+        return rest
+    return {**rest, "lora": {LEGACY_LORA[k]: v for k, v in flat.items()}}
 
 
 def nest_sampling(data: dict[str, Any]) -> dict[str, Any]:

@@ -109,8 +109,8 @@ class TaskWorkers:
     (task index, process id) on `queue`, passed to worker_started. A pool whose worker died fails every task it
     held with BrokenProcessPool, naming neither the task nor the cause; `died` finds both."""
 
-    def __init__(self, context: Any) -> None:
-        self.queue = context.SimpleQueue()
+    def __init__(self, context: Any = None) -> None:
+        self.queue = (context or multiprocessing.get_context("spawn")).SimpleQueue()
         self.pid_of: dict[int, int] = {}
 
     def drain(self) -> None:

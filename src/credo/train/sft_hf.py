@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from credo.core.config import (MAX_HELD_OUT, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_STEP_COMPLETIONS, ConfigError, check,
+from credo.core.config import (MAX_HELD_OUT, MAX_NEW_TOKENS, MAX_STEP_COMPLETIONS, ConfigError, check,
                                check_in, dump_yaml)
 from credo.core.rollouts import Prompt
+from credo.policy.adapters import LoraSettings, is_lora
 from credo.policy.base import left_pad
 from credo.policy.device import autocast_dtype, check_device_fields, resolve_device, resolve_dtype
 from credo.train.evaluate import evaluate
@@ -64,10 +65,9 @@ class HFSFTConfig:
     """AdamW weight decay."""
     grad_clip: float = 1.0
     """Gradient-norm clip."""
-    lora_r: int = 0
-    """> 0 trains LoRA adapters of this rank (merged into the saved model) instead of every weight."""
-    lora_alpha: int = 16
-    """LoRA scale numerator."""
+    lora: LoraSettings = field(default_factory=LoraSettings, metadata={"omit_default": True})
+    """LoRA adapters instead of every weight (lora.r > 0): the saved start is then the adapter alone, its base
+    named and checked on load (credo.policy.adapters). Left out of sft_config.yaml while off."""
     eval_every: int = 3
     """Steps between validation checks (format is learnt within a few steps: check often to stop early)."""
     eval_n: int = 50
@@ -102,9 +102,6 @@ class HFSFTConfig:
         check(self.warmup_steps >= 0, f"sft.warmup_steps must be >= 0, got {self.warmup_steps}")
         check(self.weight_decay >= 0, f"sft.weight_decay must be >= 0, got {self.weight_decay}")
         check(self.grad_clip > 0, f"sft.grad_clip must be > 0, got {self.grad_clip}")
-        check(self.lora_r >= 0 and self.lora_alpha > 0, f"sft.lora_r must be >= 0 and sft.lora_alpha > 0, got "
-              f"{self.lora_r}/{self.lora_alpha}")
-        check_in(self.lora_r, 0, MAX_LORA_RANK, "sft.lora_r")
         check(0 < self.target_accuracy <= 1, f"sft.target_accuracy must be in (0, 1], got {self.target_accuracy}")
         check(self.keep in ("best", "last"), f"sft.keep must be 'best' or 'last', got {self.keep!r}")
         check(0 <= self.reference_frac < 1 and 0 <= self.localisation_frac < 1
@@ -177,7 +174,7 @@ def check_sft_inputs(config: HFSFTConfig):  # noqa: ANN201
         raise ConfigError(f"sft.start={config.start!r} is neither 'smollm2-135m' nor a Hugging Face model directory "
                           "(no config.json)")
     if config.start not in ALIASES:
-        from credo.policy.hf import refuse_custom_code
+        from credo.policy.hf_folder import refuse_custom_code
         refuse_custom_code(config.start, "sft.start")
     return task
 
@@ -189,7 +186,7 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
     from credo.policy.hf import HFPolicy
     task = task or check_sft_inputs(config)
     device = resolve_device(config.device, "sft.device")
-    policy = bind_task(load_policy(config.start, device=device, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
+    policy = bind_task(load_policy(config.start, device=device, lora=config.lora, seed=config.seed,
                                    dtype=resolve_dtype(config.dtype, device, "sft.dtype"),
                                    autocast=autocast_dtype(config.dtype)), task)
     if not isinstance(policy, HFPolicy):
@@ -231,7 +228,7 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
             if accuracy >= best[0] or config.keep == "last":
                 best = (accuracy, step + 1, _state(policy))
     bar.close()
-    policy.model.load_state_dict(best[2])
+    policy.model.load_state_dict(best[2], strict=not is_lora(policy.model))  # a LoRA policy's: its adapters
     summary = {"val_accuracy": best[0], "step": best[1], "seconds": round(time.time() - start, 1),
                "val_n": len(validation), "start": config.start, "task": config.task}
     with atomic_directory(out_dir) as tmp:
@@ -245,5 +242,7 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
 
 
 def _state(policy) -> dict[str, torch.Tensor]:  # noqa: ANN001
-    return {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
+    """The weights that train: every one, or a LoRA policy's adapters alone (the base never changes)."""
+    lora = is_lora(policy.model)
+    return {k: v.detach().clone() for k, v in policy.model.state_dict().items() if not lora or "lora_" in k}
 

@@ -14,6 +14,7 @@ What the run's settings name (estimator, credit config, strategy) is resolved on
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import replace
 from typing import Any
@@ -27,6 +28,7 @@ from credo.core.probe import Probe
 from credo.core.rollouts import Cost, Credit, Rollouts
 from credo.core.segment import segmentation_stage
 from credo.policy import bind_task, check_policy_path, load_policy
+from credo.policy.adapters import LORA_SEED_OFFSET, AdapterDisabled, is_lora, seeded_rng
 from credo.policy.base import Policy
 from credo.policy.device import autocast_dtype, device_name, resolve_device, resolve_dtype
 from credo.strategies import Collected, SamplingContext, Strategy
@@ -54,8 +56,7 @@ class TrainerStep:
         if policy is None:
             device = resolve_device(config.device, "train.device")  # before the start is read: one line, exit 2
             dtype = resolve_dtype(config.dtype, device, "train.dtype")
-            policy = load_policy(self.start_path(), device=device, lora_r=config.lora_r, lora_alpha=config.lora_alpha,
-                                 lora_targets=config.lora_targets, dtype=dtype,
+            policy = load_policy(self.start_path(), device=device, lora=config.lora, seed=config.seed, dtype=dtype,
                                  autocast=autocast_dtype(config.dtype))
         # config.yaml records the device the run trains on ('auto' resolved), so that a resume or a comparison
         # reusing the run continues on it, and moving it elsewhere is asked for explicitly (docs/gpu.md)
@@ -65,7 +66,7 @@ class TrainerStep:
                                  ("train.credit.localiser", config.credit.get("localiser"))):
             if localiser == "prompt":  # a request the policy cannot read: refused now, not at the first reset
                 check_can_ask(self.policy, self.task, field)
-        self.reference = self.policy.copy() if config.loss.kl_coef > 0 else None
+        self.reference = reference_of(self.policy) if config.loss.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad], lr=config.lr,
                                            betas=(config.beta1, config.beta2), weight_decay=config.weight_decay,
                                            fused=config.fused_adamw or None)
@@ -117,6 +118,9 @@ class TrainerStep:
     def train_step(self) -> dict[str, Any]:
         """One optimisation step; returns its metrics row."""
         started = time.time()
+        # sampling and every gradient-free scoring (old and reference log-probs, the estimator's probes) without
+        # dropout; only update() trains: a model with dropout (lora.dropout) then scores the same after a resume
+        self.policy.model.eval()
         collected = self.collect()                   # 1. prompts, G completions each, the verifier's rewards
         rollouts = self.prepare(collected)           # 2-3. shaped rewards, old and reference log-probs
         rollouts, cut = self.segment(rollouts)       # 4. segment_ids, when the estimator reads the batch's
@@ -165,15 +169,29 @@ class TrainerStep:
         mask = rollouts.trainable_mask()
         if credit.loss_mask is not None:
             mask = mask & credit.loss_mask
-        B = rollouts.batch_size
         # data parallel: token-mean divides by the *global* token count, so the ranks' average is the global loss
         scale = 1.0
         if self.dp is not None and c.loss.aggregation == "token-mean":
             local = float(mask.sum())
             scale = local * self.dp.world / max(self.dp.sum(local), 1.0)
         stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "grad_norm": 0.0, "update_norm": 0.0}
-        n_updates = 0
         self.policy.model.train()
+        with self.dropout_rng():
+            n_updates = self.update_passes(rollouts, credit, mask, scale, stats)
+        return {k: v / max(n_updates, 1) for k, v in stats.items()}
+
+    def dropout_rng(self) -> contextlib.AbstractContextManager:
+        """With lora.dropout > 0, the update draws its dropout masks from the global RNG seeded by the run's seed
+        and step (restored after), so a resumed run draws the same masks; without it, nothing changes."""
+        if self.config.lora.r == 0 or self.config.lora.dropout == 0:
+            return contextlib.nullcontext()
+        return seeded_rng(self.config.seed * 1_000_003 + self.step + LORA_SEED_OFFSET, self.policy.model)
+
+    def update_passes(self, rollouts: Rollouts, credit: Credit, mask: torch.Tensor, scale: float,
+                      stats: dict[str, float]) -> int:
+        """The `epochs` x `minibatches` AdamW steps of update(), summing their statistics into `stats`;
+        -> the number of steps taken."""
+        c, B, n_updates = self.config, rollouts.batch_size, 0
         for _ in range(c.epochs):
             order = list(range(B))
             self.streams.minibatch.shuffle(order)
@@ -203,7 +221,7 @@ class TrainerStep:
                 stats["kl"] += s["kl"]
                 stats["grad_norm"] += float(grad_norm)
                 n_updates += 1
-        return {k: v / max(n_updates, 1) for k, v in stats.items()}
+        return n_updates
 
     def check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """Stop before a non-finite update reaches the weights; the last checkpoint stays the last good one."""
@@ -252,6 +270,14 @@ def validation_split(task: Any, config: TrainConfig) -> list:
         raise ConfigError(f"train.eval_split=validation needs a task with a validation split (arith, arith-long); "
                           f"task {task.name!r} has none")
     return task.validation_problems(max(config.eval_n, config.final_eval_n))
+
+
+def reference_of(policy: Policy) -> object:
+    """The KL term's reference: a LoRA policy's base, its adapters switched off (the same weights, no copy); any
+    other policy's copy as it starts."""
+    if is_lora(policy.model):
+        return AdapterDisabled(policy)
+    return policy.copy()
 
 
 class TrainingDiverged(UserError):

@@ -47,6 +47,7 @@ from credo.lab.audit.cache import load_cached, save_cached
 from credo.core.config import MAX_GROUP, MAX_HELD_OUT, MAX_SAMPLES, UserError, check, check_in, to_dict
 from credo.core.values import MCValues, mc_values
 from credo.policy import check_task_fits, load_policy
+from credo.policy.adapters import adapter_meta
 from credo.train.starts import resolve_checkpoint
 from credo.policy.device import autocast_dtype, check_device_fields, device_name, resolve_device, resolve_dtype
 from credo.policy.base import SamplingConfig
@@ -55,11 +56,10 @@ from credo.core.rollouts import Rollouts
 from credo.core.files import atomic_write_json, atomic_write_text, cache_root
 from credo.core.segment import SEGMENTERS, default_segmenter, segment_means
 from credo.lab.audit.report import (FLOORS, METRICS, Labels, fidelity, first_error_top1, floor_credit,  # noqa: F401
-                                    pick_figures, routed_rows,
-                                weight_concentration, localisable_errors, localiser_table, markdown_table,
-                                most_frequent_position, first_errors,
-                                checked_methods, pairwise_rank, parse_method, plot_audit, score_row,
-                                split_half_spearman, random_expectation)
+                                    pick_figures, routed_rows, weight_concentration, localisable_errors,
+                                    localiser_table, markdown_table, most_frequent_position, first_errors,
+                                    checked_methods, pairwise_rank, parse_method, plot_audit, score_row,
+                                    split_half_spearman, random_expectation)
 from credo.lab.audit.premises import (conditions_on_solution, kl_argmax_hits, parse_figures, teacher_gain,
                                   teacher_table, teacher_warning, unprivileged_twins)
 from credo.strategies.sampling import sample_scored
@@ -147,6 +147,9 @@ def _weights_digest(checkpoint: str) -> str:
         with open(os.path.join(checkpoint, name), "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
+    adapter = adapter_meta(checkpoint)  # a LoRA adapter stands for its base too: the same adapter on another base
+    if adapter is not None:             # is another policy
+        h.update(adapter["base_digest"].encode())
     return h.hexdigest()[:16]
 
 

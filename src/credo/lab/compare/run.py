@@ -120,10 +120,11 @@ def _executor(jobs: int, workers: TaskWorkers) -> Any:
 def worker_died(plan: list[tuple[str, int, str]], died: tuple[list[int], str]) -> UserError:
     """The one line of a comparison whose worker process died (the kernel's out-of-memory killer, `kill -9`):
     the run it trained and what ended it. No run has failed: the pool stopped the others, which resume."""
-    runs = " or ".join(f"{plan[i][0]} seed {plan[i][1]} ({plan[i][2]})" for i in died[0]) or "no run"
-    return UserError(f"the worker process training {runs} was stopped by {died[1]} (the kernel's out-of-memory "
-                     "killer sends SIGKILL); no run failed: the others were stopped at once and keep their last "
-                     "checkpoints; rerun the same command to go on (finished runs are reused)")
+    runs = " or ".join(f"{plan[i][0]} seed {plan[i][1]} ({plan[i][2]})" for i in died[0])
+    who = f"the worker process training {runs}" if runs else "a worker process, between runs,"
+    return UserError(f"{who} was stopped by {died[1]} (the kernel's out-of-memory killer sends SIGKILL); no run "
+                     "failed: the others were stopped at once and keep their last checkpoints; rerun the same "
+                     "command to go on (finished runs are reused)")
 
 
 def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm, jobs: int,
@@ -131,7 +132,6 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
     """Runs `plan` `jobs` at a time. A run is submitted only when a worker is free: a process pool starts
     what it is handed ahead of time, so a full disk (DiskError) then stops the grid with no run begun after
     it; the runs already going are waited for (on that disk they fail at their next write), then it raises."""
-    import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, wait
     from concurrent.futures.process import BrokenProcessPool
 
@@ -139,9 +139,9 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
     outcomes: dict[int, tuple[Any, str | None]] = {}
     shown, queued, stop, broken = 0, list(enumerate(plan))[::-1], None, []  # popped from the end: plan order
     futures: dict[Any, int] = {}
-    workers = TaskWorkers(multiprocessing.get_context("spawn"))
+    workers = TaskWorkers()  # a spawn context's queue, as the pool's
     with _executor(jobs, workers) as pool, workers_stopped_on_interrupt():  # no worker trains on, holding its lock
-        processes = pool._processes  # pid -> Process; the pool drops it at shutdown, when the exit codes are known
+        processes = getattr(pool, "_processes", {})  # pid -> Process; dropped at shutdown, when exit codes are known
         def submit_next() -> set[Any]:
             if not queued or broken:  # a broken pool takes no task: what is left resumes on the rerun
                 return set()
@@ -166,7 +166,8 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
                 except (DiskError, TrackerError) as err:
                     stop = stop or err
                     if pending:
-                        print(f"credo compare: stopping ({err}); waiting for {len(pending)} running run(s)",
+                        why = "a tracker's failure" if isinstance(err, TrackerError) else "a refused write"
+                        print(f"credo compare: stopping on {why}; waiting for {len(pending)} running run(s)",
                               file=sys.stderr, flush=True)
                 except BrokenProcessPool:  # a worker died (killed, out of memory): stopped below, not a failure
                     broken.append(futures[future])
