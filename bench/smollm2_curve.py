@@ -16,12 +16,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from credo.core.files import read_jsonl  # noqa: E402
+
 RUNS = {"grpo-lr2e-6": "GRPO, lr 2e-6 (15-step SFT start)", "grpo-lr2e-5-collapse": "GRPO, lr 2e-5 (6-step SFT start)"}
 
 
 def curve(run_dir: str) -> tuple[list[int], list[float], tuple[int, float] | None]:
     """(steps, accuracy on the curve's 100 problems, (step, final accuracy on 300) if the run finished)."""
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    rows = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))  # committed as metrics.jsonl.gz
     points = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
     summary = os.path.join(run_dir, "summary.json")
     final = None

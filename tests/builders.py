@@ -88,8 +88,10 @@ def save_tiny_llama(path: str, **llama_options) -> str:
     return path
 
 
-SHIPPED_START = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "credo", "assets",
-                             "sft-37beb6f32137")  # the shipped arith SFT start: a TinyPolicy that writes arithmetic
+def shipped_start() -> str:
+    """The shipped arith SFT start (a TinyPolicy that writes arithmetic), unpacked into the test's cache."""
+    from credo.train.sft import ensure_sft
+    return ensure_sft(task="arith", progress=False)
 
 
 # --- arithmetic problems and traces -----------------------------------------------------------------------

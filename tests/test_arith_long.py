@@ -1,5 +1,7 @@
 """`arith-long`: a registered task preset with its own SFT preset, held-out split and default start."""
 
+import os
+
 import pytest
 
 from credo.core.config import ConfigError, config_hash
@@ -39,9 +41,19 @@ def test_sft_preset_follows_the_task():
     assert packaged_start(sft_config_for("arith")) is not None
 
 
-def test_default_start_of_arith_long_is_its_packaged_start():
+def test_default_start_of_arith_long_is_its_packaged_start_unpacked_into_the_cache():
+    import lzma
+    from credo.core.files import cache_root
+    from credo.policy.tiny import TinyPolicy
     from credo.train.sft import ensure_sft
-    path = ensure_sft(task="arith-long", progress=False)  # the test cache is empty: the packaged copy
-    assert (path == packaged_start(sft_config_for("arith-long"))
-            and path.endswith("sft-" + config_hash(sft_config_for("arith-long"))))
+    digest = config_hash(sft_config_for("arith-long"))
+    path = ensure_sft(task="arith-long", progress=False)  # the test cache is empty: the packaged copy, unpacked
+    assert path == os.path.join(cache_root(), "sft", digest)
+    shipped = packaged_start(sft_config_for("arith-long"))
+    assert shipped.endswith("sft-" + digest) and not os.path.exists(os.path.join(shipped, "model.safetensors"))
+    with open(os.path.join(shipped, "model.safetensors.xz"), "rb") as f, \
+            open(os.path.join(path, "model.safetensors"), "rb") as g:
+        assert lzma.decompress(f.read()) == g.read()  # the shipped weights, byte for byte
+    assert TinyPolicy.load(path).model.config.d_model == 256
     assert ensure_sft(task="arith", progress=False) != path
+    assert ensure_sft(task="arith-long", progress=False) == path  # unpacked once, then read from the cache

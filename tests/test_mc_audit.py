@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from builders import SHIPPED_START, probe_for, rollouts_of
+from builders import probe_for, rollouts_of, shipped_start
 from credo import credit
 from credo.lab.audit.run import (AuditConfig, fidelity, first_error_top1, floor_credit,
                                  most_frequent_position, pairwise_rank,
@@ -91,7 +91,7 @@ def test_first_error_top1_ties_are_shared():
 
 def test_audit_writes_schema(tmp_path):
     # the shipped SFT start writes arithmetic, so some wrong traces have a labelled first error to localise
-    cfg = AuditConfig(checkpoint=SHIPPED_START, n=8, group_size=4, k_ref=2, methods=("vineppo:k=2", "rloo"),
+    cfg = AuditConfig(checkpoint=shipped_start(), n=8, group_size=4, k_ref=2, methods=("vineppo:k=2", "rloo"),
                       max_new_tokens=16, localisers=("random", "oracle", "value"))
     report = run_audit(cfg, str(tmp_path / "audit"), progress=False)
     on_disk = json.load(open(tmp_path / "audit" / "audit.json"))

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from builders import SHIPPED_START, THREE_TERMS, probe_for, rollouts_of
+from builders import THREE_TERMS, probe_for, rollouts_of, shipped_start
 from credo.core.values import answer_values, reference_tails, suffix_values
 from credo.policy import load_policy
 from credo.policy.base import SamplingConfig
@@ -147,7 +147,7 @@ def test_value_localiser_values_each_parent_alone_and_needs_an_answer(policy):
 
 
 def test_value_localiser_finds_the_first_error_on_the_shipped_start():
-    policy = load_policy(SHIPPED_START)
+    policy = load_policy(shipped_start())
     task = ArithTask()
     texts = ["37+48=85\n85-12=74\n74+55=129\n#### 129",   # first error at step 2 (index 1)
              "37+48=86\n86-12=74\n74+55=129\n#### 129",   # at step 1, later lines carry it forward

@@ -78,11 +78,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step (dataset size = prompts * steps)")
     parser.add_argument("--max-tokens", type=int, default=512, help="max completion tokens")
     parser.add_argument("--no-vllm", dest="use_vllm", action="store_false", help="generate with the training model")
-    parser.add_argument("--dry-run", action="store_true", help="CPU check: tiny random model, 2 steps, small batch")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="CPU check: tiny random model, at most 2 steps, small batch")
     parser.add_argument("--out", default="runs/gpu-trl", help="output directory")
     args = parser.parse_args()
     if args.dry_run:
-        args.steps, args.batch, args.group, args.prompts, args.max_tokens = 2, 8, 4, 2, 16
+        args.steps, args.batch, args.group, args.prompts, args.max_tokens = min(args.steps, 2), 8, 4, 2, 16
     base = run_one(args, None)
     ours = run_one(args, args.credit)
     print(f"TRL GRPO:        {base['generated_tokens_per_s']:.1f} generated tokens/s, "

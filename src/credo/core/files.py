@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from typing import Any, Callable, Iterator
 
+from credo.core.compressed import GZIP, read_record, stored_path
 from credo.core.config import UserError
 from credo.core.disk_errors import named_disk_errors
 from credo.core.records import METRICS_FIELDS, checked_record
@@ -86,14 +87,14 @@ def atomic_write_json(path: str, obj: Any) -> None:
 
 
 def read_jsonl(path: str, drop_torn_tail: bool = False, fields: dict | None = None) -> list[dict]:
-    """Rows of a JSONL file. A line that is not JSON is an error naming it, except, with
-    `drop_torn_tail`, an unterminated last line (a write cut short by a kill or a full disk). With `fields`
-    (credo.core.records), each row is a JSON object whose numbers among them are checked."""
-    if not os.path.exists(path):
+    """Rows of a JSONL file, or of its compressed copy `path.gz` (credo.core.compressed). A line that is not JSON
+    is an error naming it, except, with `drop_torn_tail`, an unterminated last line (a write cut short by a kill
+    or a full disk). With `fields` (credo.core.records), each row is a JSON object whose numbers among them are
+    checked."""
+    if stored_path(path) is None:
         return []
     rows = []
-    with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
+    lines = read_record(path).split(b"\n")
     for line_number, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
@@ -176,8 +177,8 @@ _SIGNATURES = {"train": ("config.yaml", "metrics.jsonl"), "sft": ("sft_config.ya
 # files too, and is never taken for (or replaced as) a credo output by its file names alone
 # (tensorboard/, wandb/, mlruns/: the local stores of the trackers a run or comparison reports to)
 _TRACKER_DIRS = ("tensorboard", "wandb", "mlruns")
-_OWN_NAMES = {"train": ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "final", "credit",
-                        *_TRACKER_DIRS),
+_OWN_NAMES = {"train": ("config.yaml", "metrics.jsonl", "metrics.jsonl" + GZIP, "summary.json", "checkpoints", "final",
+                        "credit", *_TRACKER_DIRS),
               "audit": ("audit.json", "localisers.json", "audit.md", "audit.png", "audit.html"),
               "compare": ("results.json", "report.md", "*.png", "runs", "audit", "premises", "failure-*.txt",
                           ".credo-export", "estimate.json", *_TRACKER_DIRS),
@@ -210,7 +211,7 @@ def run_kind(path: str) -> str | None:
         with open(marker) as f:
             return f.read().strip() or None
     for kind, files in _SIGNATURES.items():
-        if (all(os.path.exists(os.path.join(path, name)) for name in files)
+        if (all(os.path.exists(os.path.join(path, name)) or stored_path(os.path.join(path, name)) for name in files)
                 and holds_only_own_files(path, kind, notes=True)):
             return kind
     runs = os.path.join(path, "runs")  # a comparison stopped before its first result

@@ -23,6 +23,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field, replace
 
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from credo.core.compressed import unpacked_copy
 from credo.core.config import MAX_HELD_OUT, MAX_STEP_COMPLETIONS, ConfigError, check, check_in, config_hash, dump_yaml
 from credo.train.evaluate import evaluate
 from credo.policy.base import right_pad
@@ -137,7 +139,8 @@ class SFTConfig:
 # (docs/results/arith-long-skilled). arith-long-skilled-1 and -2: a first try at a start with those abilities, on
 # the default 0.83M GPT from the `arith` start, 30% solution-in-context and 20% localisation examples, two stages
 # of at most 400 steps at batch 32 (held-out greedy 0.067, then 0.240): neither's teacher read its solution
-# (-15 to -17 nats) nor did it localise above chance. arith-long-skilled (the skilled start, shipped): the
+# (-15 to -17 nats) nor did it localise above chance. arith-long-skilled (the skilled start; no preset uses it, so it
+# is not shipped and `sft:arith-long-skilled` trains it from this recipe, 75 min on one CPU core): the
 # arith-long-first start fine-tuned 1600 steps at batch 32, lr 5e-4, on 50% solution-in-context, 20% localisation,
 # 10% early-answer and 20% plain examples, keeping the last step: its teacher reads its own verified solutions
 # (gain > 0 from step ~1000; the largest-KL token lands in the first wrong step ~5x as often as a uniform token);
@@ -352,21 +355,28 @@ def initialise_from(policy: TinyPolicy, directory: str) -> None:
 
 
 def packaged_start(config: SFTConfig) -> str | None:
-    """A start checkpoint shipped with the package for this exact config, if any."""
+    """The folder of the start shipped with the package for this exact config, if any: the starts a preset uses
+    (arith, arith-long-first, arith-long-skilled-band), their weights xz-compressed (credo.core.compressed)."""
     path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", f"sft-{config_hash(config)}")
     return path if os.path.isfile(os.path.join(path, "policy.json")) else None
 
 
 def ensure_sft(config: SFTConfig | None = None, force: bool = False, progress: bool = True, task: str = "arith") -> str:
-    """Path of the SFT start for `config` (default: `task`'s preset): from the cache, else the packaged
-    copy, else trained now."""
+    """Path of the SFT start for `config` (default: `task`'s preset) in the cache: there already, else unpacked
+    from the packaged copy, else trained now from its recipe (a start no preset uses, e.g. arith-long-skilled:
+    75 min on one CPU core). A rebuild follows the recipe but need not reproduce the bytes of a copy built earlier:
+    the shipped arith start logged a step-100 loss of 1.5145, its rebuild on 2026-12-06 1.5440."""
     config = config or sft_config_for(task)
     path = os.path.join(cache_root(), "sft", config_hash(config))
     if not force and os.path.isfile(os.path.join(path, "policy.json")):
         return path
     shipped = packaged_start(config)
     if shipped and not force:
-        return shipped
+        unpacked_copy(shipped, path)
+        return path
+    if progress:
+        print(f"credo: training the SFT start {config_hash(config)} from its recipe into {path} (not shipped; "
+              "cached once built)", file=sys.stderr, flush=True)
     train_sft(config, path, progress=progress)
     return path
 

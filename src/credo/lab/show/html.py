@@ -1,4 +1,5 @@
-"""Self-contained HTML for `credo show` and `audit.html`: inline CSS, no scripts, no fonts, no network.
+"""HTML for `credo show` and `audit.html`: inline CSS, no scripts, no fonts, no network (audit.html shows the
+audit.png beside it).
 
 Layout: a summary table (method, first-error top-1 on the shown traces, cost), a legend of the one
 diverging colour scale of the page, then a grid with one row per trace and one column per method
@@ -11,7 +12,6 @@ let tests check the rendered DOM.
 
 from __future__ import annotations
 
-import base64
 import html
 import os
 from typing import Any
@@ -155,11 +155,12 @@ def markdown_tables(markdown: str) -> str:
 
 
 def render_audit(markdown: str, plot_path: str | None, page: Any) -> str:
-    """audit.html: the audit's tables, its plot (inlined as a data URI) and a show grid of its traces."""
+    """audit.html: the audit's tables, its plot and a show grid of its traces. The plot is linked by its file name,
+    not inlined: audit.png lies beside the page, and a copy inside it would only double the folder's size."""
     body = markdown_tables(markdown)
     if plot_path and os.path.exists(plot_path):
-        data = base64.b64encode(open(plot_path, "rb").read()).decode()
-        body += f"<img alt='audit plot' style='max-width:100%' src='data:image/png;base64,{data}'>"
+        name = html.escape(os.path.basename(plot_path), quote=True)
+        body += f"<img alt='audit plot' style='max-width:100%' src='{name}'>"
     body += (f"<h2>Credit on {len(page.traces)} of the audited traces</h2>"
              f"<div class='sub'>{html.escape(page.subtitle)}</div>")
     return document("credo audit", body + grid(page))
