@@ -19,9 +19,12 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
+import weakref
 from typing import Any, Iterator
 
 from tqdm import tqdm
@@ -105,18 +108,22 @@ _announce: Any = None  # the parent's queue, on which each task tells which proc
 
 
 class TaskWorkers:
-    """Which worker process of a pool runs which task: each task, as it begins in a worker (run_announced), puts
-    (task index, process id) on `queue`, passed to worker_started. A pool whose worker died fails every task it
-    held with BrokenProcessPool, naming neither the task nor the cause; `died` finds both."""
+    """Which worker process of a pool runs which task: each task, as it begins in a worker (run_announced), writes
+    its process id to `folder`/<task index>; the folder, a plain path, is handed to worker_started. (A
+    multiprocessing queue handed to the pool's initializer keeps the pool from ever seeing a killed worker: it
+    waits forever.) A pool whose worker died fails every task it held with BrokenProcessPool, naming neither
+    the task nor the cause; `died` finds both. The folder is removed with this object."""
 
-    def __init__(self, context: Any = None) -> None:
-        self.queue = (context or multiprocessing.get_context("spawn")).SimpleQueue()
+    def __init__(self) -> None:
+        self.folder = tempfile.mkdtemp(prefix="credo-workers-")
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.folder, True)
         self.pid_of: dict[int, int] = {}
 
     def drain(self) -> None:
-        while not self.queue.empty():
-            index, pid = self.queue.get()
-            self.pid_of[index] = pid
+        for name in os.listdir(self.folder):
+            if name.isdigit():  # a finished announcement (written under a temporary name, then renamed)
+                with contextlib.suppress(OSError, ValueError), open(os.path.join(self.folder, name)) as f:
+                    self.pid_of[int(name)] = int(f.read())
 
     def died(self, processes: dict[int, Any], tasks: list[int]) -> tuple[list[int], str]:
         """Of `tasks` (their futures broken), the ones whose process died by a signal, and that signal's name;
@@ -141,12 +148,15 @@ class TaskWorkers:
 def run_announced(index: int, fn: Any, *args: Any) -> Any:
     """In a worker: tell the parent (TaskWorkers) that this process runs task `index`, then run fn(*args)."""
     if _announce is not None:
-        _announce.put((index, os.getpid()))
+        part = os.path.join(_announce, f".{index}-{os.getpid()}")
+        with open(part, "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(part, os.path.join(_announce, str(index)))
     return fn(*args)
 
 
 def worker_started(parent_pid: int, announce: Any = None) -> None:
-    """Initializer of a comparison's worker process (see the module docstring); `announce`: TaskWorkers' queue."""
+    """Initializer of a comparison's worker process (see the module docstring); `announce`: TaskWorkers' folder."""
     global _announce
     _announce = announce
     # tqdm's default lock is a multiprocessing semaphore, which a stopped worker (os._exit) would leave for the

@@ -114,7 +114,7 @@ def _executor(jobs: int, workers: TaskWorkers) -> Any:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=worker_started, initargs=(os.getpid(), workers.queue))
+                               initializer=worker_started, initargs=(os.getpid(), workers.folder))
 
 
 def worker_died(plan: list[tuple[str, int, str]], died: tuple[list[int], str]) -> UserError:
@@ -139,7 +139,7 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
     outcomes: dict[int, tuple[Any, str | None]] = {}
     shown, queued, stop, broken = 0, list(enumerate(plan))[::-1], None, []  # popped from the end: plan order
     futures: dict[Any, int] = {}
-    workers = TaskWorkers()  # a spawn context's queue, as the pool's
+    workers = TaskWorkers()  # where each task says which worker process runs it
     with _executor(jobs, workers) as pool, workers_stopped_on_interrupt():  # no worker trains on, holding its lock
         processes = getattr(pool, "_processes", {})  # pid -> Process; dropped at shutdown, when exit codes are known
         def submit_next() -> set[Any]:
