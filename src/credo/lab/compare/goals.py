@@ -63,8 +63,12 @@ def corrected(interval: dict[str, Any] | None) -> str:
     simultaneous interval, in points; '—' outside any family (fewer than 2 seeds)."""
     if not interval or interval.get("p_holm") is None:
         return "—"
+    return f"Holm p {_p(interval['p_holm'])}; {_simultaneous(interval)}"
+
+
+def _simultaneous(interval: dict[str, Any]) -> str:
     low, high = interval["ci_simultaneous"]
-    return f"Holm p {_p(interval['p_holm'])}; [{100 * low:+.1f}, {100 * high:+.1f}]"
+    return f"[{100 * low:+.1f}, {100 * high:+.1f}]"
 
 
 def _p(value: float) -> str:
@@ -77,9 +81,8 @@ def points_corrected(interval: dict[str, Any] | None, unit: str = "") -> str:
     text = points(interval) + unit
     if not interval or interval.get("p_holm") is None:
         return text
-    low, high = interval["ci_simultaneous"]
     return (text + f" (Holm p {_p(interval['p_holm'])} among {interval['family_size']}; simultaneous "
-            f"[{100 * low:+.1f}, {100 * high:+.1f}])")
+            f"{_simultaneous(interval)})")
 
 
 def credit_methods(names: Any) -> list[str]:
@@ -116,12 +119,6 @@ def _every(verdicts: list[bool | None]) -> bool | None:
     if any(v is False for v in verdicts):
         return False
     return None if any(v is None for v in verdicts) else True
-
-
-def _verdict(interval: dict[str, Any] | None, direction: int) -> bool | None:
-    """One comparison: whether it is resolved on the claimed side of 0 once its family is paid for (Holm,
-    stats.resolved); None without an interval."""
-    return resolved(interval, direction)
 
 
 def _shared(results: dict[str, Any], a: str, b: str) -> tuple[str, str, int]:
@@ -253,7 +250,7 @@ def _sc_above(results: dict[str, Any]) -> dict[str, Any]:
     controls = [p for p in (results.get("controls") or control_pairs(results))
                 if p["method"] == name and parse_spec(p["control"])[1].get("level") == "token"]
     delta = results["methods"][name]["delta_vs_grpo"]
-    verdicts = [_verdict(delta, +1)] + [_verdict(p["delta"], +1) for p in controls] + ([] if controls else [None])
+    verdicts = [resolved(delta, +1)] + [resolved(p["delta"], +1) for p in controls] + ([] if controls else [None])
     judged = ([f"{name} {points_corrected(delta, ' points')} vs GRPO (paired over {delta['n']} seeds)"]
               if delta["n"] >= 2 else [])
     judged += [f"{name} − {p['control']}: {points_corrected(p['delta'], ' points')}" for p in controls
@@ -324,7 +321,7 @@ def _srpo_sooner(results: dict[str, Any]) -> dict[str, Any]:
                          if privileged else ""))
     missing = [_short([_shared(results, srpo, other) for other in vs]),
                "no RRPO row in the grid (rrpo, or srpo:localiser=random)" if rrpo is None else ""]
-    verdicts = [_verdict(iv, -1) for iv in vs.values()] + ([None] if rrpo is None else [])
+    verdicts = [resolved(iv, -1) for iv in vs.values()] + ([None] if rrpo is None else [])
     return _judgement(SRPO, _every(verdicts), judged, missing)
 
 
@@ -339,7 +336,7 @@ def _controls(results: dict[str, Any], pairs: list[dict[str, Any]]) -> dict[str,
         return {"goal": CONTROLS, "holds": None, "evidence": "not judged: no credit method has its control" + note}
     judged = [f"{p['method']} − {p['control']}: {points_corrected(p['delta'], ' points')}" for p in pairs
               if p["delta"]["n"] >= 2]
-    row = _judgement(CONTROLS, _every([_verdict(p["delta"], +1) for p in pairs]), judged,
+    row = _judgement(CONTROLS, _every([resolved(p["delta"], +1) for p in pairs]), judged,
                      [_short([_shared(results, p["method"], p["control"]) for p in pairs])])
     return {**row, "evidence": row["evidence"] + note}
 

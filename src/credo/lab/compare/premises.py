@@ -1,4 +1,4 @@
-"""The premise checks of a comparison, measured on its start and on every run's final policy (issue 37: RL may
+"""The premise checks of a comparison, measured on its start and on every run's final policy (RL may
 erode the abilities a method rests on). Which checks a method needs: credo.lab.audit.premises.premises_of; what
 they measure: credo.lab.audit.premises.measure_premises. Each measurement is kept in <out>/premises/<run>.json
 (start.json for the start) with the key it was measured under (the policy's weights digest, the checks, the

@@ -27,7 +27,7 @@ MAX_GRAD_CLIP = 1e6  # a clip norm above any real gradient: clipping off
 SCHEDULE = ("epochs", "minibatches", "lr", "grad_clip")  # the optimiser schedule every method of a comparison shares
 MAX_JOBS = 256  # runs at a time: each is a process holding a policy; more is a typo, not a machine
 CREDO_METHOD = "tempo:of=rredcot:include_reference=false"
-"""The credo method (issue 38): chosen by the rule of docs/methods.md on the validation split, seed 10
+"""The credo method: chosen by the rule of docs/methods.md on the validation split, seed 10
 (docs/results/beyond-seeds/selection/: 0.666 against tempo:of=rredcot † 0.671, within one standard error, and
 entropy_mask:of=rredcot:include_reference=false 0.660; GRPO 0.629). Unprivileged: RREDCoT's own-group value."""
 CREDO_CONTROL = "shuffled:of=tempo:options.of=rredcot:include_reference=false"
@@ -81,14 +81,14 @@ PRESETS = {
     "full": Preset(methods=ALL_METHODS + ("shuffled:of=rredcot", "shuffled:of=sc_grpo"), seeds=(0, 1, 2),
                    token_budget=260_000, eval_every_tokens=65_000, eval_n=300, final_eval_n=1000, audit_n=128,
                    audit_k_ref=16, jobs=2),
-    # The decisive comparison on the long-chain task (issue 15). Budget measured on arith-long's start
+    # The decisive comparison on the long-chain task. Budget measured on arith-long's start
     # (docs/results/arith-long-grpo/wide): GRPO climbs fast to ~400k tokens (0.36 -> 0.56), a third as fast to
     # 1M (0.63), and is flat from 1M to 1.5M (0.63, 0.63, 0.62, 0.62, 0.64): the budget is where it flattens.
     "long": Preset(methods=("grpo", "dr_grpo", "dapo", "gspo", "rredcot", "shuffled:of=rredcot", "vineppo", "rrpo",
                             "srpo", "ibpo", "sc_grpo", "shuffled:of=sc_grpo"), seeds=(0, 1, 2, 3, 4),
                    token_budget=1_000_000, eval_every_tokens=125_000, eval_n=300, final_eval_n=1000, audit_n=128,
                    audit_k_ref=16, task="arith-long", jobs=2),
-    # SmolLM2-135M on 2 CPU cores (issue 17): gym:chain_sum with 3-4 one-digit terms, from its format/answer SFT
+    # SmolLM2-135M on 2 CPU cores: gym:chain_sum with 3-4 one-digit terms, from its format/answer SFT
     # start (README, "Real models"), which the caller passes as --start. One update per batch of 2 prompts x 4
     # completions at lr 2e-6 (2e-5 collapsed the start's greedy accuracy 0.33 -> 0 within 10 steps, see
     # docs/results/smollm2/); 50k generated tokens is ~205 GRPO steps, ~24 minutes of one GRPO run on 2 idle cores
@@ -99,7 +99,7 @@ PRESETS = {
                       schedule={"epochs": 1, "minibatches": 1, "lr": 2e-6}, jobs=2,
                       needs_start="the SmolLM2 format/answer SFT start: `credo sft --config "
                                   "examples/smollm2/sft.yaml --out DIR` (README, Real models and tasks)"),
-    # Round two (issue 37, grid 1): the claims judged on the skilled arith-long start, where the mechanisms can work:
+    # Round two, grid 1: the claims judged on the skilled arith-long start, where the mechanisms can work:
     # rredcot with and without the reference solution (privileged with it), sc_grpo and its token-level control, srpo
     # with the paper's self-localisation (`prompt`) and with `value` (privileged), ibpo with and without mass
     # preservation. Budget measured on sft:arith-long-skilled-band (docs/results/long-skilled-band-grpo-1m): GRPO is
@@ -115,7 +115,7 @@ PRESETS = {
                            needs_start="a skilled arith-long start: --start sft:arith-long-skilled-band (its teacher "
                                        "reads its solution, greedy 0.60: room for RL) or sft:arith-long-skilled (0.83: "
                                        "GRPO does not improve it)"),
-    # Round two (issue 37, grid 2): SmolLM2-135M on longer chains (5-8 one-digit terms), from its SFT start on them.
+    # Round two, grid 2: SmolLM2-135M on longer chains (5-8 one-digit terms), from its SFT start on them.
     "smollm2-long": Preset(methods=("grpo", "rredcot", "rredcot:include_reference=false", "shuffled:of=rredcot",
                                     "sc_grpo", "shuffled:of=sc_grpo:level=token", "srpo:localiser=prompt", "rrpo"),
                            seeds=(0, 1, 2), token_budget=50_000, eval_every_tokens=10_000, eval_n=100,
@@ -134,7 +134,7 @@ PRESETS = {
                     final_eval_n=8, train={"prompts_per_step": 2, "group_size": 4, "sampling": {"max_new_tokens": 24}},
                     audit_n=8, audit_k_ref=2),
 }
-# Beyond the seeds (issue 38): the free and cheap methods users compare against and the credo method, on the `long`
+# Beyond the seeds: the free and cheap methods users compare against and the credo method, on the `long`
 # protocol itself (so its grpo and rredcot runs are the long grid's), with controls and no start audit. The credo
 # method is the one the rule of docs/methods.md chose on the validation split (docs/results/beyond-seeds/selection/),
 # before this ran.

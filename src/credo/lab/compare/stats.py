@@ -122,13 +122,10 @@ def correct_family(intervals: list[dict[str, Any] | None], family: str, level: f
 def resolved(interval: dict[str, Any] | None, direction: int, level: float = LEVEL) -> bool | None:
     """Whether a comparison is resolved in `direction` (+1 above 0, -1 below) once its family is paid for: its
     Holm-adjusted p below 1 - level and its mean on that side; None without an interval. An interval outside
-    any family (`correct_family` not applied) is judged on its own p."""
+    any family (`correct_family` not applied) is judged on its own p (`paired` records one with every interval)."""
     if not interval or interval.get("ci") is None:
         return None
-    p = interval.get("p_holm", interval.get("p"))
-    if p is None:  # results written before p was recorded: the raw interval is all there is
-        return excludes_zero(interval, direction)
-    return p < 1 - level and interval["mean"] * direction > 0
+    return interval.get("p_holm", interval["p"]) < 1 - level and interval["mean"] * direction > 0
 
 
 def resolution(results: dict[str, Any], final: bool = True) -> float:
