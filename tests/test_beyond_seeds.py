@@ -144,7 +144,7 @@ def test_entropy_mask_estimator_weights_grpo_by_the_mask_of_the_policys_entropie
 
 def test_gtpo_weights_follow_the_entropy_shares_at_each_position():
     r = text_rollouts(TEXTS, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
-    result = run_estimator("gtpo", r, a1=1.0, a2=0.5)
+    result = run_estimator("gtpo", r, form="weights", a1=1.0, a2=0.5)
     _, H = PROPERTY_POLICY.score(r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, entropy=True)
     m = r.completion_mask
     # group 0: row 0 above the mean (O+ alone: share 1), rows 1, 2 below (O-: shares of 1/H at each position)
@@ -153,7 +153,7 @@ def test_gtpo_weights_follow_the_entropy_shares_at_each_position():
     inv = 1 / H[[1, 2], t]
     assert torch.allclose(result.weights[[1, 2], t], 1 + 0.5 * 2 * inv / inv.sum())
     assert (result.weights[~m] == 0).all()
-    assert torch.allclose(run_estimator("gtpo", r, a2=0.0).weights, m.float())
+    assert torch.allclose(run_estimator("gtpo", r, form="weights", a2=0.0).weights, m.float())
 
 
 def test_gtpo_paper_form_is_the_shaped_rewards_of_each_set_standardised_apart():
@@ -187,9 +187,10 @@ def test_gtpo_paper_form_is_the_shaped_rewards_of_each_set_standardised_apart():
     assert abs(float(direct[3:][m[3:]].mean())) < 1e-5 and (direct[0] == 0).all()  # one O+ row: constant, 0
     # the estimator: the same advantages, no token weights; the weight form leaves the all-wrong group at 0
     r = text_rollouts(TEXTS, [1.0, 0.0, 0.0, 0.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1])
-    result = run_estimator("gtpo", r, form="paper")
+    result = run_estimator("gtpo", r)  # the paper's form is the default
     assert result.weights is None and (result.advantages[~r.completion_mask] == 0).all()
-    assert (run_estimator("gtpo", r).advantages[3:] == 0).all()
+    assert (result.advantages[3:][r.completion_mask[3:]] != 0).any()
+    assert (run_estimator("gtpo", r, form="weights").advantages[3:] == 0).all()
 
 
 @pytest.mark.parametrize("seed", range(5))

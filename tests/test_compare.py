@@ -318,11 +318,11 @@ def test_presets_follow_the_protocol():
     # the budget is the measured one (docs/results/arith-long-grpo/wide), evaluated at least 6 times
     assert long.token_budget == 1_000_000 and long.token_budget // long.eval_every_tokens >= 6
     assert long.methods == ("grpo", "dr_grpo", "dapo", "gspo", "rredcot", "shuffled:of=rredcot", "vineppo", "rrpo",
-                            "srpo", "ibpo", "sc_grpo", "shuffled:of=sc_grpo")
+                            "srpo", "ibpo:preserve_mass=true", "sc_grpo", "shuffled:of=sc_grpo")
     beyond = PRESETS["beyond"]  # the long protocol, so its grpo and rredcot rows are the long grid's runs
     assert all(getattr(beyond, f) == getattr(long, f) for f in ("task", "seeds", "token_budget", "eval_every_tokens",
                                                                "eval_n", "final_eval_n", "train", "schedule"))
-    assert {"tempo", "lambda_grpo", "entropy_mask", "gtpo", "otb", "prefix_shaping"} < set(beyond.methods)
+    assert {"tempo", "lambda_grpo", "entropy_mask", "gtpo:form=weights", "otb", "prefix_shaping"} < set(beyond.methods)
     assert control_target("shuffled:of=tempo:options.of=rredcot:include_reference=false") in beyond.methods
     for name in ("quick", "full", "long", "beyond"):
         assert PRESETS[name].final_eval_n >= 1000

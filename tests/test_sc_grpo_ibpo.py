@@ -125,14 +125,14 @@ def test_ibpo_all_regions_ablation_credit_and_mass_preservation(policy):
     r = group_rollouts(policy, [[RIGHT, WRONG, RIGHT]])
     a = grpo_advantages(r.rewards, r.group)
     spec = credit.get("ibpo")
-    out = spec(r, None, spec.make_config({"regions": "all", "kappa": 0.1, "preserve_mass": False}))
+    out = spec(r, None, spec.make_config({"regions": "all", "kappa": 0.1}))  # the paper's raw totals (default)
     # WRONG differs from RIGHT at the last digit of the step result (position 7) and of the answer (15)
     row = out.advantages[1]
     full = [7, 15]
     assert torch.allclose(row[full], a[1].expand(2))
     others = [t for t in range(int(r.completion_mask[1].sum())) if t not in full]
     assert torch.allclose(row[others], 0.1 * a[1].expand(len(others)))
-    kept = spec(r, None, spec.make_config({"regions": "all", "kappa": 0.1})).advantages
+    kept = spec(r, None, spec.make_config({"regions": "all", "kappa": 0.1, "preserve_mass": True})).advantages
     n = r.completion_mask.sum(1).float()
     assert torch.allclose(kept.sum(1), a * n, atol=1e-5)
     assert (kept[~r.completion_mask] == 0).all()
@@ -150,18 +150,18 @@ def test_ibpo_credits_only_the_wrong_line_not_the_lines_that_carry_it_forward(po
     r = group_rollouts(policy, [[right, wrong, right, wrong]], problem)
     a = grpo_advantages(r.rewards, r.group)
     spec = credit.get("ibpo")
-    plain = spec(r, None, spec.make_config({"preserve_mass": False})).advantages  # kappa = 0
+    plain = spec(r, None, spec.make_config({})).advantages  # defaults: first region, kappa 0, raw totals
     first_line = set(range(len("37+48=86\n")))
     for row in (1, 3):   # each wrong trace: the differing digit of its first line only, at full A_w
         credited = set(plain[row].nonzero().flatten().tolist())
         assert credited == {7} and credited <= first_line and torch.isclose(plain[row, 7], a[row])
     assert set(plain[0].nonzero().flatten().tolist()) == {7}  # c*: the counterpart ("5" of "=85")
     assert (plain[2] != 0).sum() == int(r.completion_mask[2].sum())  # a correct trace nobody chose: GRPO
-    out = spec(r, None, spec.make_config({})).advantages  # defaults: first region, kappa 0, mass kept
+    out = spec(r, None, spec.make_config({"preserve_mass": True})).advantages  # first region, mass kept
     n = r.completion_mask.sum(1).float()
     assert torch.allclose(out.sum(1), a * n, atol=1e-5)
     assert set(out[1].nonzero().flatten().tolist()) == {7}
-    every = spec(r, None, spec.make_config({"regions": "all", "preserve_mass": False})).advantages
+    every = spec(r, None, spec.make_config({"regions": "all"})).advantages
     assert len(set(every[1].nonzero().flatten().tolist())) > 1  # the ablation credits the carried lines too
 
 

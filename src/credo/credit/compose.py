@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from credo.core.config import check
+from credo.core.config import check, to_dict
 from credo.core.rollouts import Credit, Rollouts
 from credo.credit.registry import get, wrapped
 
@@ -56,6 +56,16 @@ def check_wrapped(owner: str, of: str, options: dict) -> None:
     except KeyError as err:
         raise ValueError(f"credit.of: {err.args[0]}") from None
     inner.make_config(options, prefix="options.")  # checked now; from_dict puts the path before it
+
+
+def recorded_options(config: Any) -> dict[str, Any]:
+    """An estimator's config as a run records it: every option, and a wrapper's `options` completed the same way
+    (the wrapped estimator's every option, nested wrappers' too), so that a record lacking an option was written
+    before that option existed or changed its default (credo.train.config.as_recorded)."""
+    tree = to_dict(config)
+    if getattr(config, "of", ""):  # a wrapper (its `options` may be left out of to_dict while empty)
+        tree["options"] = recorded_options(get(config.of).make_config(dict(config.options)))
+    return tree
 
 
 def wrapped_credit(of: str, options: dict, rollouts: Rollouts, probe: Any) -> tuple[Credit, Any]:

@@ -1,16 +1,18 @@
 """Entropy-based token credit: the high-entropy token mask and GTPO-style entropy-weighted token rewards.
 
-Specification: docs/methods.md, "## Entropy-based token credit". Both put GRPO's advantage on every token
-and return token weights (Credit.weights), from H_{i,t}, the policy's entropy at each completion position
-(one scoring pass through the Probe, counted as the estimator's cost):
+Specification: docs/methods.md, "## Entropy-based token credit". Both read H_{i,t}, the policy's entropy at each
+completion position (one scoring pass through the Probe, counted as the estimator's cost):
   entropy_mask  w = 1 on the tokens whose entropy is >= the (1 - q) quantile of the batch's trainable
                 tokens' entropies (torch.quantile's linear interpolation, over every data-parallel shard),
                 0 elsewhere: TRL's `top_entropy_quantile=q` (GRPOTrainer.get_high_entropy_mask, TRL 1.16),
                 which multiplies the per-token loss by the mask and keeps the loss's normaliser;
-  gtpo          rows above their group's mean (O+): w = a1 + a2 * d_t * H_{i,t} / sum_{k in O+, live at t} H_{k,t};
-                rows below it (O-): w = a1 + a2 * h_t * H_{i,t}^-1 / sum_{k in O-, live at t} H_{k,t}^-1;
-                d_t, h_t = how many O+ / O- rows are live at position t (ours: weights on GRPO's advantage);
-                form=paper: the paper's shaped token rewards, O+ and O- standardised apart within the group.
+  gtpo          rows in O+ (form=paper: reward > threshold; form=weights: above the group's mean) and O- (the
+                others), with entropy shares
+                S+_{i,t} = d_t * H_{i,t} / sum_{k in O+, live at t} H_{k,t} and
+                S-_{i,t} = h_t * H_{i,t}^-1 / sum_{k in O-, live at t} H_{k,t}^-1 (d_t, h_t = how many O+ / O- rows
+                are live at position t). form=paper (the default): the paper's shaped token rewards a1 r_i + a2 S+
+                and -(a1 + a2 S-), each set standardised apart within the group (all-wrong groups get credit);
+                form=weights (ours): token weights a1 + a2 S on GRPO's advantage (Credit.weights, as entropy_mask).
 """
 
 from __future__ import annotations
@@ -109,10 +111,10 @@ class GTPOConfig(GroupNormConfig):
     """Weight of the entropy share (the paper's alpha_2; 0: plain GRPO)."""
     h_min: float = 1e-6
     """Floor of H before it is inverted for the O- rows (an entropy-0 token would take the whole share)."""
-    form: str = "weights"
-    """'weights' (ours): the entropy shares as token weights on GRPO's advantage; 'paper': the paper's shaped token
-    rewards, each of O+ (reward > threshold) and O- standardised apart within the group, as textpolicy's
-    paper-exact GTPO (docs/methods.md)."""
+    form: str = "paper"
+    """'paper': the paper's shaped token rewards, each of O+ (reward > threshold) and O- standardised apart
+    within the group, as textpolicy's paper-exact GTPO (docs/methods.md); 'weights' (ours): the entropy shares
+    as token weights on GRPO's advantage (weights of 1 to 1.1: nearly GRPO, and no credit in all-wrong groups)."""
     threshold: float = 0.5
     """form=paper: a row whose reward exceeds it is in O+ (textpolicy's reward_threshold)."""
 

@@ -11,8 +11,9 @@ alignment, difflib's matching blocks). Where they differ is the implicit alterna
   A_{w,t} = A_w on E_w and kappa * A_w elsewhere (kappa = 0, the paper: only edited tokens get
   credit); the same for c* on E_c (the union over every incorrect trajectory that chose it).
   Correct trajectories no one chose keep their GRPO advantage.
-  preserve_mass (default on) rescales each reshaped row so sum_t A_t = |o| * A (the GRPO total):
-  without it IBPO is a ~0.4x-step GRPO at the same learning rate.
+  preserve_mass (ours, off) rescales each reshaped row so sum_t A_t = |o| * A (the GRPO total): the
+  paper's raw totals make IBPO a ~0.4x-step GRPO at the same learning rate, but the rescaling puts 35-70x
+  GRPO's advantage on one or two tokens and was measured worse (docs/methods.md, IBPO).
 Groups with no correct or no incorrect member get plain GRPO.
 mode=correct (ours for models that cannot follow a repair instruction): w is resampled
 `repair_tries` times from the first token where it diverges from c*; the first continuation that
@@ -49,9 +50,9 @@ class IBPOConfig:
     kappa: float = 0.0
     """Share of the row's advantage that unedited tokens keep, in [0, 1] (0: the paper, only edited tokens get
     credit; 1: GRPO)."""
-    preserve_mass: bool = True
-    """Rescale each reshaped row so its advantage total equals GRPO's (|o| * A); false: IBPO's raw totals,
-    a ~0.4x-step GRPO at the same learning rate."""
+    preserve_mass: bool = False
+    """true (ours): rescale each reshaped row so its advantage total equals GRPO's (|o| * A); false (the
+    paper): IBPO's raw totals, a ~0.4x-step GRPO at the same learning rate."""
     repair_tries: int = 2
     """mode=correct: continuations sampled per incorrect trace to find a repair (>= 1)."""
 

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from credo.credit.compose import recorded_options
 from credo.integrations import tracking
 from credo.core.config import (MAX_EPOCHS, MAX_GROUP, MAX_HELD_OUT, MAX_NEW_TOKENS, MAX_ROUNDS,
                                MAX_STEP_COMPLETIONS, ConfigError, check, check_in, from_dict, merge, read_yaml,
@@ -265,10 +266,30 @@ def comparable_config(tree: dict[str, Any]) -> dict[str, Any]:
     tree = dict(tree)
     try:
         spec = methods.estimator_of(str(tree.get("method", "")))
-        tree["credit"] = to_dict(spec.make_config(dict(tree.get("credit") or {})))
+        tree["credit"] = recorded_options(spec.make_config(dict(tree.get("credit") or {})))
     except (ValueError, KeyError, TypeError):
         pass  # options the estimator refuses: compared as recorded, so the difference shows
     return flatten_config(tree)
+
+
+DEFAULTS_OF_THEIR_TIME: dict[str, dict[str, Any]] = {"ibpo": {"preserve_mass": True}, "gtpo": {"form": "weights"}}
+"""Estimator options whose default changed, with the default they had before. Since then a run records every
+option of its estimator (and of each estimator it wraps), so a record that lacks one was written while this
+default held: `as_recorded` fills it in, and an old run keeps meaning what it trained."""
+
+
+def as_recorded(method: str, credit: dict[str, Any]) -> dict[str, Any]:
+    """A recorded run's credit options (`method`: the run's method field) with DEFAULTS_OF_THEIR_TIME filled in
+    where the record leaves them out, at its own level and at every level it wraps (`of`, `options`)."""
+    try:
+        name = methods.estimator_of(method).name
+    except (ValueError, KeyError, TypeError):
+        return credit  # an unknown method: compared as recorded, so the difference shows
+    then = DEFAULTS_OF_THEIR_TIME.get(name, {})
+    out = {**{k: v for k, v in then.items() if k not in credit}, **credit}
+    if isinstance(out.get("of"), str) and out["of"]:
+        out["options"] = as_recorded(out["of"], dict(out.get("options") or {}))
+    return out
 
 
 def config_from_run(run_dir: str) -> TrainConfig:
@@ -286,6 +307,7 @@ def config_from_run(run_dir: str) -> TrainConfig:
                           "run cannot be resumed")
     # a run recorded before `device` existed trained on the CPU (credo ran nowhere else): it continues there
     data = nest_lora(nest_sampling(data))
+    data["credit"] = as_recorded(str(data["method"]), dict(data.get("credit") or {}))
     return train_config_from_dict({**data, "device": data.get("device", RECORDED_BEFORE_DEVICES)})
 
 

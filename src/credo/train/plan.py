@@ -13,6 +13,7 @@ from dataclasses import dataclass, is_dataclass, replace
 from typing import Any
 
 from credo.core.config import check, to_dict
+from credo.credit.compose import recorded_options
 from credo.credit.registry import EstimatorSpec
 from credo.strategies import STRATEGIES
 from credo.strategies import make as make_strategy
@@ -59,4 +60,4 @@ def with_plan(config: Any) -> tuple[Any, Plan]:
     """(config with `credit` as the estimator's complete options, every default filled in, its plan): what
     config.yaml records, so that a run's file names every option its estimator ran with."""
     plan = make_plan(config)
-    return replace(config, credit=to_dict(plan.credit)), plan
+    return replace(config, credit=recorded_options(plan.credit)), plan

@@ -20,7 +20,7 @@ from credo.core.records import METRICS_FIELDS
 from credo.core.files import (atomic_write_text, claim_output, holds_only_own_files, is_locked, last_checkpoint,
                               read_jsonl)
 from credo.core.state_io import CorruptStateError
-from credo.train.config import TrainConfig, comparable_config, config_from_run
+from credo.train.config import TrainConfig, as_recorded, comparable_config, config_from_run
 
 
 # fields a resume may change in config.yaml: none of them changes what training does (report_to: where it is
@@ -37,6 +37,7 @@ def config_changes(saved: dict[str, Any] | None, config: TrainConfig) -> list[st
     side has (one added to TrainConfig since) is not a difference."""
     if saved is None:
         return []
+    saved = {**saved, "credit": as_recorded(str(saved.get("method", "")), dict(saved.get("credit") or {}))}
     old, new = comparable_config(saved), comparable_config(to_dict(config))
     return [f"train.{k}: checkpoint {old[k]!r}, now {new[k]!r}" for k in sorted(set(old) & set(new))
             if k not in MAY_CHANGE + MAY_MOVE and old[k] != new[k]]
