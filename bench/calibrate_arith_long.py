@@ -1,6 +1,6 @@
 """Calibration of a step-labelled testbed task (default `arith-long`) on its SFT start.
 
-Measures, and checks against the goals of issue 14:
+Measures, and checks against the goals set beforehand:
   - held-out greedy accuracy (goal 0.25-0.45);
   - where the labelled first errors fall (goal: no step position holds > 25% of them), on the audit's
     sampled traces (temperature 1, the traces credit is judged on) and on greedy traces;

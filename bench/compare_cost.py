@@ -1,6 +1,6 @@
 """The 60-run long comparison (docs/results/compare-long-chain) re-costed at the current speed, from timed steps.
 
-Its runs' own clocks (summary.json `seconds`, 25.3 h in all) were paid by the code before issue 41. Here training
+Its runs' own clocks (summary.json `seconds`, 25.3 h in all) were paid by the code before the speed work. Here training
 steps of grpo and rredcot on the comparison's own configs (run *-s0's config.yaml) are timed with the reference
 code (`--reference`, a commit extracted with git archive) and with this tree, alternately in one run (subprocesses,
 same seed, so the same batches), and each run's clock is scaled:

@@ -1,4 +1,4 @@
-"""Where the tiny GPT's sampling time goes at batch 64 (the issue-41 goal's setting), by kind of operation, with
+"""Where the tiny GPT's sampling time goes at batch 64 (the speed goal's setting), by kind of operation, with
 the arithmetic rate of its linear layers: the floor that any sampling loop pays, whatever its Python overhead.
 
 Usage: python bench/sampling_profile.py [--batch 64] [--new-tokens 64] [--threads 1]

@@ -116,7 +116,9 @@ def test_a_lora_run_stopped_and_resumed_is_bit_identical(lora_run, hf_dir, tmp_p
     assert rows_of(stopped) == rows_of(lora_run) and len(rows_of(stopped)) == 3
     a, b = adapter_tensors(os.path.join(lora_run, "final")), adapter_tensors(os.path.join(stopped, "final"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert rows_of(lora_run)[2]["kl"] > 0  # the reference is not the trained policy
+    # step 1 scores the base against itself (the adapter's B starts at 0); whether a later step's KL is above 0
+    # depends on a random tiny model earning some reward, so the reference is checked on set weights below
+    assert rows_of(lora_run)[1]["kl"] == 0.0
 
 
 def test_a_checkpoint_of_another_base_is_refused_on_resume(lora_run, hf_dir, tmp_path):

@@ -1,4 +1,4 @@
-"""How RREDCoT's default lam / centring / uniform-group handling were chosen (issue 13).
+"""How RREDCoT's default lam / centring / uniform-group handling were chosen.
 
 On the audit batch (the shipped start, 256 traces, the cached K_ref=32 reference of
 `credo audit --n 256 --k-ref 32`), the default suffix value is computed once and every combination

@@ -1,4 +1,4 @@
-"""How the value localiser's rule and `reset.value_drop` default were chosen (issue 13), on TRAINING problems.
+"""How the value localiser's rule and `reset.value_drop` default were chosen, on TRAINING problems.
 
 96 training problems x 2 samples from the shipped start (seed 123; never the audit's held-out problems); the
 failed traces whose labelled first error is not their last segment are the parents. Each parent is valued
