@@ -1,6 +1,7 @@
 """The Hugging Face SFT mixture: solution-in-context and localisation examples for a chat model, in exactly the
 formats SC-GRPO's teacher and SRPO's `prompt` localiser use at training time."""
 
+import math
 import random
 from collections import Counter
 
@@ -125,3 +126,64 @@ def test_keep_last_saves_the_final_weights_where_best_would_keep_the_start(hf_di
     start, saved = HFPolicy.load(hf_dir).model.state_dict(), HFPolicy.load(str(tmp_path / keep)).model.state_dict()
     unchanged = all(torch.equal(start[k], saved[k]) for k in start)
     assert summary["step"] == saved_step and unchanged == (saved_step == 0)
+
+
+def test_a_checks_reply_verdicts_every_step_up_to_the_first_error_and_names_it_last(task, problems):
+    """Each step before the first wrong one is 'right', that one is 'wrong' with what it should say (the value
+    the step before wrote, the problem's term, or the sum), and the localiser reads the step from the box."""
+    rng = random.Random(3)
+    reasons = Counter()
+    for problem in problems[:120]:
+        request, reply = localisation_example(task, problem, rng, reply="checks")
+        lines = reply.splitlines()
+        first, rule = parse_step(reply, len(lines))  # the box is the last line; each check line a step up to it
+        assert rule == "boxed"
+        assert lines[-1] == "\\boxed{" + str(first + 1) + "}" and len(lines) == first + 2
+        assert all(line.startswith(f"Step {i + 1}: ") and line.endswith(": right") for i, line in enumerate(lines[:-2]))
+        verdict = lines[-2].split(": wrong, ")
+        assert len(verdict) == 2 and verdict[0].startswith(f"Step {first + 1}: ")
+        step_text = request.split(f"\nStep {first + 1}: ")[1].split("\n")[0].strip()
+        assert verdict[0] == f"Step {first + 1}: {step_text}"  # the step as the request shows it
+        left, op, right = step_text.split()[:3] if "=" in step_text else ("", "", "")
+        kinds = {"carry": verdict[1].startswith("the previous value is "),
+                 "operand": verdict[1].startswith("the problem has "),
+                 "answer": verdict[1].startswith("the last step gives "),
+                 "result": verdict[1].startswith(f"{left} {op} {right} = ") and bool(left)}
+        assert sum(kinds.values()) == 1, lines[-2]
+        if kinds["result"]:  # the sum it should have written
+            assert int(verdict[1].split(" = ")[1]) == int(left) + (1 if op == "+" else -1) * int(right)
+        reasons.update(k for k, v in kinds.items() if v)
+    # a carried slip names the previous value, a miscopied term the problem's, a wrong sum the sum, the answer line
+    # the last step's value: each kind of slip occurs in 120 traces
+    assert set(reasons) == {"carry", "operand", "answer", "result"} and sum(reasons.values()) == 120
+
+
+def test_the_per_example_loss_weighs_a_short_reply_as_much_as_a_long_solution():
+    from credo.train.sft_hf import sft_loss
+
+    class Uniform:  # logits of a uniform LM over 4 tokens: every target token costs log 4
+        def completion_logits(self, prompt_ids, prompt_mask, target_ids, target_mask):
+            return torch.zeros(*target_ids.shape, 4)
+
+    target = torch.zeros(2, 6, dtype=torch.long)
+    mask = torch.tensor([[1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    token, example = (float(sft_loss(Uniform(), None, None, target, mask, mean=m)) for m in ("token", "example"))
+    assert token == pytest.approx(example)  # equal token costs: both log 4 ...
+    costly = torch.zeros(2, 6, 4)
+    costly[0, 0] = torch.tensor([-20.0, 0, 0, 0])  # ... the short row's one token now costs ~20 nats
+
+    class Skewed(Uniform):
+        def completion_logits(self, *args):
+            return costly
+    token, example = (float(sft_loss(Skewed(), None, None, target, mask, mean=m)) for m in ("token", "example"))
+    short, log4 = 20 + math.log(3 + math.exp(-20)), math.log(4)  # the short row's token; every other one
+    assert example == pytest.approx((short + log4) / 2, rel=1e-5)  # the short row counts half
+    assert token == pytest.approx((short + 6 * log4) / 7, rel=1e-5)  # the short row counts 1/7
+
+
+def test_the_reply_and_the_loss_mean_are_checked():
+    with pytest.raises(ConfigError, match="sft.localisation_reply"):
+        HFSFTConfig(localisation_reply="prose")
+    with pytest.raises(ConfigError, match="sft.loss_mean"):
+        HFSFTConfig(loss_mean="row")
+    assert "localisation_reply" not in to_dict(HFSFTConfig())  # the default leaves a start's hash as it was

@@ -39,7 +39,7 @@ from credo.policy.base import left_pad
 from credo.policy.device import autocast_dtype, check_device_fields, resolve_device, resolve_dtype
 from credo.train.evaluate import evaluate
 from credo.core.files import MetricsLog, atomic_directory, atomic_write_json, atomic_write_text
-from credo.tasks.gym_skills import localisation_example
+from credo.tasks.gym_skills import REPLIES, localisation_example
 from credo.train.sft import VALIDATION_SEED, draw_kind
 
 
@@ -83,6 +83,13 @@ class HFSFTConfig:
     """Share of solution-in-context examples (SC-GRPO's teacher context with the worked solution -> that solution)."""
     localisation_frac: float = field(default=0.0, metadata={"omit_default": True})
     """Share of localisation examples (SRPO's request about a trace with one wrong line -> \\boxed{its step})."""
+    localisation_reply: str = field(default="boxed", metadata={"omit_default": True})
+    """The localisation examples' target: 'boxed' (\\boxed{k} alone) or 'checks' (each step re-checked up to the
+    first wrong one, a line each, then \\boxed{k}: naming the step copies a verdict; credo.tasks.gym_skills)."""
+    loss_mean: str = field(default="token", metadata={"omit_default": True})
+    """'token': the mean over every target token of the batch (a long worked solution outweighs a short reply);
+    'example': each example's mean over its own target tokens, then the mean over the batch (a localisation
+    reply counts as much as a solution)."""
     device: str = "auto"
     """Where the model runs: auto (CUDA when torch finds a GPU, else the CPU), cpu, cuda or cuda:N (docs/gpu.md)."""
     dtype: str = "float32"
@@ -108,6 +115,10 @@ class HFSFTConfig:
               and self.reference_frac + self.localisation_frac < 1,
               "sft.reference_frac and sft.localisation_frac must be in [0, 1) and leave room for plain examples "
               f"(their sum < 1), got {self.reference_frac} and {self.localisation_frac}")
+        check(self.localisation_reply in REPLIES,
+              f"sft.localisation_reply must be one of {', '.join(REPLIES)}, got {self.localisation_reply!r}")
+        check(self.loss_mean in ("token", "example"),
+              f"sft.loss_mean must be 'token' or 'example', got {self.loss_mean!r}")
 
 
 def sft_example(task, problem) -> str:  # noqa: ANN001
@@ -126,23 +137,25 @@ def example_kind(u: float, config: HFSFTConfig) -> str:
     return draw_kind(u, (("reference", config.reference_frac), ("localise", config.localisation_frac)))
 
 
-def mixture_example(task, problem, kind: str, rng: random.Random) -> tuple[str | Prompt, bool, str]:  # noqa: ANN001
+def mixture_example(task, problem, kind: str, rng: random.Random,  # noqa: ANN001
+                    reply: str = "boxed") -> tuple[str | Prompt, bool, str]:
     """(prompt, whether the task's system prompt goes with it, target text) of one example of `kind` in
-    {'plain', 'reference', 'localise'} (module docstring)."""
+    {'plain', 'reference', 'localise'} (module docstring); `reply`: the localisation target's form."""
     if kind == "localise":
-        request, target = localisation_example(task, problem, rng)
+        request, target = localisation_example(task, problem, rng, reply)
         return request, False, target  # a bare user turn, as credo.strategies.localisers sends it
     target = sft_example(task, problem)
     return (task.reference_prompt(problem, target) if kind == "reference" else problem.prompt), True, target
 
 
 def make_batch(policy, task, problems, kinds: list[str] | None = None,  # noqa: ANN001
-               rng: random.Random | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+               rng: random.Random | None = None,
+               reply: str = "boxed") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(prompt ids, prompt mask) left-padded (B, P) and (target ids, target mask) right-padded (B, C): the
     target text (worked solution and answer, or a localisation reply) and the end-of-turn token, the only
     tokens the loss reads. `kinds` (default: all 'plain') picks each problem's kind of example."""
     rng = rng or random.Random(0)
-    examples = [mixture_example(task, p, k, rng) for p, k in zip(problems, kinds or ["plain"] * len(problems))]
+    examples = [mixture_example(task, p, k, rng, reply) for p, k in zip(problems, kinds or ["plain"] * len(problems))]
     prompt_ids, prompt_mask = left_pad([policy.prompt_row(p, system) for p, system, _ in examples], policy.pad_id,
                                        policy.device)
     target_ids, target_mask = policy.encode_completions([t for _, _, t in examples], eos=True)
@@ -150,12 +163,16 @@ def make_batch(policy, task, problems, kinds: list[str] | None = None,  # noqa: 
 
 
 def sft_loss(policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, target_ids: torch.Tensor,  # noqa: ANN001
-             target_mask: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over the target tokens (the LM head runs over those positions only)."""
+             target_mask: torch.Tensor, mean: str = "token") -> torch.Tensor:
+    """Next-token cross-entropy over the target tokens (target_ids, target_mask: (B, C); the LM head runs over
+    those positions only): the mean over every target token of the batch (mean='token'), or each row's mean
+    over its own target tokens, then the mean over rows (mean='example')."""
     logits = policy.completion_logits(prompt_ids, prompt_mask, target_ids, target_mask)  # (B, C, V)
     losses = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target_ids.reshape(-1),
                                                reduction="none").view_as(target_ids)
     weights = target_mask.float()
+    if mean == "example":
+        return ((losses * weights).sum(1) / weights.sum(1).clamp(min=1)).mean()
     return (losses * weights).sum() / weights.sum().clamp(min=1)
 
 
@@ -214,7 +231,8 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
             group["lr"] = config.lr * min(1.0, (step + 1) / (config.warmup_steps + 1))
         problems = task.train_problems(config.batch_size, generator)
         kinds = [example_kind(rng.random(), config) for _ in problems]
-        loss = sft_loss(policy, *make_batch(policy, task, problems, kinds, rng))
+        loss = sft_loss(policy, *make_batch(policy, task, problems, kinds, rng, config.localisation_reply),
+                        mean=config.loss_mean)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, config.grad_clip)
