@@ -38,7 +38,7 @@ from credo.policy.tokenizer import CharTokenizer
 from credo.tasks import make_task
 from credo.tasks.arith import ALPHABET, LOCALISATION_QUESTION, LOCALISATION_STEP, ArithTask
 from credo.tasks.arith_skills import corrupted_lines
-from credo.tasks.base import Problem
+from credo.core.protocols import Problem
 
 STEP_REPLY = re.compile(r"Step (\d+)\s*$")
 EXTRA_CHARS = "".join(sorted(set(LOCALISATION_QUESTION + LOCALISATION_STEP + ": okwrong") - set(ALPHABET)))

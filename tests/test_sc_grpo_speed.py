@@ -6,7 +6,8 @@ import torch
 
 from credo import credit
 from credo.core.probe import Probe
-from credo.policy.base import SamplingConfig, left_pad, right_pad
+from credo.core.protocols import SamplingConfig, left_pad
+from credo.policy.base import right_pad
 from credo.policy.tiny import TinyPolicy
 from credo.strategies.sampling import sample_scored
 from credo.tasks.arith import PRESETS, ArithTask

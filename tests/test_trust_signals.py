@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-import credo.lab.compare.run as cmp
+import credo.lab.compare.grid as cmp
 import sleepy_worker
 from credo.cli.main import main
 from credo.core.config import UserError

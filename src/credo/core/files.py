@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from typing import Any, Callable, Iterator
 
 from credo.core.compressed import GZIP, read_record, stored_path
@@ -318,7 +319,6 @@ _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EBADF, errno.EA
 
 
 def _warn_unlocked(run_dir: str, err: OSError) -> None:
-    import warnings
     warnings.warn(f"{run_dir}: this file system gives no lock ({err.strerror}); a second process writing the same "
                   "directory would not be stopped", stacklevel=3)
 
@@ -329,7 +329,7 @@ def run_lock(run_dir: str) -> Iterator[None]:
     a --force replacement) of the same directory is refused instead of interleaving with the first. The lock
     is the kernel's (flock), so a killed process releases it. On a file system without locks (some NFS
     mounts) the directory is written unlocked, with a warning, as before locks existed."""
-    import fcntl
+    import fcntl  # POSIX only: imported where a lock is taken or read
     os.makedirs(run_dir, exist_ok=True)
     try:
         fd = os.open(os.path.join(run_dir, RUN_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
@@ -356,7 +356,7 @@ def run_lock(run_dir: str) -> Iterator[None]:
 
 def is_locked(run_dir: str) -> bool:
     """Whether another process holds `run_dir`'s run_lock now (False where the file system has no locks)."""
-    import fcntl
+    import fcntl  # POSIX only: imported where a lock is taken or read
     path = os.path.join(run_dir, RUN_LOCK)
     if not os.path.isfile(path):
         return False

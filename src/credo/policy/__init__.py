@@ -7,7 +7,8 @@ import os
 
 import torch
 
-from credo.policy.base import Policy, SamplingConfig, Samples, read_policy_meta  # noqa: F401
+from credo.core.protocols import Policy, Samples, SamplingConfig  # noqa: F401
+from credo.policy.base import read_policy_meta  # noqa: F401
 from credo.policy.tiny import TinyPolicy  # noqa: F401
 from credo.policy.locate import check_policy_path, check_task_fits  # noqa: F401
 from credo.policy.adapters import LoraSettings, adapter_meta, load_adapter_policy, weights_digest

@@ -20,10 +20,10 @@ from typing import Iterator, Sequence
 import torch
 
 from credo.core.config import UserError
-from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, distinct_prompts, fit_prompt,
-                               generate, left_pad,
-                               render_plain, read_policy_meta, right_pad, row_chunks, score_branches_by_rescoring,
-                               stitch_samples, trim_left_padding)
+from credo.core.protocols import Samples, SamplingConfig, left_pad
+from credo.policy.base import (CompletionScoring, as_prompt, distinct_prompts, fit_prompt, generate, render_plain,
+                               read_policy_meta, right_pad, row_chunks, score_branches_by_rescoring, stitch_samples,
+                               trim_left_padding)
 from credo.core.rollouts import Prompt
 from credo.core.files import atomic_directory
 from credo.core.state_io import CorruptStateError
@@ -52,7 +52,7 @@ def quiet_loading() -> Iterator[None]:
 
 
 class HFPolicy(CompletionScoring):
-    """A transformers causal LM + tokenizer with the interface of credo.policy.base.Policy."""
+    """A transformers causal LM + tokenizer with the interface of credo.core.protocols.Policy."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: object, device: str | torch.device = "cpu",
                  chat: bool | None = None, system_prompt: str | None = None, cast: bool = True,

@@ -42,7 +42,7 @@ from credo.core.files import MetricsLog, atomic_directory, atomic_write_json, at
 from credo.tasks.arith import PRESETS as TASK_PRESETS
 from credo.tasks.arith import LOCALISATION_ALPHABET, ArithConfig, ArithTask
 from credo.tasks.arith_skills import localisation_example, scrambled_solution
-from credo.tasks.base import Problem
+from credo.core.protocols import Problem
 
 
 @dataclass(frozen=True)

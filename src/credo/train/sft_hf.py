@@ -35,12 +35,17 @@ from credo.core.config import (MAX_HELD_OUT, MAX_NEW_TOKENS, MAX_STEP_COMPLETION
                                check_in, dump_yaml)
 from credo.core.rollouts import Prompt
 from credo.policy.adapters import LoraSettings, is_lora
-from credo.policy.base import left_pad
+from credo.core.protocols import left_pad
 from credo.policy.device import autocast_dtype, check_device_fields, resolve_device, resolve_dtype
 from credo.train.evaluate import evaluate
 from credo.core.files import MetricsLog, atomic_directory, atomic_write_json, atomic_write_text
 from credo.tasks.gym_skills import localisation_example
 from credo.train.sft import VALIDATION_SEED, draw_kind
+from credo.policy.smollm import ALIASES
+from credo.tasks import make_task
+from credo.policy.hf_folder import refuse_custom_code
+from credo.policy import bind_task, load_policy
+from credo.policy.hf import HFPolicy
 
 
 @dataclass(frozen=True)
@@ -162,8 +167,6 @@ def sft_loss(policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, target
 def check_sft_inputs(config: HFSFTConfig):  # noqa: ANN201
     """The task, after checking that it builds, that its problems carry worked solutions and that the start
     exists (a user error is one line, raised before any output directory is touched)."""
-    from credo.policy.smollm import ALIASES
-    from credo.tasks import make_task
     task = make_task(config.task, config.task_options, prefix="sft.task_options.")
     resolve_dtype(config.dtype, resolve_device(config.device, "sft.device"), "sft.dtype")
     sft_example(task, task.train_problems(1, torch.Generator().manual_seed(config.seed))[0])
@@ -174,7 +177,6 @@ def check_sft_inputs(config: HFSFTConfig):  # noqa: ANN201
         raise ConfigError(f"sft.start={config.start!r} is neither 'smollm2-135m' nor a Hugging Face model directory "
                           "(no config.json)")
     if config.start not in ALIASES:
-        from credo.policy.hf_folder import refuse_custom_code
         refuse_custom_code(config.start, "sft.start")
     return task
 
@@ -182,8 +184,6 @@ def check_sft_inputs(config: HFSFTConfig):  # noqa: ANN201
 def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=None) -> dict:  # noqa: ANN001
     """Fine-tune `config.start` on `config.task`'s worked solutions into `out_dir` (atomically); -> summary.
     `task`: the task `check_sft_inputs(config)` returned, if the caller checked already."""
-    from credo.policy import bind_task, load_policy
-    from credo.policy.hf import HFPolicy
     task = task or check_sft_inputs(config)
     device = resolve_device(config.device, "sft.device")
     policy = bind_task(load_policy(config.start, device=device, lora=config.lora, seed=config.seed,

@@ -19,7 +19,13 @@ import torch
 from credo.core.config import to_dict
 from credo.core.files import atomic_write_json
 from credo.lab.audit.premises import measure_premises, premises_of
+from credo.lab.audit.reference import checkpoint_digest
 from credo.lab.compare.presets import Preset, run_config, run_dir_name
+from credo.policy import load_policy
+from credo.policy.device import autocast_dtype, resolve_dtype
+from credo.tasks import make_task
+from credo.train.starts import resolve_checkpoint
+
 
 GROUP = 8
 """Traces per problem (premise_n / GROUP problems)."""
@@ -40,11 +46,6 @@ def premises_at_end(plan: list[tuple[str, int, str]], preset: Preset, start: str
 
 def _premises(plan: list[tuple[str, int, str]], preset: Preset, start: str, out_dir: str, device: torch.device,
               progress: bool, dtype: str) -> dict[str, Any]:
-    from credo.lab.audit.run import _weights_digest
-    from credo.policy import load_policy
-    from credo.policy.device import autocast_dtype, resolve_dtype
-    from credo.tasks import make_task
-    from credo.train.starts import resolve_checkpoint
     needs = {m: premises_of(m) for m in preset.methods}
     needs = {m: (teacher, loc) for m, (teacher, loc) in needs.items() if teacher or loc}
     if not needs:
@@ -60,7 +61,7 @@ def _premises(plan: list[tuple[str, int, str]], preset: Preset, start: str, out_
                  localisers: list[str]) -> dict | None:
         """The checks on `checkpoint`'s policy: read back when kept under the same key, else measured and kept.
         checkpoint None (a finished run's record without its weights): only read back, the weights not compared."""
-        key = {"weights": _weights_digest(checkpoint) if checkpoint else None, "teacher": teacher,
+        key = {"weights": checkpoint_digest(checkpoint) if checkpoint else None, "teacher": teacher,
                "localisers": localisers, "problems": len(problems),
                "split": "validation" if validation else "held-out", "sampling": to_dict(sampling), "seed": seed,
                # off the CPU's float32 the numbers differ (docs/gpu.md); float32 CPU keys are as they were

@@ -19,7 +19,11 @@ from credo.integrations import tracking
 from credo.core.config import (MAX_EPOCHS, MAX_HELD_OUT, MAX_STEP_COMPLETIONS, SEED_LIMIT, ConfigError, check,
                                parse_yaml_value, to_dict)
 from credo.policy.device import check_device_fields
-from credo.train.config import comparable_config, config_from_run, load_train_config
+from credo.tasks import make_task
+from credo.train.config import TrainConfig, comparable_config, config_from_run
+from credo.train.methods import RECIPES, resolve
+from credo.train.plan import Plan, load_train_config, plan_run
+from credo.train.sft import config_hash, sft_config_for
 
 ALL_METHODS = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "vineppo", "spo_chain", "rredcot", "ibpo",
                "sc_grpo", "rrpo", "srpo")
@@ -246,12 +250,13 @@ def run_dir_name(spec: str, seed: int) -> str:
     return f"{spec.replace(':', '_')}-s{seed}"
 
 
-def run_config(spec: str, seed: int, preset: Preset, start: str, report_to: tuple[str, ...] = ()) -> Any:
-    """The TrainConfig of one run: the preset's shared settings and schedule, the method's recipe, and the
-    spec's options as the estimator's credit options. The shared schedule goes under the recipe: a recipe
-    that sets its own schedule (a paper's setting) keeps it in any comparison. report_to: the run's trackers.
-    A reset recipe's `localiser` option (srpo:localiser=prompt) is its reset's localiser, not a credit option."""
-    from credo.train.methods import RECIPES, resolve
+def run_plan(spec: str, seed: int, preset: Preset, start: str,
+             report_to: tuple[str, ...] = ()) -> tuple[TrainConfig, Plan]:
+    """The TrainConfig of one run, and its plan (credo.train.plan.plan_run): the preset's shared settings and
+    schedule, the method's recipe, and the spec's options as the estimator's credit options. The shared schedule
+    goes under the recipe: a recipe that sets its own schedule (a paper's setting) keeps it in any comparison.
+    report_to: the run's trackers. A reset recipe's `localiser` option (srpo:localiser=prompt) is its reset's
+    localiser, not a credit option."""
     name, options = parse_spec(spec)
     if name in RECIPES and "of" in options:  # 'dapo:of=rredcot:...': the spec is the method, its options the recipe's
         name, options = spec, {}
@@ -268,7 +273,12 @@ def run_config(spec: str, seed: int, preset: Preset, start: str, report_to: tupl
         overrides["credit"] = credit
     if reset:
         overrides["reset"] = reset
-    return load_train_config(None, None, overrides, base=dict(preset.schedule))
+    return plan_run(None, None, overrides, base=dict(preset.schedule))
+
+
+def run_config(spec: str, seed: int, preset: Preset, start: str, report_to: tuple[str, ...] = ()) -> TrainConfig:
+    """run_plan's config alone: what a run records, for the checks and records that read it."""
+    return run_plan(spec, seed, preset, start, report_to)[0]
 
 
 def protocol(preset: Preset, start: str, jobs: int) -> dict[str, Any]:
@@ -298,7 +308,6 @@ def is_default_start(path: str, task: str) -> bool:
     and SFT on CPU is deterministic, so every such folder holds the same start."""
     if not path:
         return False
-    from credo.train.sft import config_hash, sft_config_for
     digest = config_hash(sft_config_for(task))
     folder = os.path.normpath(str(path))
     name, parent = os.path.basename(folder), os.path.basename(os.path.dirname(folder))
@@ -377,7 +386,6 @@ def resolve_preset(preset_name: str, methods: tuple[str, ...] | None, seeds: tup
         raise ConfigError(f"methods: {', '.join(twice)} would share one run directory (a method named twice)")
     if "grpo" not in preset.methods:
         preset = replace(preset, methods=("grpo",) + preset.methods)  # the yardstick is always run
-    from credo.tasks import make_task
     try:
         make_task(preset.task)
     except (ValueError, KeyError) as err:
