@@ -1,5 +1,5 @@
 """Wall time of one training step per method, as ratios to GRPO, measured in the same run on the
-same batches (same seed), on the task's SFT start. Goals (issue 41, on arith-long): rredcot <= 1.5x,
+same batches (same seed), on the task's SFT start. Goals (on arith-long): rredcot <= 1.5x,
 sc_grpo <= 1.3x, ibpo alignment <= 1.05x.
 
 Usage: python bench/overhead.py [--task arith] [--steps 6] [--rounds 2] [--threads 2]

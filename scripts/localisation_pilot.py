@@ -175,7 +175,8 @@ def main() -> None:
     start = None
     if args.init:
         from credo.policy.tiny import TinyPolicy
-        from credo.train.sft import ensure_sft, sft_config_for
+        from credo.train.sft import ensure_sft
+        from credo.train.sft_config import sft_config_for
         start = TinyPolicy.load(ensure_sft(sft_config_for(args.init), progress=False))
     known = start.tokenizer.alphabet if start else ALPHABET
     tok = CharTokenizer(known + "".join(sorted(set(ALPHABET + EXTRA_CHARS) - set(known))))

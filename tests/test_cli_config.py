@@ -75,9 +75,10 @@ def test_train_help_config_shows_the_recipe_and_its_estimator_options(capsys):
 
 def test_field_docs_reads_the_string_under_each_field():
     from credo.lab.audit.config import AuditConfig
-    from credo.lab.compare.presets import CompareConfig, Preset
+    from credo.lab.compare.config import CompareConfig
+    from credo.lab.compare.presets import Preset
     from credo.train.evaluate import EvalConfig
-    from credo.train.sft import SFTConfig
+    from credo.train.sft_config import SFTConfig
     from credo.lab.show.view import ShowConfig
     assert field_docs(TrainConfig)["lr"] == "AdamW learning rate."
     default = TrainConfig()

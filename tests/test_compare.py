@@ -2,7 +2,7 @@ import json
 import os
 import shutil
 
-from credo.core.files import run_kind
+from credo.core.outputs import run_kind
 from credo.lab.compare.run import compare
 from credo.lab.compare.goals import BEST, CONTROLS, SC, SRPO
 
@@ -278,7 +278,7 @@ def test_every_method_shares_one_schedule_unless_its_recipe_sets_its_own(monkeyp
 def test_a_shared_gradient_clip_reaches_every_method_and_the_report(saved_policy):
     from dataclasses import replace
     from credo.lab.compare.presets import PRESETS, protocol, run_config
-    from credo.lab.compare.presets import CompareConfig
+    from credo.lab.compare.config import CompareConfig
     from credo.lab.compare.report import report
     from credo.core.config import ConfigError, load_config
     config = load_config(CompareConfig, None, ["grad_clip=0.5"], prefix="compare.")
@@ -595,7 +595,8 @@ def test_runs_from_the_default_start_record_no_path_to_it_and_old_absolute_paths
     again = compare("smoke", str(out), methods=("grpo",), progress=False)
     assert again["failures"] == {} and again["methods"]["grpo"]["seeds"]["0"]["final_accuracy"] == \
         first["methods"]["grpo"]["seeds"]["0"]["final_accuracy"]
-    from credo.train.sft import config_hash, sft_config_for
+    from credo.core.config import config_hash
+    from credo.train.sft_config import sft_config_for
     digest = config_hash(sft_config_for("arith"))
     for elsewhere in (f"/home/someone/credo/src/credo/assets/sft-{digest}", f"/root/.cache/credo/sft/{digest}"):
         recorded["start"] = elsewhere  # another checkout's or cache's copy of the default start: the same start
@@ -746,7 +747,8 @@ def test_a_comparison_measures_the_premises_on_its_start_and_each_final_policy_o
     from credo.lab.compare.presets import PRESETS
     from credo.policy.gpt import GPTConfig
     from credo.policy.tiny import TinyPolicy
-    from credo.train.sft import make_tokenizer, sft_config_for
+    from credo.train.sft import make_tokenizer
+    from credo.train.sft_config import sft_config_for
     monkeypatch.setitem(PRESETS, "smoke", replace(PRESETS["smoke"], premise_n=16))
     tokenizer = make_tokenizer(sft_config_for("arith-long-skilled"))  # can read the localisation request
     start = str(tmp_path / "reads")

@@ -136,7 +136,7 @@ def test_a_method_with_no_step_logged_is_costed_from_the_step_timed_at_the_start
 
 def test_a_resume_keeps_the_timed_steps_of_methods_it_did_not_time(tmp_path):
     from credo.lab.compare.eta import estimate, keep_estimate, timed_steps, Timing
-    from credo.core.files import run_kind
+    from credo.core.outputs import run_kind
     out = str(tmp_path / "cmp")
     os.makedirs(out)
     first = estimate([("grpo", 100), ("rredcot", 100)], {"grpo": Timing(1.0, 10), "rredcot": Timing(3.0, 10)}, 0.0,

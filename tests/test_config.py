@@ -1,7 +1,7 @@
 import pytest
 
 from credo.core.config import ConfigError, load_config
-from credo.train.sft import SFTConfig
+from credo.train.sft_config import SFTConfig
 from credo.train.config import TrainConfig
 from credo.train.plan import load_train_config
 

@@ -108,7 +108,8 @@ class _Reached(Exception):
 @pytest.mark.parametrize("command,where",
                          [("train", "credo.train.step.load_policy"), ("eval", "credo.policy.load_policy"),
                                            ("audit", "credo.lab.audit.reference.load_policy"),
-                                           ("show", "credo.lab.show.view.load_policy"), ("sft", "credo.policy.load_policy")])
+                                           ("show", "credo.lab.show.view.load_policy"),
+                                           ("sft", "credo.policy.load_policy")])
 @pytest.mark.parametrize("flag", [[], ["--device", "cuda:1"]])
 def test_each_command_places_its_model_on_the_device_auto_or_named(command, where, flag, tmp_path, saved_policy,
                                                                    monkeypatch):

@@ -20,7 +20,8 @@ from credo.policy.gpt import GPTConfig
 from credo.policy.tiny import TinyPolicy
 from credo.core.probe import Probe
 from credo.core.protocols import SamplingConfig
-from credo.train.sft import make_tokenizer, sft_config_for
+from credo.train.sft import make_tokenizer
+from credo.train.sft_config import sft_config_for
 from credo.strategies.localisers import LOCALISERS, localise
 from credo.core.registry import Entry
 from credo.tasks.arith import ArithTask

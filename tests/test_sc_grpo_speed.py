@@ -11,7 +11,8 @@ from credo.policy.base import right_pad
 from credo.policy.tiny import TinyPolicy
 from credo.strategies.sampling import sample_scored
 from credo.tasks.arith import PRESETS, ArithTask
-from credo.train.sft import ensure_sft, sft_config_for
+from credo.train.sft import ensure_sft
+from credo.train.sft_config import sft_config_for
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from credo.lab.compare.presets import resolve_preset
 from credo.core.config import ConfigError, UserError, load_config, parse_overrides
 from credo.train.evaluate import EvalConfig
 from credo.policy import load_policy
-from credo.core.files import claim_output, is_locked, run_kind, run_lock
+from credo.core.outputs import claim_output, is_locked, run_kind, run_lock
 from credo.tasks import make_task
 from credo.train.trainer import Trainer
 from credo.train.plan import load_train_config
@@ -344,7 +344,7 @@ def test_resume_may_change_what_does_not_change_training_but_never_shorten_it(tm
 
 
 def test_a_zero_head_count_is_named_not_divided_by():
-    from credo.train.sft import SFTConfig
+    from credo.train.sft_config import SFTConfig
     with pytest.raises(ConfigError, match="sft.model.n_head must be positive, got 0"):
         load_config(SFTConfig, None, ["model.n_head=0"], prefix="sft.")
 
@@ -527,7 +527,7 @@ def test_a_broken_worker_pool_stops_the_comparison_and_fails_no_run(tmp_path, sa
     ("hf", "lora.r=100000", "sft.lora.r must be in 0..4,096"),
 ])
 def test_sft_sizes_have_upper_bounds(which, override, expect):
-    from credo.train.sft import SFTConfig
+    from credo.train.sft_config import SFTConfig
     from credo.train.sft_hf import HFSFTConfig
     with pytest.raises(ConfigError, match=expect):
         load_config(SFTConfig if which == "tiny" else HFSFTConfig, None, [override], prefix="sft.")

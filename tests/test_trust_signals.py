@@ -22,7 +22,7 @@ from credo.core.config import UserError
 from credo.lab.compare.presets import resolve_preset
 from credo.train.interrupts import Interrupted, signals_raise
 from credo.policy import load_policy
-from credo.core.files import is_locked
+from credo.core.outputs import is_locked
 from credo.train.trainer import Trainer
 from builders import SUBPROCESS_ENV, TRUST_FAST_SET, logged_metrics, resume_run, steps_logged, train_command
 

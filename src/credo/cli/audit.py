@@ -10,7 +10,7 @@ from dataclasses import replace
 from credo.cli.options import (add_config_options, add_force_option, csv_flags, flag_values, input_paths, require_out,
                                show_config)
 from credo.core.config import load_config
-from credo.core.files import claim_output
+from credo.core.outputs import claim_output
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

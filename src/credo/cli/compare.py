@@ -16,7 +16,7 @@ from dataclasses import replace
 from credo.cli.options import (add_config_options, add_force_option, csv_flags, flag_values, input_paths, require_out,
                                show_config)
 from credo.core.config import ConfigError, load_config
-from credo.core.files import claim_output, run_kind
+from credo.core.outputs import claim_output, run_kind
 from credo.core.terminal import escape_controls
 from credo.train.interrupts import Interrupted
 
@@ -69,7 +69,7 @@ def _preset(config):
 def cmd_compare(args: argparse.Namespace) -> int:
     # the comparison loads the trainer (torch, ~2 s): imported when the command runs, so that `credo --help`
     # stays fast
-    from credo.lab.compare.presets import CompareConfig
+    from credo.lab.compare.config import CompareConfig
     from credo.lab.compare.run import rewrite_report
     config = load_config(CompareConfig, args.config, args.set, prefix="compare.", flags=compare_flags(args))
     if args.help_config:

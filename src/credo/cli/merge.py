@@ -8,7 +8,7 @@ import os
 
 from credo.cli.options import add_force_option, require_out
 from credo.core.config import ConfigError
-from credo.core.files import claim_output
+from credo.core.outputs import claim_output
 
 
 def cmd_merge(args: argparse.Namespace) -> int:

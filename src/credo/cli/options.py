@@ -52,7 +52,7 @@ def require_out(args: argparse.Namespace) -> str:
 
 
 def add_force_option(parser: argparse.ArgumentParser, replaces: str) -> None:
-    """`--force` as every command that writes an --out has it (credo.core.files.replace_refusal says what it
+    """`--force` as every command that writes an --out has it (credo.core.outputs.replace_refusal says what it
     refuses)."""
     parser.add_argument("--force", action="store_true", help=f"replace a non-empty --out that holds {replaces}; "
                         "never a folder holding files credo did not write, the home directory, one holding the "
@@ -66,6 +66,6 @@ def csv_flags(args: argparse.Namespace, *names: str) -> dict:
 
 def input_paths(config_file: str | None, start: str = "", task: str = "") -> tuple[str, ...]:
     """The files a command reads that `--out --force` must never delete: its --config file, its start or
-    checkpoint directory and a jsonl:<path> task's data (credo.core.files.claim_output refuses to replace them)."""
+    checkpoint directory and a jsonl:<path> task's data (credo.core.outputs.claim_output refuses to replace them)."""
     data = task[len("jsonl:"):] if task.startswith("jsonl:") else ""
     return tuple(p for p in (config_file, start, data) if p)

@@ -9,7 +9,7 @@ import os
 
 from credo.cli.options import add_config_options, add_force_option, input_paths, require_out, show_config
 from credo.core.config import MAX_HELD_OUT, ConfigError, from_dict, load_config, merge, to_dict, user_settings
-from credo.core.files import claim_output
+from credo.core.outputs import claim_output
 from credo.core.terminal import escape_controls
 
 
@@ -20,8 +20,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from credo.policy.device import resolve_device
     from credo.tasks.arith import ArithTask
     from credo.train.evaluate import evaluate
-    from credo.train.sft import (PRESET_TASKS, SFTConfig, check_preset, copy_checkpoint, ensure_sft, preset_names,
-                                 sft_config_for, train_sft)
+    from credo.train.sft import copy_checkpoint, ensure_sft, train_sft
+    from credo.train.sft_config import PRESET_TASKS, SFTConfig, check_preset, preset_names, sft_config_for
     if not 1 <= args.eval_n <= MAX_HELD_OUT:
         raise ConfigError(f"sft --eval-n must be in 1..{MAX_HELD_OUT:,}, got {args.eval_n}")
     given = user_settings(args.config, args.set)  # a --config/--set naming a start or a gym/jsonl task: the HF SFT

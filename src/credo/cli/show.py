@@ -10,7 +10,8 @@ from dataclasses import asdict, replace
 from credo.cli.options import (add_config_options, add_force_option, csv_flags, flag_values, input_paths, require_out,
                                show_config)
 from credo.core.config import ConfigError, load_config
-from credo.core.files import atomic_write_json, claim_output
+from credo.core.files import atomic_write_json
+from credo.core.outputs import claim_output
 from credo.core.terminal import escape_controls
 
 

@@ -27,7 +27,8 @@ from credo.policy.base import (CompletionScoring, as_prompt, distinct_prompts, f
 from credo.core.rollouts import Prompt
 from credo.core.files import atomic_directory
 from credo.core.state_io import CorruptStateError
-from credo.policy.adapters import LoraSettings, is_lora, load_adapter_weights, save_adapter, wrap_with_lora
+from credo.policy.adapters import (LoraSettings, adapter_meta, is_lora, load_adapter_weights, save_adapter,
+                                   wrap_with_lora)
 from credo.policy.hf_folder import refuse_custom_code, refuse_pickled_weights
 
 
@@ -211,7 +212,7 @@ class HFPolicy(CompletionScoring):
 
     def _sample_batch(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingConfig,
                       generator: torch.Generator) -> Samples:
-        from credo.policy.hf_cache import preallocated_cache
+        from credo.policy.hf_cache import preallocated_cache  # it imports transformers: when a HF model samples
         was_training = self.model.training
         self.model.eval()
         # keys/values written in place, not concatenated per token (hf_cache); same numbers as DynamicCache
@@ -347,7 +348,6 @@ class HFPolicy(CompletionScoring):
         """Restore trainable weights saved by save_into (the adapter of a LoRA policy, after checking that the
         checkpoint was trained on this policy's base)."""
         if is_lora(self.model):
-            from credo.policy.adapters import adapter_meta
             meta = adapter_meta(directory)
             if meta is None:
                 raise CorruptStateError(f"{directory} holds full weights, not the LoRA adapter this run trains")

@@ -21,10 +21,12 @@ from typing import Any, Callable
 from tqdm import tqdm
 
 from credo.core.config import dump_yaml, to_dict
-from credo.core.files import KIND_MARKER, MetricsLog, NullLog, atomic_directory, atomic_write_text, run_lock
+from credo.core.files import MetricsLog, NullLog, atomic_directory, atomic_write_text
+from credo.core.outputs import KIND_MARKER, run_lock
 from credo.core.state_io import (CorruptStateError, check_safetensors, load_state, optimizer_state,
                                  optimizer_state_dict, save_state, verify_manifest, write_manifest)
-from credo.integrations.tracking import TrackingPlace, check_trackers, closing_trackers, open_trackers
+from credo.integrations.trackers import TrackingPlace
+from credo.integrations.tracking import check_trackers, closing_trackers, open_trackers
 from credo.core.protocols import Policy
 from credo.train.config import TrainConfig
 from credo.train.eta import format_seconds, seconds_left, steps_ahead
@@ -56,7 +58,7 @@ class Trainer(TrainerStep):
     # --- the loop -------------------------------------------------------------------------------------
     def train(self, stop_after: int | None = None) -> dict[str, Any]:
         """Run until the step/token budget is spent (or `stop_after` steps in this call, for tests). The main
-        process holds the run directory's lock meanwhile (credo.core.files.run_lock)."""
+        process holds the run directory's lock meanwhile (credo.core.outputs.run_lock)."""
         with run_lock(self.run_dir) if self.is_main else contextlib.nullcontext(), closing_trackers(self):
             return self._train(stop_after)
 

@@ -16,7 +16,8 @@ from tqdm import tqdm
 
 from credo.core.config import UserError
 from credo.core.disk_errors import DiskError, as_disk_error, is_disk_error
-from credo.integrations.tracking import TrackerError, TrackingPlace
+from credo.integrations.trackers import TrackingPlace
+from credo.integrations.tracking import TrackerError
 from credo.lab.compare.presets import Preset, run_plan
 from credo.lab.compare.runs import progress_of, run_result
 from credo.train.interrupts import (TaskWorkers, run_announced, worker_started, worker_task,

@@ -37,10 +37,12 @@ import torch
 
 from credo import credit
 from credo.core.config import ConfigError, UserError
-from credo.core.files import atomic_write_json, atomic_write_text, is_locked, run_lock
+from credo.core.files import atomic_write_json, atomic_write_text
+from credo.core.outputs import is_locked, run_lock
 from credo.core.records import check_run_result
 from credo.credit.registry import parse_spec
-from credo.integrations.tracking import TrackingPlace, check_trackers, checked_names
+from credo.integrations.trackers import TrackingPlace
+from credo.integrations.tracking import check_trackers, checked_names
 from credo.lab.audit.config import AuditConfig
 from credo.lab.audit.run import run_audit
 from credo.lab.compare import eta as compare_eta
