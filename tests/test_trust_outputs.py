@@ -138,7 +138,7 @@ def test_force_refuses_what_holds_the_home_directory_the_current_directory_or_th
 
 
 def test_force_refuses_the_root_and_mount_points(tmp_path, monkeypatch):
-    from credo.core import files as runs
+    from credo.core import outputs as runs
     from credo.core.config import UserError
     assert runs.replace_refusal("/") is not None
     if os.path.ismount("/proc"):  # a real mount point that holds neither the working directory nor the cache
