@@ -21,7 +21,8 @@ from reference_f9587d4 import reference_score_branches  # noqa: E402
 import credo.policy.tiny as tiny  # noqa: E402
 from credo.policy import load_policy  # noqa: E402
 from credo.train.sft import ensure_sft  # noqa: E402
-from credo.train.trainer import Trainer, load_train_config  # noqa: E402
+from credo.train.plan import load_train_config  # noqa: E402
+from credo.train.trainer import Trainer  # noqa: E402
 
 
 def captured_calls(start: str) -> list[tuple]:

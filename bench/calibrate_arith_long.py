@@ -27,11 +27,12 @@ from collections import Counter
 
 import torch
 
-from credo.lab.audit.run import AuditConfig, build_reference
+from credo.lab.audit.config import AuditConfig
+from credo.lab.audit.reference import build_reference
 from credo.lab.audit.report import first_error_top1, split_half_differences, split_half_spearman
 from credo.train.evaluate import complete
 from credo.policy import bind_task, load_policy
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 from credo.train.sft import ensure_sft
 from credo.tasks import make_task
 

@@ -32,7 +32,8 @@ RUNS = os.path.join(ROOT, "docs", "results", "compare-long-chain", "runs")
 WORKER = """
 import json, sys, tempfile, time, torch
 from credo.train.sft import ensure_sft
-from credo.train.trainer import Trainer, load_train_config
+from credo.train.plan import load_train_config
+from credo.train.trainer import Trainer
 config_path, steps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(threads)
 config = load_train_config(config_path, [f"start={ensure_sft(progress=False, task='arith-long')}"])

@@ -32,7 +32,7 @@ from credo.core.probe import Probe  # noqa: E402
 from credo.core.segment import segmentation_stage  # noqa: E402
 from credo.integrations.checks import Where  # noqa: E402
 from credo.integrations.leak_check import check_estimator_invariance, folded  # noqa: E402
-from credo.policy.base import SamplingConfig  # noqa: E402
+from credo.core.protocols import SamplingConfig  # noqa: E402
 from credo.tasks import make_task  # noqa: E402
 
 ESTIMATORS = ("grpo", "entropy_mask", "rredcot")

@@ -17,7 +17,7 @@ from common import write  # noqa: E402
 
 from credo.core.values import mc_values  # noqa: E402
 from credo.policy import load_policy  # noqa: E402
-from credo.policy.base import SamplingConfig  # noqa: E402
+from credo.core.protocols import SamplingConfig  # noqa: E402
 from credo.core.probe import Probe  # noqa: E402
 from credo.train.sft import ensure_sft  # noqa: E402
 from credo.strategies import sample_groups  # noqa: E402

@@ -23,7 +23,8 @@ import torch
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from common import write  # noqa: E402
 
-from credo.train.trainer import Trainer, load_train_config  # noqa: E402
+from credo.train.plan import load_train_config  # noqa: E402
+from credo.train.trainer import Trainer  # noqa: E402
 
 TASK = ["task=gym:chain_sum", "task_options.min_terms=5", "task_options.max_terms=8", "task_options.min_digits=1",
         "task_options.max_digits=1"]  # smollm2-long's task
@@ -57,7 +58,7 @@ def agreement(full: Trainer, mixed: Trainer, heldout: int) -> dict[str, float]:
     """On float32's greedy completions of `heldout` held-out problems: mean and max |Δ log p| per completion
     token, the mean next-token KL(float32 || mixed), and the share of problems whose greedy completion is the
     same text, with each dtype's accuracy (the two policies hold the same float32 weights)."""
-    from credo.policy.base import SamplingConfig
+    from credo.core.protocols import SamplingConfig
     from credo.train.evaluate import evaluate
     mixed.policy.model.load_state_dict(full.policy.model.state_dict())
     task, problems = full.task, full.task.heldout_problems(heldout)

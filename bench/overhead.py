@@ -21,7 +21,8 @@ from common import write  # noqa: E402
 
 from credo.policy import load_policy  # noqa: E402
 from credo.train.sft import ensure_sft  # noqa: E402
-from credo.train.trainer import Trainer, load_train_config  # noqa: E402
+from credo.train.plan import load_train_config  # noqa: E402
+from credo.train.trainer import Trainer  # noqa: E402
 
 VARIANTS = {"ibpo_correct": ("ibpo", ["credit.mode=correct"])}
 

@@ -24,7 +24,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from common import write  # noqa: E402
 
 from credo.policy import bind_task, load_policy  # noqa: E402
-from credo.policy.base import SamplingConfig  # noqa: E402
+from credo.core.protocols import SamplingConfig  # noqa: E402
 from credo.core.probe import Probe  # noqa: E402
 from credo.strategies.localisers import localisation_replies, parse_step  # noqa: E402
 from credo.core.segment import segment_bounds  # noqa: E402

@@ -13,7 +13,8 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from credo.policy.base import Samples, SamplingConfig, sample_by_inverse_cdf
+from credo.core.protocols import Samples, SamplingConfig
+from credo.policy.base import sample_by_inverse_cdf
 from credo.policy.gpt import GPT
 
 

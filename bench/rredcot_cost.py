@@ -17,14 +17,13 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from common import write  # noqa: E402
 
 from credo.credit.rredcot import RREDCoTConfig, probe_values  # noqa: E402
-from credo.policy.base import SamplingConfig  # noqa: E402
+from credo.core.protocols import Problem, SamplingConfig, rewards_for  # noqa: E402
 from credo.policy.gpt import GPTConfig  # noqa: E402
 from credo.policy.tiny import TinyPolicy  # noqa: E402
 from credo.core.probe import Probe  # noqa: E402
 from credo.core.rollouts import Rollouts  # noqa: E402
 from credo.train.sft import make_tokenizer  # noqa: E402
 from credo.tasks.arith import ArithTask  # noqa: E402
-from credo.tasks.base import Problem, rewards_for  # noqa: E402
 
 
 def traces(policy: TinyPolicy, task: ArithTask, n: int, length: int, rng: random.Random) -> Rollouts:

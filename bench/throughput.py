@@ -17,7 +17,8 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from common import write  # noqa: E402
 from reference_f9587d4 import ReferenceKVCache, reference_forward, reference_generate  # noqa: E402
 
-from credo.policy.base import SamplingConfig, generate  # noqa: E402
+from credo.core.protocols import SamplingConfig  # noqa: E402
+from credo.policy.base import generate  # noqa: E402
 from credo.policy.gpt import GPTConfig  # noqa: E402
 from credo.policy.tiny import TinyPolicy, cached_step  # noqa: E402
 from credo.train.sft import make_tokenizer  # noqa: E402

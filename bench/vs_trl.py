@@ -38,7 +38,8 @@ def credo_step_seconds(model_dir: str, steps: int, lora_r: int = 0) -> tuple[flo
     """(seconds per step, {phase: seconds per step}) of credo's trainer on TRL's schedule: one optimiser
     step per generated batch (epochs=1, minibatches=1, TRL's default steps_per_generation); LoRA adapters of
     rank `lora_r` when > 0."""
-    from credo.train.trainer import Trainer, load_train_config
+    from credo.train.plan import load_train_config
+    from credo.train.trainer import Trainer
     lora = [f"lora.r={lora_r}", f"lora.alpha={LORA_ALPHA}", "lora.target_modules=all-linear"] if lora_r else []
     config = load_train_config(None, [f"start={model_dir}", "task=gym:chain_sum", f"prompts_per_step={PROMPTS}",
                                       f"group_size={GROUP}", f"sampling.max_new_tokens={LENGTH}", f"lr={LR}",

@@ -16,7 +16,7 @@ from trl import GRPOConfig
 
 from credo.integrations.trl import CreditGRPOTrainer
 from credo.tasks import make_task
-from credo.tasks.base import Problem
+from credo.core.protocols import Problem
 
 
 def tiny_model_and_tokenizer():

@@ -49,7 +49,7 @@ def build(per_device: int, credit: str, out: str, deal_split: bool = False):  # 
 
     from credo.integrations.trl import CreditGRPOTrainer
     from credo.tasks import make_task
-    from credo.tasks.base import Problem
+    from credo.core.protocols import Problem
     tokenizer = build_tokenizer()
     task = make_task("gym:chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
     problems = task.heldout_problems(2)

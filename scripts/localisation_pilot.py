@@ -38,7 +38,7 @@ from credo.policy.tokenizer import CharTokenizer
 from credo.tasks import make_task
 from credo.tasks.arith import ALPHABET, LOCALISATION_QUESTION, LOCALISATION_STEP, ArithTask
 from credo.tasks.arith_skills import corrupted_lines
-from credo.tasks.base import Problem
+from credo.core.protocols import Problem
 
 STEP_REPLY = re.compile(r"Step (\d+)\s*$")
 EXTRA_CHARS = "".join(sorted(set(LOCALISATION_QUESTION + LOCALISATION_STEP + ": okwrong") - set(ALPHABET)))
@@ -175,7 +175,8 @@ def main() -> None:
     start = None
     if args.init:
         from credo.policy.tiny import TinyPolicy
-        from credo.train.sft import ensure_sft, sft_config_for
+        from credo.train.sft import ensure_sft
+        from credo.train.sft_config import sft_config_for
         start = TinyPolicy.load(ensure_sft(sft_config_for(args.init), progress=False))
     known = start.tokenizer.alphabet if start else ALPHABET
     tok = CharTokenizer(known + "".join(sorted(set(ALPHABET + EXTRA_CHARS) - set(known))))

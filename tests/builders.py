@@ -25,13 +25,13 @@ from credo import credit
 from credo.cli.main import main
 from credo.core.probe import Probe
 from credo.core.rollouts import Rollouts, concat_rollouts
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import Problem, SamplingConfig, rewards_for
 from credo.policy.gpt import GPTConfig
 from credo.policy.tiny import TinyPolicy
 from credo.tasks.arith import ArithTask
-from credo.tasks.base import Problem, rewards_for
 from credo.train.sft import make_tokenizer
-from credo.train.trainer import Trainer, load_train_config
+from credo.train.plan import load_train_config
+from credo.train.trainer import Trainer
 
 # --- tiny models ------------------------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ import sys
 
 import torch
 
-from credo.train.trainer import Trainer, load_train_config
+from credo.train.plan import load_train_config
+from credo.train.trainer import Trainer
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

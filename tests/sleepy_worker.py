@@ -7,7 +7,7 @@ import os
 import time
 
 from credo.train.interrupts import worker_task
-from credo.core.files import run_lock
+from credo.core.outputs import run_lock
 
 
 def train_forever(method: str, seed: int, preset: object, start: str, run_dir: str, threads: int,

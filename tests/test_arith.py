@@ -1,7 +1,7 @@
 import torch
 
 from credo.tasks.arith import ArithConfig, ArithTask
-from credo.tasks.base import Problem
+from credo.core.protocols import Problem
 
 
 def problem(terms, ops):

@@ -5,7 +5,8 @@ import os
 import pytest
 
 from credo.core.config import ConfigError, config_hash
-from credo.train.sft import packaged_start, sft_config_for
+from credo.train.sft import packaged_start
+from credo.train.sft_config import sft_config_for
 from credo.tasks import make_task
 
 

@@ -22,7 +22,7 @@ from credo.credit.otb import otb_advantages, sampled_token_statistics
 from credo.credit.prefix_shaping import positive_credit, shape_prefixes
 from credo.credit.tree import prefix_values, segment_changes, value_changes
 from credo.train.methods import privileged
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 from credo.core.probe import Probe
 from credo.core.segment import segment_bounds, segment_means
 from credo.strategies import LOCALISERS

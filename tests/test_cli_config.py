@@ -11,7 +11,8 @@ import yaml
 
 from credo.cli.main import main
 from credo.core.config import ConfigError, describe, field_docs
-from credo.train.config import TrainConfig, config_from_run, load_train_config
+from credo.train.config import TrainConfig, config_from_run
+from credo.train.plan import load_train_config
 
 # command -> (config class, a field, its value in the YAML file, a flag naming it, the flag's value, --set value)
 COMMANDS = {
@@ -73,10 +74,11 @@ def test_train_help_config_shows_the_recipe_and_its_estimator_options(capsys):
 
 
 def test_field_docs_reads_the_string_under_each_field():
-    from credo.lab.audit.run import AuditConfig
-    from credo.lab.compare.presets import CompareConfig, Preset
+    from credo.lab.audit.config import AuditConfig
+    from credo.lab.compare.config import CompareConfig
+    from credo.lab.compare.presets import Preset
     from credo.train.evaluate import EvalConfig
-    from credo.train.sft import SFTConfig
+    from credo.train.sft_config import SFTConfig
     from credo.lab.show.view import ShowConfig
     assert field_docs(TrainConfig)["lr"] == "AdamW learning rate."
     default = TrainConfig()

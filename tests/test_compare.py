@@ -2,7 +2,7 @@ import json
 import os
 import shutil
 
-from credo.core.files import run_kind
+from credo.core.outputs import run_kind
 from credo.lab.compare.run import compare
 from credo.lab.compare.goals import BEST, CONTROLS, SC, SRPO
 
@@ -45,7 +45,7 @@ def test_compare_smoke_writes_results_report_and_plots(saved_policy, tmp_path):
 
 
 def test_a_failing_method_is_reported_and_the_rest_still_runs(saved_policy, tmp_path, monkeypatch):
-    import credo.lab.compare.run as cmp
+    import credo.lab.compare.grid as cmp
     real = cmp.run_one
 
     def flaky(method, *args, **kwargs):
@@ -109,7 +109,7 @@ def _synthetic(finals: dict[str, list[float]], reach_at: dict[str, list[int | No
 
 
 def test_goal_checks_follow_their_rules():
-    from credo.lab.compare.run import goals, summarise
+    from credo.lab.compare.report import goals, summarise
     results = _synthetic(
         {"grpo": [0.40, 0.42, 0.44], "sc_grpo": [0.43, 0.46, 0.47], "rrpo": [0.41, 0.43, 0.45],
          "srpo:localiser=prompt": [0.50, 0.52, 0.51], "shuffled:of=sc_grpo:level=token": [0.40, 0.42, 0.44]},
@@ -134,7 +134,7 @@ def test_goal_checks_follow_their_rules():
 def test_a_goal_holds_only_where_its_interval_excludes_zero():
     """sc_grpo - grpo = +5, +1, +3 points: the mean (+3) exceeds the sd (2), which the old rule took as
     enough, but the 95% t interval (+3 ± 4.97) includes 0, so the goal does not hold."""
-    from credo.lab.compare.run import goals, summarise
+    from credo.lab.compare.report import goals, summarise
     results = _synthetic({"grpo": [0.40, 0.40, 0.40], "sc_grpo": [0.45, 0.41, 0.43]},
                          {"grpo": [None] * 3, "sc_grpo": [None] * 3})
     summarise(results)
@@ -187,7 +187,7 @@ def _curve_run(points: list[tuple[int, float]], final: float) -> dict:
 
 
 def test_equal_updates_table_interpolates_on_the_curve_set_and_pairs_by_seed():
-    from credo.lab.compare.run import report, summarise
+    from credo.lab.compare.report import report, summarise
     from credo.lab.compare.stats import accuracy_at_step
     grpo = {"0": _curve_run([(0, 0.30), (10, 0.40), (20, 0.50)], 0.9),
             "1": _curve_run([(0, 0.30), (10, 0.44), (21, 0.52)], 0.9)}
@@ -222,7 +222,7 @@ def test_equal_updates_table_interpolates_on_the_curve_set_and_pairs_by_seed():
 
 
 def test_each_control_is_paired_with_its_method_and_judged():
-    from credo.lab.compare.run import goals, report, summarise
+    from credo.lab.compare.report import goals, report, summarise
     results = _synthetic({"grpo": [0.40, 0.42, 0.44], "rredcot": [0.45, 0.47, 0.50],
                           "shuffled:of=rredcot": [0.40, 0.41, 0.45], "sc_grpo": [0.41, 0.43, 0.45],
                           "shuffled:of=sc_grpo": [0.42, 0.42, 0.46], "shuffled:of=vineppo": [0.40, 0.40, 0.40]},
@@ -257,7 +257,7 @@ def test_each_control_is_paired_with_its_method_and_judged():
 def test_every_method_shares_one_schedule_unless_its_recipe_sets_its_own(monkeypatch, saved_policy):
     from dataclasses import replace
     from credo.train import methods
-    from credo.lab.compare.run import PRESETS, protocol, run_config
+    from credo.lab.compare.presets import PRESETS, protocol, run_config
     from credo.lab.compare.report import report
     monkeypatch.setitem(methods.RECIPES, "paper_x", methods.Recipe("grpo", "a paper's own schedule", {"epochs": 3}))
     preset = replace(PRESETS["smoke"], methods=("grpo", "rredcot", "paper_x"), schedule={"epochs": 1, "minibatches": 4})
@@ -277,8 +277,8 @@ def test_every_method_shares_one_schedule_unless_its_recipe_sets_its_own(monkeyp
 
 def test_a_shared_gradient_clip_reaches_every_method_and_the_report(saved_policy):
     from dataclasses import replace
-    from credo.lab.compare.run import PRESETS, protocol, run_config
-    from credo.lab.compare.presets import CompareConfig
+    from credo.lab.compare.presets import PRESETS, protocol, run_config
+    from credo.lab.compare.config import CompareConfig
     from credo.lab.compare.report import report
     from credo.core.config import ConfigError, load_config
     config = load_config(CompareConfig, None, ["grad_clip=0.5"], prefix="compare.")
@@ -300,7 +300,7 @@ def test_a_shared_gradient_clip_reaches_every_method_and_the_report(saved_policy
 
 def test_a_method_spec_becomes_credit_options_and_the_task_comes_from_the_preset(saved_policy):
     from dataclasses import replace
-    from credo.lab.compare.run import PRESETS, run_config, run_dir_name
+    from credo.lab.compare.presets import PRESETS, run_config, run_dir_name
     from credo.core.config import to_dict
     from credo.credit.rredcot import RREDCoTConfig
     config = run_config("rredcot:lam=0.25", 0, replace(PRESETS["smoke"], task="arith-long"), saved_policy)
@@ -311,7 +311,7 @@ def test_a_method_spec_becomes_credit_options_and_the_task_comes_from_the_preset
 
 
 def test_presets_follow_the_protocol():
-    from credo.lab.compare.run import PRESETS
+    from credo.lab.compare.presets import PRESETS
     from credo.lab.compare.stats import control_target
     long = PRESETS["long"]
     assert long.task == "arith-long" and len(long.seeds) >= 5 and long.jobs == 2 and not long.note
@@ -333,7 +333,7 @@ def test_presets_follow_the_protocol():
 def test_every_method_of_every_preset_makes_its_run_config():
     """Each spec of each grid is a run its config loader accepts (a reset recipe's localiser option goes to its
     reset, not to its credit options: srpo:localiser=prompt in long-skilled)."""
-    from credo.lab.compare.run import PRESETS, run_config
+    from credo.lab.compare.presets import PRESETS, run_config
     for name, preset in PRESETS.items():
         for spec in preset.methods:
             config = run_config(spec, 0, preset, "start")
@@ -348,7 +348,7 @@ def test_every_method_of_every_preset_makes_its_run_config():
 def test_an_unavailable_task_is_one_line_before_any_training(monkeypatch, tmp_path, saved_policy):
     import pytest
     from dataclasses import replace
-    from credo.lab.compare.run import PRESETS
+    from credo.lab.compare.presets import PRESETS
     from credo.core.config import ConfigError
     monkeypatch.setitem(PRESETS, "nowhere", replace(PRESETS["smoke"], task="no-such-task"))
     with pytest.raises(ConfigError, match="task 'no-such-task' is not available"):
@@ -377,7 +377,7 @@ def test_a_resumed_comparison_costs_a_method_from_its_finished_runs_not_from_a_t
     150 tokens a step and grpo is not timed again; rredcot, with no finished run, is."""
     import json
     import credo.lab.compare.eta as eta
-    from credo.lab.compare.run import estimate_wall_time
+    from credo.lab.compare.eta import estimate_wall_time
     from credo.lab.compare.presets import resolve_preset
     preset = resolve_preset("smoke", ("grpo", "rredcot"), (0, 1), None, None)
     plan = [(m, s, str(tmp_path / "runs" / f"{m}-s{s}")) for s in (0, 1) for m in ("grpo", "rredcot")]
@@ -595,7 +595,8 @@ def test_runs_from_the_default_start_record_no_path_to_it_and_old_absolute_paths
     again = compare("smoke", str(out), methods=("grpo",), progress=False)
     assert again["failures"] == {} and again["methods"]["grpo"]["seeds"]["0"]["final_accuracy"] == \
         first["methods"]["grpo"]["seeds"]["0"]["final_accuracy"]
-    from credo.train.sft import config_hash, sft_config_for
+    from credo.core.config import config_hash
+    from credo.train.sft_config import sft_config_for
     digest = config_hash(sft_config_for("arith"))
     for elsewhere in (f"/home/someone/credo/src/credo/assets/sft-{digest}", f"/root/.cache/credo/sft/{digest}"):
         recorded["start"] = elsewhere  # another checkout's or cache's copy of the default start: the same start
@@ -603,7 +604,7 @@ def test_runs_from_the_default_start_record_no_path_to_it_and_old_absolute_paths
         assert compare("smoke", str(out), methods=("grpo",), progress=False)["failures"] == {}
     # an explicit --start trains from the path given (never swapped for the cache's copy), and a run that named
     # the default start by a path matches it
-    import credo.lab.compare.run as compare_module
+    import credo.lab.compare.grid as compare_module
     given = str(tmp_path / "copy" / f"sft-{digest}")
     shutil.copytree(ensure_sft(progress=False), given)
     seen = []
@@ -646,7 +647,7 @@ def test_equal_updates_add_the_first_count_where_grpo_is_measured():
     """A method of few large updates (VinePPO) stops before GRPO's first evaluation, so the first column
     compares against GRPO's straight line from its start; the table adds the fewest updates of the runs that
     went past GRPO's first evaluation, where every method with a value there is compared with a measurement."""
-    from credo.lab.compare.run import report, summarise
+    from credo.lab.compare.report import report, summarise
     grpo = {"0": _curve_run([(0, 0.30), (10, 0.40), (20, 0.50)], 0.9),
             "1": _curve_run([(0, 0.30), (12, 0.44), (21, 0.52)], 0.9)}
     vine = {"0": _curve_run([(0, 0.30), (4, 0.50)], 0.1), "1": _curve_run([(0, 0.30), (4, 0.52)], 0.1)}
@@ -685,7 +686,7 @@ def test_clipping_counts_steps_above_the_clip_and_takes_the_median_norm():
 
 
 def test_the_report_shows_clipping_per_method_and_reads_out_the_heavily_clipped_and_the_few_updates():
-    from credo.lab.compare.run import report, summarise
+    from credo.lab.compare.report import report, summarise
     results = _synthetic({"grpo": [0.5, 0.6], "ibpo": [0.5, 0.6], "vineppo": [0.4, 0.4]},
                          {"grpo": [None, None], "ibpo": [None, None], "vineppo": [None, None]})
     shares = {"grpo": 0.01, "ibpo": 1.0, "vineppo": 0.2}
@@ -703,7 +704,7 @@ def test_the_report_shows_clipping_per_method_and_reads_out_the_heavily_clipped_
 
 
 def test_a_run_result_reads_gradient_norms_and_the_runs_own_clip(tmp_path):
-    from credo.lab.compare.run import run_result
+    from credo.lab.compare.runs import run_result
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("method: grpo\ngrad_clip: 0.5\n")
@@ -743,10 +744,11 @@ def test_a_comparison_measures_the_premises_on_its_start_and_each_final_policy_o
     """premise_n > 0: the teacher check for sc_grpo, the localisation check for srpo:localiser=prompt, nothing
     for grpo; each measurement kept in premises/, read back (not measured again) by a rerun; a report section."""
     from dataclasses import replace
-    from credo.lab.compare.run import PRESETS
+    from credo.lab.compare.presets import PRESETS
     from credo.policy.gpt import GPTConfig
     from credo.policy.tiny import TinyPolicy
-    from credo.train.sft import make_tokenizer, sft_config_for
+    from credo.train.sft import make_tokenizer
+    from credo.train.sft_config import sft_config_for
     monkeypatch.setitem(PRESETS, "smoke", replace(PRESETS["smoke"], premise_n=16))
     tokenizer = make_tokenizer(sft_config_for("arith-long-skilled"))  # can read the localisation request
     start = str(tmp_path / "reads")
@@ -829,7 +831,8 @@ def test_a_long_method_name_breaks_at_its_colons_and_a_privileged_one_is_marked(
 def test_a_run_result_records_the_overlong_penalty_it_applied_fitted_or_as_set(tmp_path):
     """DAPO's overlong penalty acts unequally (a method that shapes rewards by length): the report states where
     it starts and whether it was fitted to the task (summary.json: overlong_buffer_used, longest_worked_solution)."""
-    from credo.lab.compare.run import report, run_result, summarise
+    from credo.lab.compare.report import report, summarise
+    from credo.lab.compare.runs import run_result
     from credo.lab.compare.unequal import overlong_sentences
 
     def run(name, config, summary):

@@ -63,7 +63,7 @@ def test_status_of_a_directory_without_runs_is_one_line(tmp_path, capsys):
 def test_a_stalled_step_is_left_out_of_the_run_clock_and_the_step_time(tmp_path):
     """A comparison paused with SIGSTOP for 6130 s mid-step: that step's excess over the median is not the
     method's cost (it made dapo-s0 of the long comparison look 5.8x slower than grpo-s0)."""
-    from credo.lab.compare.run import run_result
+    from credo.lab.compare.runs import run_result
     from credo.lab.compare.report import run_clocks
     from credo.lab.compare.stats import stalled_seconds
     assert stalled_seconds([5.0, 10.0, 15.0, 6150.0, 6155.0]) == (6130.0, 1)
@@ -136,7 +136,7 @@ def test_a_method_with_no_step_logged_is_costed_from_the_step_timed_at_the_start
 
 def test_a_resume_keeps_the_timed_steps_of_methods_it_did_not_time(tmp_path):
     from credo.lab.compare.eta import estimate, keep_estimate, timed_steps, Timing
-    from credo.core.files import run_kind
+    from credo.core.outputs import run_kind
     out = str(tmp_path / "cmp")
     os.makedirs(out)
     first = estimate([("grpo", 100), ("rredcot", 100)], {"grpo": Timing(1.0, 10), "rredcot": Timing(3.0, 10)}, 0.0,

@@ -12,7 +12,8 @@ import pytest
 
 from credo.core.compressed import gzip_bytes, read_record, unpacked_copy, xz_weights
 from credo.core.config import UserError
-from credo.core.files import read_jsonl, run_kind
+from credo.core.files import read_jsonl
+from credo.core.outputs import run_kind
 
 ROWS = [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.25, "eval_accuracy": 0.75}]
 TEXT = "".join(json.dumps(r) + "\n" for r in ROWS).encode()

@@ -1,8 +1,9 @@
 import pytest
 
 from credo.core.config import ConfigError, load_config
-from credo.train.sft import SFTConfig
-from credo.train.trainer import TrainConfig, load_train_config
+from credo.train.sft_config import SFTConfig
+from credo.train.config import TrainConfig
+from credo.train.plan import load_train_config
 
 
 def test_unknown_field_is_named(tmp_path):

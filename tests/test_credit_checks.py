@@ -18,7 +18,7 @@ from credo.integrations.trl import CreditGRPOTrainer
 from credo.integrations.verl import make_verl_estimator
 from credo.integrations.verl_credit import apply_credit
 from credo.tasks import make_task
-from credo.tasks.base import Problem
+from credo.core.protocols import Problem
 from builders import ThreadGather, build_tokenizer, tiny_llama, to_dataproto
 
 OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
@@ -170,7 +170,7 @@ def verl_credit(policy, task, batch, estimator="grpo", **kwargs):
                                           ("bias", "group_sums")])
 def test_verl_a_planted_credit_fault_fails_its_check(hf_setup, monkeypatch, fault, check):
     policy, task, r = hf_setup
-    monkeypatch.setitem(credit_registry.registry._REGISTRY, "grpo", planted("grpo", fault))
+    monkeypatch.setitem(credit_registry.registry.ESTIMATORS._entries, "grpo", planted("grpo", fault))
     with pytest.raises(CreditCheckError, match=rf"credo check {check} failed at step 7, row \d+ \(uid 'uid-\d'\)"):
         verl_credit(policy, task, to_dataproto(r, task, torch.arange(r.batch_size)))
     # off: the fault reaches the (masked) output without a word
@@ -196,7 +196,7 @@ def test_verl_credit_on_a_masked_tool_token_fails_zero_on_masked(hf_setup, monke
     policy, task, r = hf_setup
     batch = to_dataproto(r, task, torch.arange(r.batch_size))
     batch.batch["response_mask"][:, 1:3] = 0  # multi-turn: tool tokens the loss leaves out
-    monkeypatch.setitem(credit_registry.registry._REGISTRY, "grpo", planted("grpo", "masked"))
+    monkeypatch.setitem(credit_registry.registry.ESTIMATORS._entries, "grpo", planted("grpo", "masked"))
     with pytest.raises(CreditCheckError, match=r"credo check zero_on_masked failed at step 7, row 0 .*token 1"):
         verl_credit(policy, task, batch)
 
@@ -387,7 +387,7 @@ def test_verl_the_leak_check_passes_credo_estimators_and_catches_a_planted_leak(
     checked = verl_credit(policy, task, to_dataproto(r, task, order), estimator, leak_check=True)
     plain = verl_credit(policy, task, to_dataproto(r, task, order), estimator)
     assert torch.equal(checked.batch["advantages"], plain.batch["advantages"])
-    monkeypatch.setitem(credit_registry.registry._REGISTRY, estimator, leaky(estimator))
+    monkeypatch.setitem(credit_registry.registry.ESTIMATORS._entries, estimator, leaky(estimator))
     with pytest.raises(CreditCheckError, match=r"credo check masked_invariance failed at step 7, row \d+ \(uid "
                                                r"'uid-\d'\): .*\+credo.leak_check=false turns"):
         verl_credit(policy, task, to_dataproto(r, task, order), estimator, leak_check=True)

@@ -143,7 +143,7 @@ def test_a_run_with_its_credit_log_is_still_all_credos_own(runs, tmp_path):
     """--force may replace a run directory holding credit/ (credo wrote it), and a run without its marker is still
     recognised as a run by its files."""
     import shutil
-    from credo.core.files import KIND_MARKER, foreign_entries, run_kind
+    from credo.core.outputs import KIND_MARKER, foreign_entries, run_kind
     root, _, _ = runs
     copy = tmp_path / "copy"
     shutil.copytree(root / "logged", copy)

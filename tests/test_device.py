@@ -19,16 +19,18 @@ from conftest import tiny_policy
 from fake_cuda import FakeCuda
 from builders import build_tokenizer, tiny_llama
 
-from credo.lab.audit.run import AuditConfig, _weights_digest, reference_key
+from credo.lab.audit.config import AuditConfig
+from credo.lab.audit.reference import checkpoint_digest, reference_key
 from credo.cli.main import main
 from credo.lab.compare.run import jobs_on
 from credo.core.config import ConfigError, to_dict
 from credo.policy import load_policy
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 from credo.policy.device import device_name, resolve_device, resolve_dtype
 from credo.policy.hf import HFPolicy
 from credo.train.trainer import Trainer
-from credo.train.config import config_from_run, load_train_config
+from credo.train.config import config_from_run
+from credo.train.plan import load_train_config
 
 COMMANDS = ("train", "sft", "eval", "audit", "compare", "show")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -105,8 +107,9 @@ class _Reached(Exception):
 
 @pytest.mark.parametrize("command,where",
                          [("train", "credo.train.step.load_policy"), ("eval", "credo.policy.load_policy"),
-                                           ("audit", "credo.lab.audit.run.load_policy"),
-                                           ("show", "credo.policy.load_policy"), ("sft", "credo.policy.load_policy")])
+                                           ("audit", "credo.lab.audit.reference.load_policy"),
+                                           ("show", "credo.lab.show.view.load_policy"),
+                                           ("sft", "credo.policy.load_policy")])
 @pytest.mark.parametrize("flag", [[], ["--device", "cuda:1"]])
 def test_each_command_places_its_model_on_the_device_auto_or_named(command, where, flag, tmp_path, saved_policy,
                                                                    monkeypatch):
@@ -246,7 +249,7 @@ def test_compare_runs_one_job_at_a_time_on_a_gpu_unless_told(capsys):
 
 def test_the_audit_cache_keys_cpu_references_as_before_and_others_apart(saved_policy):
     config = AuditConfig(checkpoint=saved_policy, n=4, group_size=2, segmenter="lines")
-    before = hashlib.sha256(repr((_weights_digest(saved_policy), config.task, sorted(config.task_options.items()),
+    before = hashlib.sha256(repr((checkpoint_digest(saved_policy), config.task, sorted(config.task_options.items()),
                                   config.seed, config.n, config.group_size, config.k_ref, config.segmenter,
                                   config.temperature, config.max_new_tokens)).encode()).hexdigest()[:16]
     assert reference_key(config, saved_policy, torch.device("cpu"), torch.float32) == before

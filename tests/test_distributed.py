@@ -9,7 +9,9 @@ from safetensors.torch import load_file
 
 
 def launch(n, out, start, port):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.path.dirname(__file__)}
+    # this checkout's source before any installed credo, and the tests folder (dp_worker imports builders)
+    src = os.path.join(os.path.dirname(__file__), "..", "src")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([src, os.path.dirname(__file__)])}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", f"--master_port={port}",
            os.path.join(os.path.dirname(__file__), "dp_worker.py"), out, start]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

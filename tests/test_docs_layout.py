@@ -39,7 +39,8 @@ def test_every_file_the_page_names_exists():
     page = open(PAGE).read()
     paths = set(re.findall(r"[\w/]+\.(?:py|md)\b", page))
     assert {"credit/outcome.py", "strategies/sampling.py", "tasks/jsonl.py", "policy/tiny.py", "train/step.py"} <= paths
-    files = {os.path.relpath(os.path.join(d, f), ROOT) for top in ("src", "tests", "docs", "bench", "scripts")
+    tops = ("src", "tests", "docs", "bench", "scripts", "examples")
+    files = {os.path.relpath(os.path.join(d, f), ROOT) for top in tops
              for d, _, names in os.walk(os.path.join(ROOT, top)) for f in names}
     for path in paths:  # relative to the package or to the row's folder (`tiny.py` under policy/)
         assert any(f == path or f.endswith("/" + path)

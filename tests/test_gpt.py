@@ -1,6 +1,6 @@
 import torch
 
-from credo.policy.base import SamplingConfig, left_pad
+from credo.core.protocols import SamplingConfig, left_pad
 
 
 def test_kv_cache_logits_equal_full_recomputation(policy):

@@ -7,11 +7,10 @@ import pytest
 import torch
 
 from credo import credit  # noqa: E402
-from credo.policy.base import SamplingConfig  # noqa: E402
+from credo.core.protocols import SamplingConfig, rewards_for  # noqa: E402
 from credo.core.probe import Probe  # noqa: E402
 from credo.strategies.localisers import localise  # noqa: E402
 from credo.core.rollouts import Rollouts  # noqa: E402
-from credo.tasks.base import rewards_for  # noqa: E402
 
 
 def test_sampling_matches_scoring_with_left_padding_and_cache(hf_policy):

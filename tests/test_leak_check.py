@@ -19,7 +19,7 @@ from credo.integrations import checks
 from credo.integrations.checks import CreditCheckError, Where
 from credo.integrations.leak_check import (LEAK_SCALE, MaskedInputs, check_estimator_invariance,
                                            check_masked_invariance, perturbed, rollout_inputs)
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 
 TEXTS = ["37+48=85\n#### 85", "37+48=86", "", "12+13=25\n25+14=39\n#### 39", "#### 7", "9\n#### 39"]
 REWARDS = [1.0, 0.0, 0.0, 1.0, 0.3, 0.0]

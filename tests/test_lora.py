@@ -18,12 +18,13 @@ from credo.core.config import ConfigError, UserError, load_config, to_dict
 from credo.core.probe import Probe
 from credo.policy import load_policy
 from credo.policy.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterDisabled, LoraSettings, weights_digest
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 from credo.policy.hf import HFPolicy
 from credo.tasks import make_task
 from credo.train.config import nest_lora
 from credo.train.sft_hf import HFSFTConfig
-from credo.train.trainer import Trainer, load_train_config
+from credo.train.plan import load_train_config
+from credo.train.trainer import Trainer
 
 ADAPTER_FILES = sorted([ADAPTER_WEIGHTS, ADAPTER_CONFIG, "policy.json"])
 FAST = ["task=gym:chain_sum", "prompts_per_step=2", "group_size=2", "sampling.max_new_tokens=6", "eval_n=2",
@@ -302,7 +303,8 @@ def test_compare_takes_an_adapter_start_and_trains_it_as_the_full_model_it_stand
 
 
 def test_an_audit_caches_an_adapters_reference_by_its_base_too(lora_run, tmp_path):
-    from credo.lab.audit.run import AuditConfig, reference_key
+    from credo.lab.audit.config import AuditConfig
+    from credo.lab.audit.reference import reference_key
     other = str(tmp_path / "other")
     shutil.copytree(os.path.join(lora_run, "final"), other)
     meta = json.load(open(os.path.join(other, "policy.json")))

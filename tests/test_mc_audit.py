@@ -7,9 +7,11 @@ import torch
 
 from builders import probe_for, rollouts_of, shipped_start
 from credo import credit
-from credo.lab.audit.run import (AuditConfig, fidelity, first_error_top1, floor_credit,
-                                 most_frequent_position, pairwise_rank,
-                         run_audit, score_methods, METRICS)
+from credo.lab.audit.config import AuditConfig
+from credo.lab.audit.report import (METRICS, fidelity, first_error_top1, floor_credit, most_frequent_position,
+                                    pairwise_rank)
+from credo.lab.audit.run import run_audit, score_methods
+from credo.lab.show.view import write_audit_page
 from credo.core.config import ConfigError
 from credo.credit.registry import register
 from credo.core.rollouts import Credit
@@ -93,7 +95,7 @@ def test_audit_writes_schema(tmp_path):
     # the shipped SFT start writes arithmetic, so some wrong traces have a labelled first error to localise
     cfg = AuditConfig(checkpoint=shipped_start(), n=8, group_size=4, k_ref=2, methods=("vineppo:k=2", "rloo"),
                       max_new_tokens=16, localisers=("random", "oracle", "value"))
-    report = run_audit(cfg, str(tmp_path / "audit"), progress=False)
+    report = run_audit(cfg, str(tmp_path / "audit"), progress=False).report
     on_disk = json.load(open(tmp_path / "audit" / "audit.json"))
     assert set(on_disk) == {"config", "methods", "localisers"}
     assert {"random", "grpo", "first_step", "vineppo:k=2", "rloo", "mc_reference"} <= set(on_disk["methods"])
@@ -109,7 +111,7 @@ def test_audit_writes_schema(tmp_path):
     assert loc["traces"] >= 1  # wrong traces whose first error is not their last step
     assert loc["localisers"]["oracle"]["localisation_top1"] == 1.0
     # second run reuses the cached reference: identical reference row
-    again = run_audit(cfg, str(tmp_path / "audit2"), progress=False)
+    again = run_audit(cfg, str(tmp_path / "audit2"), progress=False).report
     assert again["methods"]["mc_reference"]["first_error_top1"] == report["methods"]["mc_reference"]["first_error_top1"]
 
 
@@ -150,7 +152,7 @@ def test_audit_scores_a_weight_only_method_differently_from_grpo(policy):
     texts = ["37+48=85\n#### 85", "37+48=86\n#### 86", "37+48=85\n#### 86", "37+48=84\n#### 85"]
     r = rollouts_of(policy, task, texts)
     seg = probe_for(policy, task).segment(r, "lines")
-    from credo.lab.audit.run import checked_methods
+    from credo.lab.audit.report import checked_methods
     rows = {}
     failures = score_methods(AuditConfig(),
                              checked_methods(["grpo:std=sample", "weights_only_for_test"]), r, seg, policy, task,
@@ -184,7 +186,9 @@ def test_audit_on_a_jsonl_task_writes_its_plot_and_page(saved_policy, tmp_path):
     out = tmp_path / "audit"
     cfg = AuditConfig(checkpoint=saved_policy, task=f"jsonl:{data}", n=4, group_size=2, k_ref=2, methods=("rloo",),
                       max_new_tokens=8)
-    report = run_audit(cfg, str(out), progress=False)
+    audit = run_audit(cfg, str(out), progress=False)
+    write_audit_page(str(out), audit)  # the page of a task without step labels too
+    report = audit.report
     assert all(math.isnan(row["first_error_top1"]) for row in report["methods"].values())
     assert os.path.getsize(out / "audit.png") > 1000
     assert "<html" in open(out / "audit.html").read()

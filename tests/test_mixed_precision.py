@@ -11,11 +11,13 @@ from builders import build_tokenizer, tiny_llama
 
 from credo.cli.main import main
 from credo.core.config import ConfigError
-from credo.lab.audit.run import AuditConfig, reference_key
+from credo.lab.audit.config import AuditConfig
+from credo.lab.audit.reference import reference_key
 from credo.policy import load_policy
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 from credo.policy.hf import HFPolicy
-from credo.train.trainer import Trainer, load_train_config
+from credo.train.plan import load_train_config
+from credo.train.trainer import Trainer
 
 
 def _pair() -> tuple[HFPolicy, HFPolicy]:
@@ -106,8 +108,8 @@ class _Reached(Exception):
 
 @pytest.mark.parametrize("command,where", [("train", "credo.train.step.load_policy"),
                                            ("eval", "credo.policy.load_policy"),
-                                           ("audit", "credo.lab.audit.run.load_policy"),
-                                           ("show", "credo.policy.load_policy"),
+                                           ("audit", "credo.lab.audit.reference.load_policy"),
+                                           ("show", "credo.lab.show.view.load_policy"),
                                            ("sft", "credo.policy.load_policy")])
 def test_every_command_loads_its_model_for_mixed_precision(command, where, hf_dir, tmp_path, monkeypatch):
     asked = []

@@ -3,6 +3,7 @@ import torch
 
 from builders import padded_rollouts
 from credo import credit
+from credo.core.config import ConfigError
 from credo.core.groups import grpo_advantages, rloo_advantages
 
 
@@ -51,7 +52,7 @@ def test_loss_mask_excludes_tokens_from_credit():
 
 
 def test_unknown_estimator_and_bad_option_name_the_problem():
-    with pytest.raises(KeyError, match="unknown credit estimator 'nope'"):
+    with pytest.raises(ConfigError, match="unknown credit estimator 'nope'"):
         credit.get("nope")
     with pytest.raises(ValueError, match="credit.std"):
         credit.get("grpo").make_config({"std": "bogus"})

@@ -9,7 +9,9 @@ import torch
 from builders import CHAIN, rollouts_of
 from credo import credit
 from credo.core.config import ConfigError
-from credo.lab.audit.run import AuditConfig, audit_localisers, parse_figures
+from credo.lab.audit.config import AuditConfig
+from credo.lab.audit.premises import parse_figures
+from credo.lab.audit.run import audit_localisers
 from credo.lab.audit.premises import (conditions_on_solution, kl_argmax_hits, teacher_gain, teacher_table,
                                   teacher_warning, unprivileged_twins)
 from credo.lab.audit.report import Labels, parse_method
@@ -17,8 +19,9 @@ from credo.core.values import MCValues
 from credo.policy.gpt import GPTConfig
 from credo.policy.tiny import TinyPolicy
 from credo.core.probe import Probe
-from credo.policy.base import SamplingConfig
-from credo.train.sft import make_tokenizer, sft_config_for
+from credo.core.protocols import SamplingConfig
+from credo.train.sft import make_tokenizer
+from credo.train.sft_config import sft_config_for
 from credo.strategies.localisers import LOCALISERS, localise
 from credo.core.registry import Entry
 from credo.tasks.arith import ArithTask

@@ -71,7 +71,7 @@ def test_a_run_records_the_commit_read_when_its_trainer_was_built_not_when_it_fi
         provenance.loaded_commit.cache_clear()
     summary = json.load(open(tmp_path / "r" / "summary.json"))
     assert summary["credo_commit"] == "a" * 40
-    from credo.lab.compare.run import run_result
+    from credo.lab.compare.runs import run_result
     assert run_result(str(tmp_path / "r"))["commit"] == "a" * 40
 
 

@@ -16,7 +16,8 @@ from credo.policy.hf import HFPolicy
 from credo.train.sft_hf import HFSFTConfig, make_batch, sft_loss, train_hf_sft
 from credo.tasks import make_task
 from credo.tasks.gym import running_sum_solution
-from credo.train.config import CPU_HF_DEFAULTS, HF_DEFAULTS, is_hf_start, load_train_config
+from credo.train.config import CPU_HF_DEFAULTS, HF_DEFAULTS, is_hf_start
+from credo.train.plan import load_train_config
 from credo.train.eta import estimate_run_seconds, evaluations_left, format_seconds, steps_within, time_step_pieces
 
 CHAIN = {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1}

@@ -9,7 +9,7 @@ import pytest
 from builders import TRAIN_FAST, strip_time
 from credo.core.config import ConfigError
 from credo.train import methods
-from credo.train.config import load_train_config
+from credo.train.plan import load_train_config
 from credo.train.trainer import Trainer
 
 SPEC = "dapo:of=rredcot:options.include_reference=false"
@@ -62,7 +62,7 @@ def test_a_composed_run_trains_the_estimators_credit_under_dapo(saved_policy, tm
 
 def test_a_comparison_counts_a_composed_recipe_as_credit_and_runs_it_under_its_full_name():
     from credo.lab.compare.goals import credit_methods
-    from credo.lab.compare.run import PRESETS, run_config
+    from credo.lab.compare.presets import PRESETS, run_config
     grid = PRESETS["dapo-credit"]
     assert credit_methods(grid.methods) == [m for m in grid.methods if m not in ("grpo", "dapo")]
     config = run_config(SPEC, 0, grid, "start")

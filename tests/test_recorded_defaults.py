@@ -6,7 +6,8 @@ import yaml
 
 from credo import credit
 from credo.core.config import to_dict
-from credo.train.config import as_recorded, config_from_run, load_train_config
+from credo.train.config import as_recorded, config_from_run
+from credo.train.plan import load_train_config
 from credo.train.resume_checks import config_changes
 
 

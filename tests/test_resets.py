@@ -7,15 +7,15 @@ import torch
 from builders import padded_rollouts, two_group_batch
 from credo import credit
 from credo.core.loss import LossConfig, policy_loss
-from credo.policy.base import SamplingConfig, Samples
+from credo.core.protocols import Problem, Samples, SamplingConfig
 from credo.core.probe import Probe
 from credo import strategies
 from credo.strategies import SamplingContext
 from credo.strategies.localisers import localise, parse_step, parse_step_index
 from credo.strategies.resets import ResetConfig
 from credo.tasks.arith import ArithTask
-from credo.tasks.base import Problem
-from credo.train.trainer import Trainer, load_train_config
+from credo.train.plan import load_train_config
+from credo.train.trainer import Trainer
 
 
 class Solver:

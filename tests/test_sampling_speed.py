@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from credo.policy import load_policy
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 from credo.train.sft import ensure_sft
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))

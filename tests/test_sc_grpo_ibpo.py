@@ -7,7 +7,7 @@ from credo.core.groups import grpo_advantages
 from credo.credit.sc_grpo import self_conditioned_kl, weight_from_divergence
 from credo.core.rollouts import Rollouts
 from credo.tasks.arith import ArithTask
-from credo.tasks.base import Problem, rewards_for
+from credo.core.protocols import Problem, rewards_for
 
 P = ADDITION
 RIGHT, WRONG = "37+48=85\n#### 85", "37+48=86\n#### 86"

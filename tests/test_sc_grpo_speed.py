@@ -6,11 +6,13 @@ import torch
 
 from credo import credit
 from credo.core.probe import Probe
-from credo.policy.base import SamplingConfig, left_pad, right_pad
+from credo.core.protocols import SamplingConfig, left_pad
+from credo.policy.base import right_pad
 from credo.policy.tiny import TinyPolicy
 from credo.strategies.sampling import sample_scored
 from credo.tasks.arith import PRESETS, ArithTask
-from credo.train.sft import ensure_sft, sft_config_for
+from credo.train.sft import ensure_sft
+from credo.train.sft_config import sft_config_for
 
 
 @pytest.fixture(scope="module")

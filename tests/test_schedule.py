@@ -6,7 +6,9 @@ import pytest
 import yaml
 
 from credo.train import methods
-from credo.train.trainer import Trainer, TrainConfig, load_train_config
+from credo.train.config import TrainConfig
+from credo.train.plan import load_train_config
+from credo.train.trainer import Trainer
 
 
 def test_no_recipe_sets_its_own_schedule():
@@ -32,7 +34,7 @@ def test_runs_record_and_take_the_same_optimiser_steps(method, saved_policy, tmp
 
 
 def test_a_reset_recipe_takes_its_localiser_in_the_spec_and_is_as_privileged_as_it():
-    from credo.train.config import load_train_config
+    from credo.train.plan import load_train_config
     config = load_train_config(None, ["method=srpo:localiser=prompt"])
     assert (config.strategy, config.reset.localiser, config.credit["std"]) == ("resets", "prompt", "population")
     assert not methods.privileged("srpo:localiser=prompt") and methods.privileged("srpo:localiser=value")

@@ -8,7 +8,7 @@ from credo import credit
 from credo.core.rollouts import Rollouts
 from credo.core.segment import segment_bounds, segments_for, with_segments
 from credo.tasks.arith import ArithTask
-from credo.tasks.base import Problem
+from credo.core.protocols import Problem
 from credo.tasks.chat import FreeFormTask
 
 P = THREE_TERMS
@@ -87,7 +87,8 @@ def test_arith_keeps_its_line_segments(policy):
 
 
 def test_the_audit_segments_by_the_task_unless_told():
-    from credo.lab.audit.run import AuditConfig, with_task_segmenter
+    from credo.lab.audit.config import AuditConfig
+    from credo.lab.audit.reference import with_task_segmenter
     assert with_task_segmenter(AuditConfig(), ArithTask()).segmenter == "lines"  # the cache key as before
     assert with_task_segmenter(AuditConfig(), FreeFormArith()).segmenter == "keyword_entropy"
     assert with_task_segmenter(AuditConfig(segmenter="fixed"), FreeFormArith()).segmenter == "fixed"

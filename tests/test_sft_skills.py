@@ -9,7 +9,8 @@ import torch
 
 from credo.core.config import ConfigError, config_hash, from_dict, to_dict
 from credo.credit.sc_grpo import teacher_prompt
-from credo.train.sft import (SFTConfig, example_kind, make_tokenizer, packaged_start, sft_config_for, sft_example)
+from credo.train.sft import example_kind, make_tokenizer, packaged_start, sft_example
+from credo.train.sft_config import SFTConfig, sft_config_for
 from credo.strategies.localisers import parse_step
 from credo.tasks.arith import ALPHABET, PRESETS, ArithTask
 from credo.tasks.arith_skills import corrupted_lines, localisation_example

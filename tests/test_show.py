@@ -5,9 +5,10 @@ import re
 from html.parser import HTMLParser
 
 from builders import page_of
-from credo.lab.audit.run import AuditConfig, run_audit
+from credo.lab.audit.config import AuditConfig
+from credo.lab.audit.run import run_audit
 from credo.cli.main import main
-from credo.lab.show.view import render_terminal
+from credo.lab.show.view import render_terminal, write_audit_page
 from credo.lab.show.html import colour, render
 
 
@@ -88,7 +89,7 @@ def test_cli_show_and_terminal(saved_policy, tmp_path, capsys):
 
 def test_audit_writes_html_with_a_show_grid(saved_policy, tmp_path):
     cfg = AuditConfig(checkpoint=saved_policy, n=8, group_size=4, k_ref=2, methods=("rloo",), max_new_tokens=16)
-    run_audit(cfg, str(tmp_path / "audit"), progress=False)
+    write_audit_page(str(tmp_path / "audit"), run_audit(cfg, str(tmp_path / "audit"), progress=False))
     text = open(tmp_path / "audit" / "audit.html").read()
     # the plot beside the page is linked, not inlined (a second copy of it)
     assert "<table" in text and "src='audit.png'" in text and "base64" not in text

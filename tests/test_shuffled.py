@@ -11,7 +11,7 @@ from credo.train import methods
 from credo.core.config import ConfigError, to_dict
 from credo.core.segment import segment_means
 from credo.tasks.arith import ArithTask
-from credo.train.trainer import load_train_config
+from credo.train.plan import load_train_config
 
 
 def run(name_options, policy, texts=CHAIN_TEXTS):

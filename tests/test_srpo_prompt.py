@@ -5,7 +5,7 @@ import random
 import torch
 
 from credo.policy import bind_task
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 from credo.core.probe import Probe
 from credo import strategies
 from credo.strategies import SamplingContext
@@ -38,7 +38,7 @@ class Recorder:
 
 def wrong_three_step_rollouts(policy, task, texts=("Let me add.\nSo it is 1000.\n<answer>1000</answer>",) * 2):
     from credo.core.rollouts import Rollouts
-    from credo.tasks.base import rewards_for
+    from credo.core.protocols import rewards_for
     problems = task.train_problems(2, torch.Generator().manual_seed(0))
     texts = list(texts)
     p_ids, p_mask = policy.encode_prompts([p.prompt for p in problems])

@@ -10,7 +10,7 @@ from credo import strategies
 from credo.cli.main import main
 from credo.core.config import ConfigError
 from credo.train.distributed import DataParallel, Sharded, group_generator
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 from credo.core.probe import Probe
 from credo.train.streams import SEED_OFFSETS, RandomStreams
 from credo.strategies import LOCALISERS, STRATEGIES, SamplingContext, sample_groups
@@ -18,7 +18,8 @@ from credo.strategies.localisers import localise
 from credo.strategies.resets import ResetConfig
 from credo.strategies.sampling import collect_plain
 from credo.tasks.arith import ArithTask
-from credo.train.trainer import Trainer, load_train_config
+from credo.train.plan import load_train_config
+from credo.train.trainer import Trainer
 
 SAMPLING = SamplingConfig(max_new_tokens=12)
 

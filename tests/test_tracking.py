@@ -17,7 +17,8 @@ from credo.cli.main import main
 from credo.lab.compare.run import compare
 from credo.integrations import tracking
 from credo.core.files import read_jsonl
-from credo.train.trainer import Trainer, load_train_config
+from credo.train.plan import load_train_config
+from credo.train.trainer import Trainer
 
 from conftest import tiny_policy
 

@@ -6,7 +6,8 @@ import torch
 from builders import TRAIN_FAST, dapo_config, strip_time
 from credo.cli.main import main
 from credo.policy import load_policy
-from credo.train.trainer import Trainer, load_train_config
+from credo.train.plan import load_train_config
+from credo.train.trainer import Trainer
 
 
 def test_resume_after_kill_matches_uninterrupted_run(saved_policy, tmp_path):

@@ -226,7 +226,7 @@ def test_the_probe_renders_conversations_as_trl_does_whole(tmp_path):
     policy, ours, theirs = probe_prompt_ids(trainer, rows)
     assert ours == theirs and policy.chat
     # SC-GRPO's teacher: the row's whole conversation, the reference joined to its system message
-    from credo.tasks.base import Problem
+    from credo.core.protocols import Problem
     problem_text = rows[0]["prompt"][-1]["content"]
     teacher = policy.format_prompt(task.reference_prompt(Problem(key=problem_text, prompt=problem_text,
                                                                  answer=rows[0]["answer"]), "REFERENCE-42"))
@@ -351,7 +351,7 @@ def test_the_probe_renders_each_rows_tools_as_trl_does(tmp_path):
 @pytest.mark.parametrize("version, tested", [("1.12.0", True), ("1.13.0", True), ("1.14.1", True), ("1.16.0", True),
                                              ("1.11.0", False), ("1.16.1", False), ("2.0.0", False)])
 def test_the_tested_trl_range_is_from_the_oldest_to_the_newest_tested_version(version, tested):
-    from credo.integrations.trl import untested_trl_message
+    from credo.integrations.trl_versions import untested_trl_message
     message = untested_trl_message(version)
     assert (message is None) == tested
     if not tested:
@@ -360,7 +360,7 @@ def test_the_tested_trl_range_is_from_the_oldest_to_the_newest_tested_version(ve
 
 @pytest.mark.parametrize("version", ["1.15.0", "1.15.2"])
 def test_a_trl_inside_the_range_that_fails_the_tests_is_named_with_why(version):
-    from credo.integrations.trl import untested_trl_message
+    from credo.integrations.trl_versions import untested_trl_message
     assert untested_trl_message(version).startswith(f"credo.integrations.trl: found trl {version}; trl 1.15's "
                                                     "GRPO loss always takes its fused LM-head path")
 

@@ -11,7 +11,8 @@ import torch
 
 from credo.cli.main import main
 from credo.policy import load_policy
-from credo.policy.base import SamplingConfig, row_chunks
+from credo.core.protocols import SamplingConfig
+from credo.policy.base import row_chunks
 from credo.policy.gpt import GPTConfig
 from credo.policy.hf import HFPolicy
 from credo.policy.tiny import TinyPolicy
@@ -169,7 +170,7 @@ def test_the_context_check_tokenises_only_prompts_that_might_not_fit(hf_dir):
     bound fails has every prompt measured."""
     import random
     from credo.policy.locate import BOUND_SAMPLE, may_not_fit
-    from credo.tasks.base import Problem
+    from credo.core.protocols import Problem
     policy = load_policy(hf_dir)
     rng = random.Random(0)
     numbers = [" ".join(str(rng.randint(0, 10 ** rng.randint(1, 6))) for _ in range(rng.randint(1, 40)))

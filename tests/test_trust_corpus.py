@@ -74,12 +74,12 @@ def test_traceback_only_with_credo_debug(tmp_path):
 
 
 def test_internal_key_error_is_a_bug_not_a_user_error(monkeypatch, saved_policy, tmp_path):
-    import credo.cli.main
+    import credo.cli.methods
 
     def broken(args):
         raise KeyError("minibatch_rng")
 
-    monkeypatch.setattr(credo.cli.main, "cmd_methods", broken)
+    monkeypatch.setattr(credo.cli.methods, "cmd_methods", broken)
     with pytest.raises(KeyError, match="minibatch_rng"):
         main(["methods"])
 

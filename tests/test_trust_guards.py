@@ -11,17 +11,17 @@ import yaml
 
 from safetensors import SafetensorError
 
-from credo.lab.audit.run import AuditConfig
+from credo.lab.audit.config import AuditConfig
 from credo.cli.main import main
-from credo.lab.compare.run import rewrite_report
+from credo.lab.compare.run import compare, rewrite_report
 from credo.lab.compare.presets import resolve_preset
 from credo.core.config import ConfigError, UserError, load_config, parse_overrides
 from credo.train.evaluate import EvalConfig
 from credo.policy import load_policy
-from credo.core.files import claim_output, is_locked, run_kind, run_lock
+from credo.core.outputs import claim_output, is_locked, run_kind, run_lock
 from credo.tasks import make_task
 from credo.train.trainer import Trainer
-from credo.train.config import load_train_config
+from credo.train.plan import load_train_config
 from builders import TRUST_FAST_SET, killed_run, one_line_error, snapshot, train_config
 
 
@@ -344,7 +344,7 @@ def test_resume_may_change_what_does_not_change_training_but_never_shorten_it(tm
 
 
 def test_a_zero_head_count_is_named_not_divided_by():
-    from credo.train.sft import SFTConfig
+    from credo.train.sft_config import SFTConfig
     with pytest.raises(ConfigError, match="sft.model.n_head must be positive, got 0"):
         load_config(SFTConfig, None, ["model.n_head=0"], prefix="sft.")
 
@@ -417,7 +417,7 @@ def test_a_full_disk_mid_training_says_how_to_resume(tmp_path, capsys, saved_pol
 
 def test_a_full_disk_stops_a_comparison_instead_of_failing_every_method(tmp_path, saved_policy, monkeypatch):
     import pickle
-    import credo.lab.compare.run as cmp
+    import credo.lab.compare.grid as cmp
     from credo.core.disk_errors import DiskError
     tried = []
 
@@ -426,7 +426,7 @@ def test_a_full_disk_stops_a_comparison_instead_of_failing_every_method(tmp_path
         raise OSError(28, "No space left on device", "/full/runs/x/metrics.jsonl")
     monkeypatch.setattr(cmp, "run_one", full)
     with pytest.raises(DiskError, match="No space left on device: /full/runs/x/metrics.jsonl"):
-        cmp.compare("smoke", str(tmp_path / "cmp"), methods=("rloo",), start=saved_policy, progress=False)
+        compare("smoke", str(tmp_path / "cmp"), methods=("rloo",), start=saved_policy, progress=False)
     assert tried == ["grpo"]  # rloo was not tried, so not reported as a failure of its own
     assert not [f for f in os.listdir(tmp_path / "cmp") if f.startswith("failure-")]
     # a worker process (--jobs 2) raises it to the parent as a DiskError, which crosses the process boundary
@@ -471,7 +471,7 @@ def test_a_full_disk_in_a_parallel_comparison_starts_no_further_run(tmp_path, sa
     run begins after the refused write; the one already going is waited for."""
     import time
     from concurrent.futures import ThreadPoolExecutor
-    import credo.lab.compare.run as cmp
+    import credo.lab.compare.grid as cmp
     from credo.core.disk_errors import DiskError
     submitted = []
 
@@ -500,7 +500,7 @@ def test_a_broken_worker_pool_stops_the_comparison_and_fails_no_run(tmp_path, sa
     going are done, and the runs not yet handed over are not recorded as failed (a rerun trains them)."""
     from concurrent.futures import ThreadPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
-    import credo.lab.compare.run as cmp
+    import credo.lab.compare.grid as cmp
 
     class BreaksAfterTwo(ThreadPoolExecutor):
         handed = 0
@@ -527,7 +527,7 @@ def test_a_broken_worker_pool_stops_the_comparison_and_fails_no_run(tmp_path, sa
     ("hf", "lora.r=100000", "sft.lora.r must be in 0..4,096"),
 ])
 def test_sft_sizes_have_upper_bounds(which, override, expect):
-    from credo.train.sft import SFTConfig
+    from credo.train.sft_config import SFTConfig
     from credo.train.sft_hf import HFSFTConfig
     with pytest.raises(ConfigError, match=expect):
         load_config(SFTConfig if which == "tiny" else HFSFTConfig, None, [override], prefix="sft.")

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from credo.lab.audit.run import _weights_digest
+from credo.lab.audit.reference import checkpoint_digest
 from credo.core.config import ConfigError, UserError
 from credo.policy import check_policy_path, check_task_fits, load_policy
 from credo.train.starts import resolve_checkpoint
@@ -104,7 +104,7 @@ def test_a_tiny_policy_refuses_a_task_whose_prompts_it_cannot_encode(saved_polic
 
 
 def test_the_audit_cache_key_reads_every_shard_of_a_sharded_checkpoint(tmp_path, saved_policy):
-    one = _weights_digest(saved_policy)
+    one = checkpoint_digest(saved_policy)
     with open(os.path.join(saved_policy, "model.safetensors"), "rb") as f:  # one file: the key audits were cached by
         assert one == hashlib.sha256(f.read()).hexdigest()[:16]
     shards = tmp_path / "sharded"
@@ -112,14 +112,14 @@ def test_the_audit_cache_key_reads_every_shard_of_a_sharded_checkpoint(tmp_path,
     for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
         (shards / name).write_bytes(b"a" * 10)
     (shards / "model.safetensors.index.json").write_text("{}")
-    first = _weights_digest(str(shards))
+    first = checkpoint_digest(str(shards))
     (shards / "model-00002-of-00002.safetensors").write_bytes(b"b" * 10)  # a change in the second shard
-    second = _weights_digest(str(shards))
+    second = checkpoint_digest(str(shards))
     (shards / "model.safetensors.index.json").write_text('{"weight_map": {}}')  # and in the index
-    assert len({first, second, _weights_digest(str(shards))}) == 3 and len(first) == 16
+    assert len({first, second, checkpoint_digest(str(shards))}) == 3 and len(first) == 16
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no weights"):
-        _weights_digest(str(tmp_path / "empty"))
+        checkpoint_digest(str(tmp_path / "empty"))
 
 
 def test_a_skipped_jsonl_row_is_reported_once_though_the_task_is_built_again(tmp_path, capsys):

@@ -124,7 +124,8 @@ def test_the_prompt_localiser_is_accepted_on_a_start_that_reads_the_request(tmp_
     from credo.policy.gpt import GPTConfig
     from credo.policy.tiny import TinyPolicy
     from credo.strategies.localisers import check_can_ask
-    from credo.train.sft import make_tokenizer, sft_config_for
+    from credo.train.sft import make_tokenizer
+    from credo.train.sft_config import sft_config_for
     tokenizer = make_tokenizer(sft_config_for("arith-long-skilled"))
     policy = TinyPolicy.create(GPTConfig(vocab_size=tokenizer.vocab_size, n_layer=1, d_model=16, n_head=2), tokenizer)
     check_can_ask(policy, make_task("arith-long"), "train.reset.localiser")  # no error

@@ -120,7 +120,7 @@ def test_force_refuses_the_home_directory(tmp_path, capsys, saved_policy, monkey
 
 def test_force_refuses_what_holds_the_home_directory_the_current_directory_or_the_cache(tmp_path, monkeypatch):
     from credo.core.config import UserError
-    from credo.core.files import claim_output
+    from credo.core.outputs import claim_output
     outer = _audit_output(tmp_path / "outer")
     monkeypatch.setenv("HOME", str(outer / "home"))
     (outer / "home").mkdir()
@@ -138,7 +138,7 @@ def test_force_refuses_what_holds_the_home_directory_the_current_directory_or_th
 
 
 def test_force_refuses_the_root_and_mount_points(tmp_path, monkeypatch):
-    from credo.core import files as runs
+    from credo.core import outputs as runs
     from credo.core.config import UserError
     assert runs.replace_refusal("/") is not None
     if os.path.ismount("/proc"):  # a real mount point that holds neither the working directory nor the cache
@@ -153,7 +153,7 @@ def test_force_refuses_the_root_and_mount_points(tmp_path, monkeypatch):
 
 def test_force_refuses_a_credo_output_holding_a_file_credo_did_not_write(tmp_path):
     from credo.core.config import UserError
-    from credo.core.files import claim_output
+    from credo.core.outputs import claim_output
     out = _audit_output(tmp_path / "audit")
     (out / "notes.txt").write_text("mine")
     with pytest.raises(UserError, match="holds notes.txt, which credo did not write, beside a credo audit output"):

@@ -13,7 +13,8 @@ import yaml
 from credo.cli.main import main
 from credo.core.config import ConfigError, to_dict
 from credo.policy import load_policy
-from credo.train.trainer import Trainer, TrainingDiverged
+from credo.train.step import TrainingDiverged
+from credo.train.trainer import Trainer
 from builders import TRUST_FAST_SET, killed_run, one_line_error, snapshot, train_config
 
 
@@ -260,7 +261,7 @@ def test_a_committed_export_is_reusable_though_an_older_credo_wrote_default_cred
 
 
 def test_a_resume_compares_credit_options_as_the_estimators_config():
-    from credo.train.config import load_train_config
+    from credo.train.plan import load_train_config
     from credo.train.resume_checks import config_changes
     """An older checkpoint recorded `credit: {}`: the same defaults are no change, and an option edited into
     config.yaml since is one (before, `{}` and `{lam: 0.75}` shared no key, so nothing was compared)."""

@@ -15,14 +15,14 @@ import time
 import pytest
 import torch
 
-import credo.lab.compare.run as cmp
+import credo.lab.compare.grid as cmp
 import sleepy_worker
 from credo.cli.main import main
 from credo.core.config import UserError
 from credo.lab.compare.presets import resolve_preset
 from credo.train.interrupts import Interrupted, signals_raise
 from credo.policy import load_policy
-from credo.core.files import is_locked
+from credo.core.outputs import is_locked
 from credo.train.trainer import Trainer
 from builders import SUBPROCESS_ENV, TRUST_FAST_SET, logged_metrics, resume_run, steps_logged, train_command
 

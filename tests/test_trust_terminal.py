@@ -11,7 +11,8 @@ from dataclasses import replace
 from rich.console import Console
 
 from credo.cli.main import main
-from credo.lab.show.view import escape_controls, render_terminal
+from credo.core.terminal import escape_controls
+from credo.lab.show.view import render_terminal
 from builders import page_of
 
 TITLE, CLEAR = "\x1b]0;title\x07", "\x1b[2J"

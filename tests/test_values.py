@@ -8,12 +8,11 @@ import torch
 from builders import THREE_TERMS, probe_for, rollouts_of, shipped_start
 from credo.core.values import answer_values, reference_tails, suffix_values
 from credo.policy import load_policy
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import Problem, SamplingConfig
 from credo.core.probe import Probe
 from credo.strategies.localisers import first_value_drop, localise, localise_by_value
 from credo.core.segment import segment_bounds
 from credo.tasks.arith import ArithTask
-from credo.tasks.base import Problem
 
 P2 = THREE_TERMS
 P4 = Problem("37+48-12+55", "37+48-12+55\n", "128", {"terms": [37, 48, 12, 55], "ops": ["+", "-", "+"]})

@@ -34,5 +34,5 @@ def test_vineppo_whitens_by_default_and_the_audit_switch_gives_the_raw_differenc
     assert torch.allclose(white.advantages, masked_whiten(raw.advantages, mask), atol=1e-6)
     assert abs(float(white.advantages[mask].mean())) < 1e-5
     assert abs(float(white.advantages[mask].std()) - 1) < 1e-4
-    from credo.lab.audit.run import parse_method
+    from credo.lab.audit.report import parse_method
     assert parse_method("vineppo")[2]["whiten"] is False

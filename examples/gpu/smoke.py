@@ -35,7 +35,7 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="the CPU, float32, 2 prompts x 2 completions")
     args = parser.parse_args()
     from credo.policy import bind_task, load_policy
-    from credo.policy.base import SamplingConfig
+    from credo.core.protocols import SamplingConfig
     from credo.policy.device import resolve_device
     from credo.tasks import make_task
     device = resolve_device("cpu" if args.dry_run else "auto")

@@ -38,7 +38,7 @@ def run_one(args: argparse.Namespace, credit: str | None) -> dict[str, float]:
 
     from credo.integrations.trl import CreditGRPOTrainer
     from credo.tasks import make_task
-    from credo.tasks.base import Problem
+    from credo.core.protocols import Problem
     task = make_task(args.task, json.loads(args.task_options))
     model, tokenizer = model_and_tokenizer(args)
 

@@ -21,7 +21,7 @@ from credo.audit import AuditConfig, build_reference, first_error_top1, pairwise
 from credo.credit.outcome import group_mean_std
 from credo.credit.rredcot import RREDCoTConfig, advantages_from_redistribution, probe_values, redistribute
 from credo.policy import load_policy
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 from credo.probe import Probe
 from credo.segment import segment_means
 from credo.sft import ensure_sft

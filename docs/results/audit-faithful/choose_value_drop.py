@@ -12,7 +12,7 @@ import torch
 
 from credo.credit.values import suffix_values
 from credo.policy import load_policy
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 from credo.probe import Probe
 from credo.segment import segment_bounds
 from credo.sft import ensure_sft

@@ -10,10 +10,6 @@ import argparse
 from typing import Any
 
 from credo.core.config import ConfigError, help_config
-from credo.policy import bind_task, check_task_fits, load_policy, read_policy_meta
-from credo.train.starts import resolve_checkpoint
-from credo.policy.locate import check_alphabet
-from credo.tasks import make_task
 
 
 def add_config_options(p: argparse.ArgumentParser, config_name: str, set_example: str) -> None:
@@ -56,7 +52,7 @@ def require_out(args: argparse.Namespace) -> str:
 
 
 def add_force_option(parser: argparse.ArgumentParser, replaces: str) -> None:
-    """`--force` as every command that writes an --out has it (credo.core.files.replace_refusal says what it
+    """`--force` as every command that writes an --out has it (credo.core.outputs.replace_refusal says what it
     refuses)."""
     parser.add_argument("--force", action="store_true", help=f"replace a non-empty --out that holds {replaces}; "
                         "never a folder holding files credo did not write, the home directory, one holding the "
@@ -70,28 +66,6 @@ def csv_flags(args: argparse.Namespace, *names: str) -> dict:
 
 def input_paths(config_file: str | None, start: str = "", task: str = "") -> tuple[str, ...]:
     """The files a command reads that `--out --force` must never delete: its --config file, its start or
-    checkpoint directory and a jsonl:<path> task's data (credo.core.files.claim_output refuses to replace them)."""
+    checkpoint directory and a jsonl:<path> task's data (credo.core.outputs.claim_output refuses to replace them)."""
     data = task[len("jsonl:"):] if task.startswith("jsonl:") else ""
     return tuple(p for p in (config_file, start, data) if p)
-
-
-def check_inputs(checkpoint: str, checkpoint_field: str, task: str, task_options: dict, options_prefix: str,
-                 progress: bool = True, max_new_tokens: int | None = None, system_prompt: bool = True) -> str:
-    """What a command reads, checked before it claims --out (as `credo train` does by building its Trainer):
-    the task with its options (an unknown task or a missing jsonl file is one line naming it), the checkpoint
-    (credo.train.starts.resolve_checkpoint: '' the task's SFT start, an alias, a run directory's final/), for a
-    tiny policy that it can read the task's prompts, and with `max_new_tokens` that the model's context holds
-    every prompt of the task (rendered with the task's system prompt unless `system_prompt` is False) and that
-    many new tokens: the policy is loaded for it. Returns the checkpoint's directory."""
-    built = make_task(task, task_options, prefix=options_prefix)
-    path = resolve_checkpoint(checkpoint, checkpoint_field, task=task, progress=progress)
-    alphabet = (read_policy_meta(path).get("tokenizer") or {}).get("alphabet")  # a tiny policy's, without loading it
-    if isinstance(alphabet, str):
-        check_alphabet(alphabet, built, checkpoint_field)
-    if max_new_tokens is not None:
-        policy = load_policy(path)  # on the CPU: only its tokenizer and context length are read
-        if system_prompt:
-            bind_task(policy, built, checkpoint_field, max_new_tokens)
-        else:
-            check_task_fits(policy, built, checkpoint_field, max_new_tokens)
-    return path

@@ -7,15 +7,21 @@ import argparse
 import json
 import os
 
-from credo.cli.options import (add_config_options, add_force_option, input_paths, require_out, show_config)
-from credo.lab.show.view import escape_controls
+from credo.cli.options import add_config_options, add_force_option, input_paths, require_out, show_config
+from credo.core.config import MAX_HELD_OUT, ConfigError, from_dict, load_config, merge, to_dict, user_settings
+from credo.core.outputs import claim_output
+from credo.core.terminal import escape_controls
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from credo.core.config import MAX_HELD_OUT, ConfigError, from_dict, merge, to_dict, user_settings
+    # the SFT, the policy and the task load torch (~2 s): imported when the command runs, so that `credo --help`
+    # stays fast
+    from credo.policy import load_policy
     from credo.policy.device import resolve_device
-    from credo.core.files import claim_output
-    from credo.train.sft import SFTConfig, copy_checkpoint, ensure_sft, preset_names, sft_config_for, train_sft
+    from credo.tasks.arith import ArithTask
+    from credo.train.evaluate import evaluate
+    from credo.train.sft import copy_checkpoint, ensure_sft, train_sft
+    from credo.train.sft_config import PRESET_TASKS, SFTConfig, check_preset, preset_names, sft_config_for
     if not 1 <= args.eval_n <= MAX_HELD_OUT:
         raise ConfigError(f"sft --eval-n must be in 1..{MAX_HELD_OUT:,}, got {args.eval_n}")
     given = user_settings(args.config, args.set)  # a --config/--set naming a start or a gym/jsonl task: the HF SFT
@@ -26,7 +32,6 @@ def cmd_sft(args: argparse.Namespace) -> int:
             raise ConfigError("sft --snapshots: only for the tiny GPT's SFT (arith, arith-long), not with --start")
         return cmd_sft_hf(args)
     if args.preset:  # a named start: its own task unless --task says (and agrees)
-        from credo.train.sft import PRESET_TASKS, check_preset
         args.task = args.task or PRESET_TASKS.get(args.preset, args.preset)
         check_preset(args.preset, args.task, "sft --preset")
     args.task = args.task or "arith"
@@ -54,9 +59,6 @@ def cmd_sft(args: argparse.Namespace) -> int:
     copy_checkpoint(path, args.out)
     summary_path = os.path.join(args.out, "sft_summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
-    from credo.train.evaluate import evaluate
-    from credo.policy import load_policy
-    from credo.tasks.arith import ArithTask
     task = ArithTask(config.task, args.task)
     result = evaluate(load_policy(args.out, device=device), task, task.heldout_problems(args.eval_n),
                       progress=not args.quiet)
@@ -68,11 +70,10 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_sft_hf(args: argparse.Namespace) -> int:
     """`credo sft --start MODEL --task T`: the format/answer SFT of a Hugging Face model (credo.train.sft_hf)."""
-    from credo.core.config import ConfigError, load_config
-    from credo.train.evaluate import evaluate
+    # the SFT and the policy load torch and transformers: imported when the command runs (as in cmd_sft)
     from credo.policy import load_policy
     from credo.policy.device import autocast_dtype, resolve_device, resolve_dtype
-    from credo.core.files import claim_output
+    from credo.train.evaluate import evaluate
     from credo.train.sft_hf import HFSFTConfig, check_sft_inputs, train_hf_sft
     flags = {k: v for k, v in (("task", args.task), ("start", args.start), ("device", args.device)) if v}
     config = load_config(HFSFTConfig, args.config, args.set, prefix="sft.", flags=flags)
@@ -98,7 +99,8 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_sft_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """`credo sft` and its options."""
     p = sub.add_parser("sft", help="the SFT start: of the tiny policy for arith/arith-long (built or fetched from the "
                        "cache, copied to --out), or with --start a format/answer SFT of a Hugging Face model on a "
                        "gym:/jsonl: task's worked solutions")

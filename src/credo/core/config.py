@@ -88,37 +88,47 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
         inner = typing.get_args(hint)[0] if typing.get_args(hint) else str
         return tuple(_coerce(v, inner, f"{name}[{i}]") for i, v in enumerate(value))
     if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "false", "no", "0"):
-            return value.lower() in ("true", "yes", "1")
-        raise ConfigError(f"{name} must be true or false, got {value!r}")
+        return _coerce_bool(value, name)
     if hint in (int, float):
-        if isinstance(value, bool):
-            raise ConfigError(f"{name} must be a number, got {value!r}")
-        kind = 'a number' if hint is float else 'an integer'
-        try:
-            number = float(value) if hint is float else int(str(value), 0) if isinstance(value, str) else value
-            if not isinstance(number, (int, float)):
-                raise TypeError
-            if isinstance(number, float) and not math.isfinite(number):
-                raise ConfigError(f"{name} must be a finite number, got {value!r}")
-            if hint is int and (not isinstance(number, int) and not float(number).is_integer()):
-                raise ConfigError(f"{name} must be an integer, got {value!r}")
-            number = hint(number)
-        except (TypeError, ValueError, OverflowError) as err:
-            if isinstance(err, ConfigError):
-                raise
-            raise ConfigError(f"{name} must be {kind}, got {_short(value)}") from None
-        if name.rsplit(".", 1)[-1] == "seed" and not 0 <= number < SEED_LIMIT:
-            # every config's seed: one check here rather than one per class
-            raise ConfigError(f"{name} must be in 0..{SEED_LIMIT - 1}, got {_short(value)}")
-        return number
+        return _coerce_number(value, hint, name)
     if hint is str:
         if not isinstance(value, (str, int, float)):
             raise ConfigError(f"{name} must be a string, got {value!r}")
         return str(value)
     return value
+
+
+def _coerce_bool(value: Any, name: str) -> bool:
+    """A bool from YAML or the command line: true/false, yes/no, 1/0 (in any case)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "yes", "1", "false", "no", "0"):
+        return value.lower() in ("true", "yes", "1")
+    raise ConfigError(f"{name} must be true or false, got {value!r}")
+
+
+def _coerce_number(value: Any, hint: type, name: str) -> int | float:
+    """An int (decimal, or 0x/0o/0b from a string) or a finite float; a field named `seed` in 0..SEED_LIMIT-1."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    kind = 'a number' if hint is float else 'an integer'
+    try:
+        number = float(value) if hint is float else int(str(value), 0) if isinstance(value, str) else value
+        if not isinstance(number, (int, float)):
+            raise TypeError
+        if isinstance(number, float) and not math.isfinite(number):
+            raise ConfigError(f"{name} must be a finite number, got {value!r}")
+        if hint is int and (not isinstance(number, int) and not float(number).is_integer()):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+        number = hint(number)
+    except (TypeError, ValueError, OverflowError) as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"{name} must be {kind}, got {_short(value)}") from None
+    if name.rsplit(".", 1)[-1] == "seed" and not 0 <= number < SEED_LIMIT:
+        # every config's seed: one check here rather than one per class
+        raise ConfigError(f"{name} must be in 0..{SEED_LIMIT - 1}, got {_short(value)}")
+    return number
 
 
 def _short(value: Any) -> str:

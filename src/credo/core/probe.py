@@ -8,17 +8,13 @@ forwarded or generated is counted, so each Credit can report what it cost.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
-from credo.policy.base import Policy, SamplingConfig, Samples
-from credo.core.rollouts import Cost
-from credo.tasks.base import Task
-
-if TYPE_CHECKING:
-    from credo.core.rollouts import Rollouts
-    from credo.core.segment import SegmenterConfig
+from credo.core.protocols import Policy, Samples, SamplingConfig, Task
+from credo.core.rollouts import Cost, Rollouts
+from credo.core.segment import SegmenterConfig, SegmentInputs, segment, segmenter_config
 
 
 class Probe:
@@ -99,7 +95,6 @@ class Probe:
 
     def segment(self, rollouts: "Rollouts", config: "SegmenterConfig | str | dict") -> torch.Tensor:
         """segment_ids[B, T] of `rollouts` by a segmenter (entropies are scored, and counted, only if needed)."""
-        from credo.core.segment import SegmentInputs, segment, segmenter_config
         cfg = segmenter_config(config)
         entropies = None
         if cfg.name == "keyword_entropy":

@@ -2,7 +2,7 @@
 found by name through a `Registry`, and an unknown name is one `ConfigError` listing what is registered.
 
 `@REGISTRY.register(name, description, ConfigClass)` on an implementation adds an `Entry`; an extension point with
-richer entries (the estimators' `EstimatorSpec`) adds them with `Registry.add`.
+richer entries (the estimators' `EstimatorSpec`, an `Entry` with more fields) adds them with `Registry.add`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ class Entry:
     config_cls: type | None
     description: str
     privileged: bool | Callable[[Any], bool] = False
+    settings: Callable[[Any], Any] | None = None
+    """Where a training run's settings (a credo.train.config.TrainConfig) hold this entry's options, as a function
+    of them (a strategy's: `lambda train: train.reset`); None: it takes none from there."""
 
     def reads_privileged(self, options: Any = None) -> bool:
         """Whether this entry, run with `options` (None: its defaults), reads privileged task data."""
@@ -49,21 +52,28 @@ class Registry:
         self._entries: dict[str, Entry] = {}
 
     def register(self, name: str, description: str, config_cls: type | None = None, *,
-                 privileged: bool | Callable[[Any], bool] = False
+                 privileged: bool | Callable[[Any], bool] = False, settings: Callable[[Any], Any] | None = None
                  ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator: register `fn` under `name` (a name registered twice is an error; `privileged`: see Entry)."""
+        """Decorator: register `fn` under `name` (`privileged`, `settings`: see Entry)."""
 
         def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-            if name in self._entries:
-                raise ValueError(f"{self.kind} {name!r} is registered twice")
-            self._entries[name] = Entry(name, fn, config_cls, description, privileged)
+            self.add(Entry(name, fn, config_cls, description, privileged, settings))
             return fn
 
         return wrap
 
-    def get(self, name: str) -> Entry:
+    def add(self, entry: Entry) -> None:
+        """Register `entry` under its name (a name registered twice is an error)."""
+        if entry.name in self._entries:
+            raise ValueError(f"{self.kind} {entry.name!r} is registered twice")
+        self._entries[entry.name] = entry
+
+    def get(self, name: str, field: str = "") -> Any:
+        """The entry registered as `name` (an Entry, or the richer entry `add` was given); an unknown name is one
+        ConfigError listing what is registered, after `field` (the setting that named it) when given."""
         if name not in self._entries:
-            raise ConfigError(f"unknown {self.kind} {name!r}; registered: {', '.join(self._entries)}")
+            where = f"{field}: " if field else ""
+            raise ConfigError(f"{where}unknown {self.kind} {name!r}; registered: {', '.join(self._entries)}")
         return self._entries[name]
 
     def names(self) -> list[str]:

@@ -34,11 +34,10 @@ import torch
 from tqdm import tqdm
 
 from credo.core.groups import group_rows
-from credo.policy.base import Policy, Samples, left_pad
+from credo.core.protocols import Policy, Samples, Task, left_pad, rewards_for
 from credo.core.probe import Probe, prompt_tokens
 from credo.core.rollouts import Rollouts
 from credo.core.segment import segment_bounds
-from credo.tasks.base import Task, rewards_for
 
 VALUE_MODES = ("normalized", "absolute")
 ROWS_PER_CALL = 16  # rows scored per packed branch pass: bounds the tree-attention mask's memory

@@ -37,7 +37,8 @@ from credo.core.config import check
 from credo.core.groups import grpo_advantages, mean_one
 from credo.credit.registry import register
 from credo.core.values import candidate_answers
-from credo.policy.base import left_pad, right_pad, strip_eos
+from credo.core.protocols import left_pad
+from credo.policy.base import right_pad, strip_eos
 from credo.core.probe import Probe, prompt_tokens
 from credo.core.rollouts import Credit, Rollouts
 from credo.core.segment import broadcast_segments, check_segmenter_option, segment_bounds, segments_for

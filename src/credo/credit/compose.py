@@ -12,11 +12,27 @@ the whole call), and the wrapper is privileged when the method it wraps is.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from credo.core.config import check, to_dict
 from credo.core.rollouts import Credit, Rollouts
 from credo.credit.registry import get, wrapped
+
+class Wrapping:
+    """Base of a wrapping estimator's config (fields `of` and `options`): the options a method spec gives it are
+    routed by `route_options`, which the registry calls when it builds the config."""
+
+    @classmethod
+    def route_options(cls, values: dict) -> dict:
+        """`values` (a copy of the spec's options) with every key this config does not know, and every
+        `options.<key>` (a key it knows too: `shuffled:of=tempo:options.of=rredcot` is the method tempo wraps),
+        moved into `options`, for the method it wraps."""
+        known, nested = {f.name for f in fields(cls)}, "options."
+        extra = {k.removeprefix(nested): values.pop(k) for k in list(values) if k not in known or k.startswith(nested)}
+        values["options"] = {**dict(values.get("options") or {}), **extra}
+        return values
+
 
 MAX_WRAPPING = 8
 """Methods a wrapper may wrap inside one another (`shuffled:of=tempo:options.of=rredcot` wraps 2); each level
@@ -51,10 +67,7 @@ def check_wrapped(owner: str, of: str, options: dict) -> None:
     depth = wrapping_depth(options)
     check(depth <= MAX_WRAPPING, f"credit.options: {owner} wraps methods {depth} deep, over the limit of "
           f"{MAX_WRAPPING} (a wrapped method's own options.of=... wraps one more)")
-    try:
-        inner = get(of)
-    except KeyError as err:
-        raise ValueError(f"credit.of: {err.args[0]}") from None
+    inner = get(of, "credit.of")
     inner.make_config(options, prefix="options.")  # checked now; from_dict puts the path before it
 
 

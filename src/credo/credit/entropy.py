@@ -25,7 +25,7 @@ import torch
 
 from credo.core.config import check
 from credo.core.groups import GroupNormConfig, group_rows, grpo_advantages
-from credo.credit.compose import check_wrapped, wrapped_credit, wrapped_privileged
+from credo.credit.compose import Wrapping, check_wrapped, wrapped_credit, wrapped_privileged
 from credo.credit.registry import register
 from credo.core.probe import Probe
 from credo.core.rollouts import Credit, Rollouts
@@ -61,10 +61,9 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, q: float,
 
 
 @dataclass(frozen=True)
-class EntropyMaskConfig(GroupNormConfig):
+class EntropyMaskConfig(GroupNormConfig, Wrapping):
     """The high-entropy token mask (docs/methods.md, "## Entropy-based token credit")."""
 
-    EXTRA_OPTIONS_FIELD = "options"
 
     q: float = 0.2
     """Share of the batch's trainable tokens kept, by entropy (TRL's top_entropy_quantile; 0.2 as the 80/20 paper)."""

@@ -53,7 +53,7 @@ class PrefixShapingConfig(GroupNormConfig):
         try:
             name, options = parse_spec(self.credit_method)
             get(name).make_config(options)
-        except (ValueError, KeyError) as err:
+        except ValueError as err:
             raise ValueError(f"credit.credit_method: {err.args[0] if err.args else err}") from None
         check(name != "prefix_shaping", "credit.credit_method: prefix_shaping cannot localise for itself")
         check(0 <= self.prefix_credit <= 1, f"credit.prefix_credit must be in [0, 1], got {self.prefix_credit}")

@@ -1,4 +1,5 @@
-"""One registry of credit estimators, found by name: `credo.credit.get("grpo")`.
+"""The credit estimators, entries of the one registry class (credo.core.registry), found by name:
+`credo.credit.get("grpo")`.
 
 An estimator is a function `(rollouts, probe, config) -> Credit`. `config` is an instance of the
 estimator's own frozen dataclass (its knobs, documented field by field); `probe` is the only door
@@ -7,12 +8,13 @@ to the model (None is fine for estimators that need rewards only).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from credo.core.config import ConfigError, UserError, from_dict
+from credo.core.registry import Entry, Registry
 
 
 @dataclass(frozen=True)
@@ -21,23 +23,21 @@ class NoConfig:
 
 
 @dataclass(frozen=True)
-class EstimatorSpec:
-    """A registered estimator. uses_model: it needs a Probe. needs_segments: it reads segments (a bool, or a
-    function of its config where only some settings read them, e.g. `tempo:at=segments`); unless its config
-    names a `segmenter` of its own (reads_batch_segments), those of the batch (`rollouts.segment_ids`), which the
-    trainer's segmentation stage fills once per step (credo.core.segment.with_segments; a batch given without
-    them is cut by the task's default segmenter when the estimator asks, credo.core.segment.segments_for).
-    privileged: it reads what a deployed trainer would not have, the task's reference solution, its step
-    labels or its gold answer beyond the reward: a bool, or a function of the estimator's config (e.g.
-    RREDCoT reads the reference solution only with `include_reference`); see `reads_privileged`."""
+class EstimatorSpec(Entry):
+    """A registered estimator (an Entry of ESTIMATORS).
 
-    name: str
-    fn: Callable[..., Any]
-    config_cls: type
-    description: str
-    uses_model: bool
-    needs_segments: bool | Callable[[Any], bool]
-    privileged: bool | Callable[[Any], bool] = False
+    uses_model: it needs a Probe.
+    needs_segments: it reads segments (a bool, or a function of its config where only some settings read them,
+    e.g. `tempo:at=segments`); unless its config names a `segmenter` of its own (reads_batch_segments), those of
+    the batch (`rollouts.segment_ids`), which the trainer's segmentation stage fills once per step
+    (credo.core.segment.with_segments; a batch given without them is cut by the task's default segmenter when the
+    estimator asks, credo.core.segment.segments_for).
+    privileged: it reads what a deployed trainer would not have, the task's reference solution, its step labels
+    or its gold answer beyond the reward: a bool, or a function of the estimator's config (e.g. RREDCoT reads the
+    reference solution only with `include_reference`); see `reads_privileged`."""
+
+    uses_model: bool = False
+    needs_segments: bool | Callable[[Any], bool] = False
 
     def reads_privileged(self, config: Any = None) -> bool:
         """Whether this estimator, configured by `config` (default: its defaults), reads privileged task data."""
@@ -67,16 +67,8 @@ class EstimatorSpec:
         if isinstance(values, self.config_cls):
             return values
         values = dict(values or {})
-        # A wrapper estimator (e.g. `shuffled`) names a field that collects the options it does not know
-        # itself, which it hands on to the estimator it wraps; `options.<key>` hands on a key it knows too
-        # (`shuffled:of=tempo:options.of=rredcot`: the method tempo wraps).
-        extra_field = getattr(self.config_cls, "EXTRA_OPTIONS_FIELD", None)
-        if extra_field:
-            known, nested = {f.name for f in fields(self.config_cls)}, extra_field + "."
-            extra = {k.removeprefix(nested): values.pop(k) for k in list(values)
-                     if k not in known or k.startswith(nested)}
-            values[extra_field] = {**dict(values.get(extra_field) or {}), **extra}
-        return from_dict(self.config_cls, values, prefix=prefix)
+        route = getattr(self.config_cls, "route_options", None)  # a wrapper's (credo.credit.compose.Wrapping)
+        return from_dict(self.config_cls, route(values) if route else values, prefix=prefix)
 
     def __call__(self, rollouts: Any, probe: Any = None, config: Any = None) -> Any:
         """Run the estimator; its Credit's cost is what it spent through `probe` (metered here)."""
@@ -131,7 +123,8 @@ def padding_segments_cleared(rollouts: Any) -> Any:
     return rollouts.with_fields(segment_ids=ids.masked_fill(padding, -1))
 
 
-_REGISTRY: dict[str, EstimatorSpec] = {}
+ESTIMATORS = Registry("credit estimator")
+"""Every registered estimator, by name (an EstimatorSpec each)."""
 
 
 def register(name: str, description: str, config_cls: type = NoConfig, *, uses_model: bool = False,
@@ -140,22 +133,20 @@ def register(name: str, description: str, config_cls: type = NoConfig, *, uses_m
     """Decorator: register `fn(rollouts, probe, config) -> Credit` under `name` (`privileged`: see EstimatorSpec)."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if name in _REGISTRY:
-            raise ValueError(f"estimator {name!r} is registered twice")
-        _REGISTRY[name] = EstimatorSpec(name, fn, config_cls, description, uses_model, needs_segments, privileged)
+        ESTIMATORS.add(EstimatorSpec(name, fn, config_cls, description, privileged, uses_model=uses_model,
+                                     needs_segments=needs_segments))
         return fn
 
     return wrap
 
 
-def get(name: str) -> EstimatorSpec:
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown credit estimator {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
+def get(name: str, field: str = "") -> EstimatorSpec:
+    """The estimator registered as `name`; an unknown name is one ConfigError (after `field`, when given)."""
+    return ESTIMATORS.get(name, field)
 
 
 def names() -> list[str]:
-    return list(_REGISTRY)
+    return ESTIMATORS.names()
 
 
 def wrapped(config: Any) -> tuple[EstimatorSpec, Any] | None:

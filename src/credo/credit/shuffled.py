@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from credo.core.config import check
-from credo.credit.compose import check_wrapped, wrapped_credit, wrapped_privileged
+from credo.credit.compose import Wrapping, check_wrapped, wrapped_credit, wrapped_privileged
 from credo.credit.registry import register
 from credo.core.rollouts import Credit, Rollouts
 from credo.core.segment import check_segmenter_option, segment_bounds, segments_for
@@ -40,10 +40,8 @@ LEVELS = ("segment", "token")
 
 
 @dataclass(frozen=True)
-class ShuffledConfig:
+class ShuffledConfig(Wrapping):
     """The shuffled control of a credit method (module docstring)."""
-
-    EXTRA_OPTIONS_FIELD = "options"
 
     of: str = "grpo"
     """The wrapped estimator (any registered one but shuffled itself)."""

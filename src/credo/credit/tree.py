@@ -23,7 +23,7 @@ import torch
 
 from credo.core.config import check
 from credo.core.groups import GroupNormConfig, group_mean_std, grpo_advantages
-from credo.credit.compose import check_wrapped, wrapped_credit, wrapped_privileged
+from credo.credit.compose import Wrapping, check_wrapped, wrapped_credit, wrapped_privileged
 from credo.credit.registry import register
 from credo.core.rollouts import Credit, Rollouts
 from credo.core.segment import broadcast_segments, check_segmenter_option, segment_bounds, segments_for
@@ -95,7 +95,7 @@ def segment_changes(values: torch.Tensor, segment_ids: torch.Tensor, group_mean:
 
 
 @dataclass(frozen=True)
-class TempoConfig(GroupNormConfig):
+class TempoConfig(GroupNormConfig, Wrapping):
     """TEMPO-style prefix-tree credit (docs/methods.md, "## Prefix-tree credit")."""
 
     lam: float = 1.0
@@ -114,8 +114,6 @@ class TempoConfig(GroupNormConfig):
     (`tempo:of=rredcot`: RREDCoT's segment credit plus the group's own branch evidence, free)."""
     options: dict = field(default_factory=dict, metadata={"omit_default": True})
     """The wrapped method's options; any key not named here lands in it."""
-
-    EXTRA_OPTIONS_FIELD = "options"
 
     def __post_init__(self) -> None:
         super().__post_init__()  # std, eps

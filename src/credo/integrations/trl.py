@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from credo.integrations.trl_versions import (FAILING_TRL, SUPPORTED_TRL, TESTED_TRL,  # noqa: F401  (re-exported)
+from credo.integrations.trl_versions import (SUPPORTED_TRL, TESTED_TRL,
                                                UntestedTRLWarning, untested_trl_message)
 
 try:
@@ -67,12 +67,12 @@ from credo import credit as credit_registry  # noqa: E402
 from credo.integrations import checks  # noqa: E402
 from credo.integrations.leak_check import check_estimator_invariance, folded  # noqa: E402
 from credo.integrations.shards import process_group_gather  # noqa: E402
-from credo.policy.base import SamplingConfig, as_prompt, left_pad, render_plain  # noqa: E402
+from credo.core.protocols import Problem, SamplingConfig, left_pad  # noqa: E402
+from credo.policy.base import as_prompt, render_plain  # noqa: E402
 from credo.policy.hf import HFPolicy  # noqa: E402
 from credo.core.probe import Probe, sampling_refusal  # noqa: E402
 from credo.core.rollouts import Rollouts  # noqa: E402
 from credo.core.segment import segmentation_stage  # noqa: E402
-from credo.tasks.base import Problem  # noqa: E402
 
 
 class CreditGRPOTrainer(GRPOTrainer):

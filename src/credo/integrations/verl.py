@@ -2,7 +2,7 @@
 verl's own advantage-estimator registry.
 
 Any estimator (rredcot, vineppo, sc_grpo, ibpo, loo, ...), with the model:
-    from credo.integrations.verl import apply_credit
+    from credo.integrations.verl_credit import apply_credit
     batch = apply_credit(batch, "rredcot", module=hf_model, tokenizer=tok, task=make_task("gym:chain_sum"))
 runs on one data-parallel shard of a verl `DataProto` (verl_credit.py); in verl's PPO loop it is
 `algorithm.adv_estimator=credo:<name>` with `python -m credo.integrations.verl_ppo` (a worker mixin
@@ -42,7 +42,6 @@ import torch
 from credo.core.groups import grpo_advantages, rloo_advantages
 from credo.integrations import checks as credit_checks
 from credo.integrations.verl_batch import check_estimator_inputs
-from credo.integrations.verl_credit import apply_credit, credit_on_shards, dataset_row  # noqa: F401  (re-exported)
 
 REWARD_ONLY = ("grpo", "dr_grpo", "rloo")
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from credo.core.config import UserError
-from credo.tasks.base import Problem
+from credo.core.protocols import Problem
 
 PROBLEM_FIELD = "extra_info.credo_problem"
 

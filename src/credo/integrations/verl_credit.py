@@ -42,14 +42,16 @@ import torch
 from credo import credit as credit_registry
 from credo.integrations import checks as credit_checks
 from credo.integrations.leak_check import check_estimator_invariance, folded
-from credo.integrations.shards import group_ids
+from credo.integrations.shards import group_ids, whole_group_order
 from credo.integrations.verl_batch import check_batch, problem_from_row, reward_field, row_namer
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import Problem, SamplingConfig, rewards_for
 from credo.core.config import UserError
 from credo.core.probe import Probe, sampling_refusal
 from credo.core.rollouts import Credit, Rollouts
 from credo.core.segment import segmentation_stage
-from credo.tasks.base import Problem, rewards_for
+from credo.tasks import make_task
+from credo.policy import bind_task
+from credo.policy.hf import HFPolicy
 
 
 def dataset_row(task: Any, problem: Problem, data_source: str = "credo") -> dict[str, Any]:
@@ -74,7 +76,6 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
                   **kwargs: Any) -> float:
     """verl's custom reward function (reward.custom_reward_function.path=<this file>): the credo task's
     verifier on a row made by `dataset_row`."""
-    from credo.tasks import make_task
     extra = extra_info or {}
     key = (extra["credo_task"], extra.get("credo_task_options", "{}"))
     if key not in _TASKS:
@@ -162,8 +163,6 @@ def apply_credit(batch: Any, estimator: str, *, module: torch.nn.Module, tokeniz
     Returns the same DataProto with advantages/returns[B, R] (float32) and credo_cost[B, 2] (row 0 holds
     this shard's tokens scored/generated, so a concatenation of shards sums to the batch's cost).
     """
-    from credo.policy import bind_task
-    from credo.policy.hf import HFPolicy
     spec = credit_registry.get(estimator)
     options = spec.make_config(config)
     device = next(module.parameters()).device
@@ -280,7 +279,6 @@ def credit_on_shards(batch: Any, spec: dict[str, Any], call: Callable[[Any], Any
 
     spec: {"estimator": name, "credit": options, "task": task name, "task_options": {...}, "seed": int}.
     """
-    from credo.integrations.shards import whole_group_order
     check_batch(batch, step=spec.get("step"))  # in the driver's row order, before the rows are dealt out
     group = group_ids(np.asarray(batch.non_tensor_batch["uid"]).tolist())
     order = whole_group_order(group, shards)

@@ -6,11 +6,16 @@ import functools
 import os
 
 import torch
+from safetensors import SafetensorError
 
-from credo.policy.base import Policy, SamplingConfig, Samples, read_policy_meta  # noqa: F401
+from credo.core.config import ConfigError, UserError
+from credo.core.protocols import Policy, Samples, SamplingConfig  # noqa: F401
+from credo.policy.base import read_policy_meta  # noqa: F401
 from credo.policy.tiny import TinyPolicy  # noqa: F401
 from credo.policy.locate import check_policy_path, check_task_fits  # noqa: F401
 from credo.policy.adapters import LoraSettings, adapter_meta, load_adapter_policy, weights_digest
+from credo.policy.hf import HFPolicy
+from credo.policy.smollm import ALIASES, ensure_smollm2
 
 
 def load_policy(path: str, device: str | torch.device = "cpu", lora: LoraSettings | None = None, seed: int = 0,
@@ -21,18 +26,15 @@ def load_policy(path: str, device: str | torch.device = "cpu", lora: LoraSetting
     (credo.policy.device.autocast_dtype; both a Hugging Face model's only). A saved adapter stays apart from its
     base (a command that scores reads it as it was trained); with `lora` (the caller trains) it is merged into its
     base, and with lora.r > 0 fresh adapters, drawn from `seed`, go on top: what trains is a plain model or those."""
-    from credo.policy.smollm import ALIASES, ensure_smollm2
     named = path
     if path in ALIASES:
         path = ensure_smollm2()
     backend = read_policy_meta(path).get("backend")
     if backend == "tiny":
         if lora is not None and lora.r:
-            from credo.core.config import ConfigError
             raise ConfigError(f"lora.r={lora.r}: LoRA needs a Hugging Face model; {path} is a tiny policy, "
                               "which trains in full (set lora.r=0)")
         if dtype != torch.float32 or autocast is not None:
-            from credo.core.config import ConfigError
             setting = "bfloat16-mixed" if autocast is not None else str(dtype).replace("torch.", "")
             raise ConfigError(f"dtype={setting}: {path} is a tiny policy, which runs float32 "
                               "(dtype is for a Hugging Face model)")
@@ -42,7 +44,6 @@ def load_policy(path: str, device: str | torch.device = "cpu", lora: LoraSetting
             return load_policy(directory, device, dtype=dtype, autocast=autocast)
         policy = _checked_load(lambda p, _: load_adapter_policy(p, base), path, device)
     elif os.path.isfile(os.path.join(path, "config.json")):
-        from credo.policy.hf import HFPolicy
         policy = _checked_load(functools.partial(HFPolicy.load, dtype=dtype, autocast=autocast), path, device)
     else:
         raise FileNotFoundError(f"{path} is neither a credo checkpoint (policy.json) "
@@ -57,8 +58,6 @@ def load_policy(path: str, device: str | torch.device = "cpu", lora: LoraSetting
 def _checked_load(load, path: str, device: str) -> "Policy":
     """`load(path, device)`; a checkpoint whose files do not fit together (a missing key, a shape that differs
     from its config, a config transformers cannot read) is an error naming the directory, not a traceback."""
-    from safetensors import SafetensorError
-    from credo.core.config import UserError
     try:
         return load(path, device)
     except UserError:

@@ -24,6 +24,8 @@ from safetensors.torch import load_file, save_file
 
 from credo.core.config import MAX_LORA_RANK, UserError, check, check_in
 from credo.core.state_io import CorruptStateError
+from credo.policy.base import read_policy_meta
+from credo.policy.smollm import ALIASES, ensure_smollm2
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 """The adapter's weights in a saved LoRA policy (peft's file name)."""
@@ -119,7 +121,6 @@ def weights_digest(directory: str) -> str:
 
 def adapter_meta(directory: str) -> dict[str, str] | None:
     """policy.json's `adapter` entry ({'base', 'base_digest'}) of a saved LoRA policy; None for a full one."""
-    from credo.policy.base import read_policy_meta
     meta = read_policy_meta(directory).get("adapter")
     if meta is None:
         return None
@@ -132,7 +133,6 @@ def adapter_meta(directory: str) -> dict[str, str] | None:
 
 def base_directory(name: str) -> str:
     """The directory of the base an adapter names: an alias's cached copy, or the path itself."""
-    from credo.policy.smollm import ALIASES, ensure_smollm2
     return ensure_smollm2() if name in ALIASES else name
 
 
@@ -198,7 +198,6 @@ def load_adapter_weights(model: torch.nn.Module, directory: str) -> None:
 def load_adapter_policy(directory: str, load_base: Callable[[str], Any]) -> Any:
     """The HFPolicy saved as an adapter in `directory`: `load_base(base directory)` (credo.policy.load_policy, so a
     base that is itself an adapter loads as one), merged into plain weights, with this adapter applied on top."""
-    from credo.policy.base import read_policy_meta
     meta = adapter_meta(directory)
     settings = saved_settings(directory)
     policy = load_base(check_base(directory, meta))

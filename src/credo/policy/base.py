@@ -1,4 +1,5 @@
-"""The Policy interface every backend implements, and the batched sampling loop they share.
+"""What every backend shares in implementing the Policy protocol (credo.core.protocols): prompt rendering and
+fitting, the batched sampling loop, padding, and scoring.
 
 A Policy turns prompts into completions (`sample`) and scores given completions (`score`,
 `completion_logits`). Estimators never call a Policy directly: they go through a `Probe`
@@ -9,79 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from credo.core.config import UserError
+from credo.core.protocols import Policy, SamplingConfig, Samples, left_pad
 from credo.core.rollouts import Prompt
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """How completions are drawn."""
-
-    temperature: float = 1.0
-    """Softmax temperature (0 = greedy)."""
-    top_p: float = 1.0
-    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1 = all)."""
-    max_new_tokens: int = 96
-    """Generation limit per completion, in tokens."""
-
-
-@dataclass
-class Samples:
-    """completion_ids[B, T] (right-padded, EOS kept), completion_mask[B, T] bool,
-    logprobs[B, T]: log-prob of each sampled token under the untempered policy (0 on padding)."""
-
-    completion_ids: torch.Tensor
-    completion_mask: torch.Tensor
-    logprobs: torch.Tensor
-
-
-class Policy(Protocol):
-    """What trainers, strategies and probes need from a model backend (tiny.TinyPolicy, hf.HFPolicy)."""
-
-    device: torch.device
-    model: torch.nn.Module
-    pad_id: int
-    eos_id: int
-    system_prompt: str | None  # a chat backend's system turn before every prompt (the bound task's); others: None
-
-    def encode_prompts(self, texts: Sequence[str | Prompt],
-                       system: bool = True) -> tuple[torch.Tensor, torch.Tensor]: ...
-    def encode_completions(self, texts: Sequence[str], eos: bool = True) -> tuple[torch.Tensor, torch.Tensor]: ...
-    def encode_continuation(self, text: str, eos: bool = False) -> list[int]: ...
-    def decode(self, ids: torch.Tensor) -> str: ...
-    def token_strings(self, ids: Sequence[int]) -> list[str]: ...
-    def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingConfig,
-               generator: torch.Generator) -> Samples: ...
-    def score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-              completion_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]: ...
-    def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                          completion_mask: torch.Tensor) -> torch.Tensor: ...
-    def score_branches(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                       completion_mask: torch.Tensor, branches: Sequence[tuple[int, int, Sequence[int]]],
-                       reuse_prefix: bool = True) -> tuple[list[torch.Tensor], int]: ...
-    def save(self, directory: str) -> None: ...
-    def save_into(self, directory: str) -> None: ...
-    def load_weights_from(self, directory: str) -> None: ...
-    def copy(self) -> "Policy": ...
-
-
-def left_pad(rows: Sequence[Sequence[int]], pad_id: int,
-             device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Lists of ids -> (ids[B, L] left-padded, mask[B, L] bool)."""
-    width = max((len(r) for r in rows), default=0)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-            mask[i, width - len(r):] = True
-    return ids.to(device), mask.to(device)
 
 
 def as_prompt(text: str | Prompt) -> Prompt:

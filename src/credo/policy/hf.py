@@ -20,14 +20,15 @@ from typing import Iterator, Sequence
 import torch
 
 from credo.core.config import UserError
-from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, distinct_prompts, fit_prompt,
-                               generate, left_pad,
-                               render_plain, read_policy_meta, right_pad, row_chunks, score_branches_by_rescoring,
-                               stitch_samples, trim_left_padding)
+from credo.core.protocols import Samples, SamplingConfig, left_pad
+from credo.policy.base import (CompletionScoring, as_prompt, distinct_prompts, fit_prompt, generate, render_plain,
+                               read_policy_meta, right_pad, row_chunks, score_branches_by_rescoring, stitch_samples,
+                               trim_left_padding)
 from credo.core.rollouts import Prompt
 from credo.core.files import atomic_directory
 from credo.core.state_io import CorruptStateError
-from credo.policy.adapters import LoraSettings, is_lora, load_adapter_weights, save_adapter, wrap_with_lora
+from credo.policy.adapters import (LoraSettings, adapter_meta, is_lora, load_adapter_weights, save_adapter,
+                                   wrap_with_lora)
 from credo.policy.hf_folder import refuse_custom_code, refuse_pickled_weights
 
 
@@ -52,7 +53,7 @@ def quiet_loading() -> Iterator[None]:
 
 
 class HFPolicy(CompletionScoring):
-    """A transformers causal LM + tokenizer with the interface of credo.policy.base.Policy."""
+    """A transformers causal LM + tokenizer with the interface of credo.core.protocols.Policy."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: object, device: str | torch.device = "cpu",
                  chat: bool | None = None, system_prompt: str | None = None, cast: bool = True,
@@ -211,7 +212,7 @@ class HFPolicy(CompletionScoring):
 
     def _sample_batch(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingConfig,
                       generator: torch.Generator) -> Samples:
-        from credo.policy.hf_cache import preallocated_cache
+        from credo.policy.hf_cache import preallocated_cache  # it imports transformers: when a HF model samples
         was_training = self.model.training
         self.model.eval()
         # keys/values written in place, not concatenated per token (hf_cache); same numbers as DynamicCache
@@ -347,7 +348,6 @@ class HFPolicy(CompletionScoring):
         """Restore trainable weights saved by save_into (the adapter of a LoRA policy, after checking that the
         checkpoint was trained on this policy's base)."""
         if is_lora(self.model):
-            from credo.policy.adapters import adapter_meta
             meta = adapter_meta(directory)
             if meta is None:
                 raise CorruptStateError(f"{directory} holds full weights, not the LoRA adapter this run trains")

@@ -7,8 +7,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
+
 from credo.core.config import ConfigError
-from credo.policy.base import read_policy_meta
+from credo.core.state_io import check_safetensors
+from credo.policy.adapters import ADAPTER_WEIGHTS
+from credo.policy.base import as_prompt, read_policy_meta
+from credo.policy.hf_folder import refuse_custom_code, refuse_pickled_weights
+from credo.policy.smollm import ALIASES
+
 
 PROBE_PROBLEMS = 8
 """Held-out and training problems each whose prompts stand for a generated task's (task_prompts): enough to
@@ -24,7 +31,6 @@ def check_policy_path(path: str, field: str) -> str:
     backend 'tiny') needs its model.safetensors, a LoRA adapter its adapter weights, anything else a Hugging Face
     config.json. '' (the task's SFT
     start) and an alias are resolved later, by load_policy or resolve_checkpoint."""
-    from credo.policy.smollm import ALIASES
     if path == "" or path in ALIASES:  # 'sft' is resolve_checkpoint's: load_policy would not know it
         return path
     if not os.path.isdir(path):
@@ -38,7 +44,6 @@ def check_policy_path(path: str, field: str) -> str:
     meta = read_policy_meta(path)
     backend = meta.get("backend")
     if backend == "hf" and "adapter" in meta:  # a LoRA adapter: its base is read (and its digest checked) on load
-        from credo.policy.adapters import ADAPTER_WEIGHTS
         weights = os.path.join(path, ADAPTER_WEIGHTS)
         if not os.path.isfile(weights):
             raise ConfigError(f"{field}={path!r}: {weights} is missing; the adapter is incomplete")
@@ -50,10 +55,8 @@ def check_policy_path(path: str, field: str) -> str:
         raise ConfigError(f"{field}={path!r}: its policy.json names backend {backend!r}, which needs a Hugging Face "
                           f"config.json, and {path} has none; the checkpoint is incomplete")
     else:
-        from credo.policy.hf_folder import refuse_custom_code, refuse_pickled_weights
         refuse_pickled_weights(path, field)
         refuse_custom_code(path, field)
-    from credo.core.state_io import check_safetensors
     check_safetensors(path)  # a damaged header: one line naming the file, before --out is touched
     return path
 
@@ -62,7 +65,6 @@ def task_problems(task: Any) -> list[Any]:
     """Problems that stand for all of the task's: every row of a task that holds its rows (jsonl: its train
     and held-out lists), else PROBE_PROBLEMS held-out and PROBE_PROBLEMS training problems, drawn with a
     generator of their own (the run's random streams are untouched)."""
-    import torch
     held, train = getattr(task, "heldout", None), getattr(task, "train", None)
     if isinstance(held, list) and isinstance(train, list):
         return held + train
@@ -126,7 +128,6 @@ def may_not_fit(policy: Any, problems: list[Any], room: int) -> list[Any]:
     others are tokenised (a 100,000-row file of short questions: none). The bound is checked on the
     BOUND_SAMPLE longest prompts, tokenised in any case; where it fails (a tokenizer whose normaliser expands
     text) every prompt is."""
-    from credo.policy.base import as_prompt
 
     def size(problem: Any) -> int:
         prompt = as_prompt(problem.prompt)

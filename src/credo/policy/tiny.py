@@ -9,9 +9,9 @@ from typing import Callable, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
-from credo.policy.base import (CompletionScoring, SamplingConfig, Samples, as_prompt, distinct_prompts, fit_prompt,
-                               generate, left_pad,
-                               render_plain, right_pad, read_policy_meta, score_branches_by_rescoring)
+from credo.core.protocols import Samples, SamplingConfig, left_pad
+from credo.policy.base import (CompletionScoring, as_prompt, distinct_prompts, fit_prompt, generate, render_plain,
+                               right_pad, read_policy_meta, score_branches_by_rescoring)
 from credo.policy.branches import score_packed_branches
 from credo.policy.gpt import GPT, GPTConfig, KVCache
 from credo.policy.tokenizer import CharTokenizer

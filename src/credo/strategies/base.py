@@ -14,11 +14,10 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from credo.policy.base import Policy, SamplingConfig
+from credo.core.protocols import Policy, Problem, SamplingConfig, Task
 from credo.core.probe import Probe
 from credo.core.rollouts import Cost, Rollouts
 from credo.core.registry import Registry
-from credo.tasks.base import Problem, Task
 
 
 @dataclass

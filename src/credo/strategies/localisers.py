@@ -35,7 +35,7 @@ import torch
 from credo.core.config import ConfigError
 from credo.core.registry import Registry
 from credo.core.values import suffix_values
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 from credo.core.probe import Probe
 from credo.core.rollouts import Rollouts
 from credo.core.segment import segment_bounds

@@ -25,14 +25,14 @@ import torch
 
 from credo.core.config import MAX_GROUP, MAX_STEP_COMPLETIONS, check, check_in
 from credo.core.values import continue_and_verify
-from credo.policy.base import left_pad, right_pad
+from credo.core.protocols import Problem, left_pad
+from credo.policy.base import right_pad
 from credo.core.probe import prompt_tokens
 from credo.core.rollouts import Rollouts, concat_rollouts
 from credo.core.segment import segment_bounds, segmenter_config
 from credo.strategies.base import Collected, SamplingContext, register
 from credo.strategies.localisers import LOCALISERS, localise
 from credo.strategies.sampling import mixed_share, sample_groups
-from credo.tasks.base import Problem
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,8 @@ def _reset_points(ctx: SamplingContext, searches: list[_Search], with_parent: li
     return steps
 
 
-@register("resets", "RRPO/SRPO: reset a failed trace at a localised step and resample its suffix", ResetConfig)
+@register("resets", "RRPO/SRPO: reset a failed trace at a localised step and resample its suffix", ResetConfig,
+          settings=lambda train: train.reset)
 def collect_resets(ctx: SamplingContext, n_prompts: int, config: ResetConfig) -> Collected:
     problems = ctx.draw(n_prompts)
     searches, generated = search_parents(ctx, problems, config)

@@ -16,10 +16,9 @@ import torch
 
 from credo.core.config import check
 from credo.core import groups
-from credo.policy.base import Policy, SamplingConfig
+from credo.core.protocols import Policy, Problem, SamplingConfig, Task, rewards_for
 from credo.core.rollouts import Rollouts, concat_rollouts
 from credo.strategies.base import Collected, SamplingContext, register
-from credo.tasks.base import Problem, Task, rewards_for
 
 
 def sample_groups(policy: Policy, task: Task, problems: Sequence[Problem], group_size: int,
@@ -75,7 +74,8 @@ class DynamicConfig:
 
 
 @register("dynamic",
-          "DAPO dynamic sampling: drop groups whose rewards are all equal, refill with new prompts", DynamicConfig)
+          "DAPO dynamic sampling: drop groups whose rewards are all equal, refill with new prompts", DynamicConfig,
+          settings=lambda train: {"max_rounds": train.dynamic_max_rounds})
 def collect_dynamic(ctx: SamplingContext, n_prompts: int, config: DynamicConfig) -> Collected:
     kept: list[Rollouts] = []
     spare: list[Rollouts] = []

@@ -11,7 +11,7 @@ from credo.core.config import from_dict, merge, to_dict
 from credo.core.registry import Registry
 from credo.tasks.arith import PRESETS as ARITH_PRESETS
 from credo.tasks.arith import ArithConfig, ArithTask
-from credo.tasks.base import Problem, StepTruth, Task, rewards_for  # noqa: F401
+from credo.core.protocols import Problem, StepTruth, Task, rewards_for  # noqa: F401
 
 TASKS = Registry("task")
 

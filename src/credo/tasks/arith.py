@@ -35,7 +35,8 @@ from typing import Callable, Sequence
 import torch
 
 from credo.core.config import UserError, check
-from credo.tasks.base import HELDOUT_SEED, VALIDATION_SEED, Problem, StepTruth, in_heldout_split
+from credo.core.protocols import Problem, StepTruth
+from credo.tasks.base import HELDOUT_SEED, VALIDATION_SEED, in_heldout_split
 
 ALPHABET = "0123456789+-*=#\n ?|"
 PROBE_MARKER = "?"

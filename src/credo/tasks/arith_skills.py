@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 
 from credo.tasks.arith import LOCALISATION_STEP, ArithTask, _apply
-from credo.tasks.base import Problem
+from credo.core.protocols import Problem
 
 CORRUPTIONS = ("result", "result", "result", "operand", "carry")
 """Kinds of slip, drawn uniformly from this tuple: a wrong result (3 in 5), a miscopied operand, a wrong

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from credo.core.config import ConfigError, UserError
-from credo.tasks.base import HELDOUT_SEED, Problem, StepTruth
+from credo.core.protocols import Problem, StepTruth
+from credo.tasks.base import HELDOUT_SEED
 from credo.tasks.chat import FreeFormTask
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 
 from credo.tasks.arith_skills import CORRUPTIONS  # the same kinds of slip, in the same proportions
-from credo.tasks.base import Problem
+from credo.core.protocols import Problem
 from credo.tasks.gym import chain
 
 

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from credo.core.config import UserError, check
-from credo.tasks.base import Problem, in_heldout_split
+from credo.core.protocols import Problem
+from credo.tasks.base import in_heldout_split
 from credo.tasks.chat import FreeFormTask
 
 SYSTEM_PROMPT = "Reason step by step, and put your final answer within \\boxed{}."

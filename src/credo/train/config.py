@@ -1,9 +1,9 @@
-"""The configuration of a `credo train` run: one frozen dataclass, loaded with its method's recipe defaults.
+"""The configuration of a `credo train` run: one frozen dataclass of settings, the defaults that depend on the start
+and the machine, and a recorded run's config read back.
 
-`load_train_config` reads the YAML once, resolves the method to its recipe once (the recipe's defaults go
-under the user's settings), and `TrainConfig` stores the estimator's own frozen config in `credit`, so a
-bad credit option fails at load with its full path (`train.credit.k`). Every field is documented by the
-string under it (`credo train --help-config` lists them).
+credo.train.plan.plan_run loads it (defaults <- recipe <- YAML <- flags <- --set) and resolves what it names once,
+into a Plan; a bad credit option fails there with its full path (`train.credit.k`). Every field is documented by
+the string under it (`credo train --help-config` lists them).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from credo.credit.compose import recorded_options
 from credo.integrations import tracking
 from credo.core.config import (MAX_EPOCHS, MAX_GROUP, MAX_HELD_OUT, MAX_NEW_TOKENS, MAX_ROUNDS,
                                MAX_STEP_COMPLETIONS, ConfigError, check, check_in, from_dict, merge, read_yaml,
-                               to_dict, user_settings)
+                               to_dict)
 from credo.policy.adapters import LoraSettings
 from credo.policy.device import check_device_fields
 from credo.core.loss import LossConfig
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 from credo.strategies.resets import ResetConfig
 from credo.train import methods
-from credo.train.plan import with_plan
+from credo.policy.smollm import ALIASES
 
 
 @dataclass(frozen=True)
@@ -188,18 +188,6 @@ class TrainConfig:
         check_in(s.max_new_tokens, 1, MAX_NEW_TOKENS, "train.sampling.max_new_tokens")
 
 
-def load_train_config(path: str | None = None, overrides: list[str] | None = None,
-                      extra: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults <- `machine_defaults` (a Hugging Face start; its sizes on a CPU) <- `base` <- method
-    recipe <- YAML <- `extra` (the CLI's shortcut flags) <- overrides. The recipe is that of the method the user
-    names (in the file, `extra` or the overrides); `base` holds settings a recipe may override (a comparison's
-    shared schedule)."""
-    user = user_settings(path, overrides, extra)
-    recipe = methods.recipe_of(str(user.get("method", TrainConfig.method)))
-    sized = machine_defaults(str(user.get("start", TrainConfig.start)))
-    return with_plan(train_config_from_dict(merge(merge(merge(sized, base or {}), recipe.defaults), user)))[0]
-
-
 # A Hugging Face model on a CPU. The field defaults (8 prompts x 8 completions, 200- and 500-problem
 # evaluations) are sized for the tiny GPT; with SmolLM2-135M on 2 cores one such step with its evaluations
 # ran past 15 minutes. These sizes give a step of ~15-20 s and evaluations of ~10-30 s there, so the
@@ -230,7 +218,6 @@ def machine_defaults(start: str) -> dict[str, Any]:
 
 def is_hf_start(start: str) -> bool:
     """Whether `start` names a Hugging Face model (checked without loading it)."""
-    from credo.policy.smollm import ALIASES
     if start in ALIASES:
         return True
     meta = os.path.join(start, "policy.json")

@@ -23,7 +23,7 @@ import torch
 from credo.core.rollouts import Cost, Rollouts, concat_rollouts
 from credo.strategies import Collected, SamplingContext, Strategy
 from credo.strategies.sampling import mixed_share
-from credo.tasks.base import Problem
+from credo.core.protocols import Problem
 
 
 class DataParallel:

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 
 
 def format_seconds(seconds: float) -> str:

@@ -10,8 +10,7 @@ from tqdm import tqdm
 
 from credo.core.config import MAX_HELD_OUT, MAX_NEW_TOKENS, MAX_SAMPLES, check, check_in
 from credo.policy.device import check_device_fields
-from credo.policy.base import Policy, SamplingConfig
-from credo.tasks.base import Problem, Task
+from credo.core.protocols import Policy, Problem, SamplingConfig, Task
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Any
 from credo import credit
 from credo.core.config import ConfigError, merge
 from credo.credit.registry import EstimatorSpec
+from credo.strategies import LOCALISERS
 
 
 @dataclass(frozen=True)
@@ -70,11 +71,9 @@ def resolve(method: str) -> Recipe:
             settings = {"credit": {k: v for k, v in options.items() if k != "localiser"},
                         "reset": {"localiser": options["localiser"]}}
         return Recipe(base.estimator, base.description, merge(base.defaults, settings))
-    try:
-        spec = credit.get(method)
-    except KeyError:
-        raise KeyError(f"unknown method {method!r}; available: {', '.join(available())}") from None
-    return Recipe(method, spec.description)
+    if method not in credit.names():
+        raise ConfigError(f"unknown method {method!r}; available: {', '.join(available())}")
+    return Recipe(method, credit.get(method).description)
 
 
 def composed(method: str, name: str, base: Recipe, options: dict[str, str]) -> Recipe:
@@ -116,7 +115,7 @@ def recipe_of(method: str, field: str = "train.method") -> Recipe:
     """`method`'s recipe (resolve); an unknown name or a malformed spec is a ConfigError naming `field`."""
     try:
         return resolve(method)
-    except (KeyError, ValueError) as err:
+    except ValueError as err:  # ConfigError included: the message gets the setting that named the method
         raise ConfigError(f"{field}: {err.args[0]}") from None
 
 
@@ -135,7 +134,6 @@ def privileged(method: str) -> bool:
     """Whether `method` (an estimator, a spec with options or a recipe) reads privileged task data (the
     reference solution, step labels or the gold answer beyond the reward): its estimator with the recipe's
     credit options, or its reset localiser (credo.credit.registry.EstimatorSpec.privileged)."""
-    from credo.strategies import LOCALISERS
     recipe = resolve(method)
     spec = credit.get(recipe.estimator)
     if spec.reads_privileged(spec.make_config(recipe.defaults.get("credit", {}))):

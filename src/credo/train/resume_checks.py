@@ -17,8 +17,8 @@ from typing import Any
 
 from credo.core.config import ConfigError, UserError, dump_yaml, to_dict
 from credo.core.records import METRICS_FIELDS
-from credo.core.files import (atomic_write_text, claim_output, holds_only_own_files, is_locked, last_checkpoint,
-                              read_jsonl)
+from credo.core.files import atomic_write_text, last_checkpoint, read_jsonl
+from credo.core.outputs import claim_output, holds_only_own_files, is_locked
 from credo.core.state_io import CorruptStateError
 from credo.train.config import TrainConfig, as_recorded, comparable_config, config_from_run
 

@@ -27,20 +27,25 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from credo.core.config import (MAX_HELD_OUT, MAX_NEW_TOKENS, MAX_STEP_COMPLETIONS, ConfigError, check,
-                               check_in, dump_yaml)
+                               check_in)
 from credo.core.rollouts import Prompt
 from credo.policy.adapters import LoraSettings, is_lora
-from credo.policy.base import left_pad
+from credo.core.protocols import left_pad
 from credo.policy.device import autocast_dtype, check_device_fields, resolve_device, resolve_dtype
 from credo.train.evaluate import evaluate
-from credo.core.files import MetricsLog, atomic_directory, atomic_write_json, atomic_write_text
 from credo.tasks.gym_skills import REPLIES, localisation_example
-from credo.train.sft import VALIDATION_SEED, draw_kind
+from credo.train.sft import VALIDATION_SEED, draw_kind, write_start
+from credo.policy.smollm import ALIASES
+from credo.tasks import make_task
+from credo.policy.hf_folder import refuse_custom_code
+from credo.policy import bind_task, load_policy
+from credo.policy.hf import HFPolicy
 
 
 @dataclass(frozen=True)
@@ -179,8 +184,6 @@ def sft_loss(policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, target
 def check_sft_inputs(config: HFSFTConfig):  # noqa: ANN201
     """The task, after checking that it builds, that its problems carry worked solutions and that the start
     exists (a user error is one line, raised before any output directory is touched)."""
-    from credo.policy.smollm import ALIASES
-    from credo.tasks import make_task
     task = make_task(config.task, config.task_options, prefix="sft.task_options.")
     resolve_dtype(config.dtype, resolve_device(config.device, "sft.device"), "sft.dtype")
     sft_example(task, task.train_problems(1, torch.Generator().manual_seed(config.seed))[0])
@@ -191,7 +194,6 @@ def check_sft_inputs(config: HFSFTConfig):  # noqa: ANN201
         raise ConfigError(f"sft.start={config.start!r} is neither 'smollm2-135m' nor a Hugging Face model directory "
                           "(no config.json)")
     if config.start not in ALIASES:
-        from credo.policy.hf_folder import refuse_custom_code
         refuse_custom_code(config.start, "sft.start")
     return task
 
@@ -199,16 +201,8 @@ def check_sft_inputs(config: HFSFTConfig):  # noqa: ANN201
 def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=None) -> dict:  # noqa: ANN001
     """Fine-tune `config.start` on `config.task`'s worked solutions into `out_dir` (atomically); -> summary.
     `task`: the task `check_sft_inputs(config)` returned, if the caller checked already."""
-    from credo.policy import bind_task, load_policy
-    from credo.policy.hf import HFPolicy
     task = task or check_sft_inputs(config)
-    device = resolve_device(config.device, "sft.device")
-    policy = bind_task(load_policy(config.start, device=device, lora=config.lora, seed=config.seed,
-                                   dtype=resolve_dtype(config.dtype, device, "sft.dtype"),
-                                   autocast=autocast_dtype(config.dtype)), task)
-    if not isinstance(policy, HFPolicy):
-        raise ConfigError(f"sft.start={config.start!r} is a tiny credo policy; "
-                          "`credo sft --task arith...` builds those")
+    policy = sft_policy(config, task)
     torch.manual_seed(config.seed)
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
@@ -249,14 +243,21 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
     policy.model.load_state_dict(best[2], strict=not is_lora(policy.model))  # a LoRA policy's: its adapters
     summary = {"val_accuracy": best[0], "step": best[1], "seconds": round(time.time() - start, 1),
                "val_n": len(validation), "start": config.start, "task": config.task}
-    with atomic_directory(out_dir) as tmp:
-        policy.save_into(tmp)
-        atomic_write_text(os.path.join(tmp, "sft_config.yaml"), dump_yaml(config))
-        atomic_write_json(os.path.join(tmp, "sft_summary.json"), summary)
-        log = MetricsLog(os.path.join(tmp, "metrics.jsonl"))
-        for row in history:
-            log.append(row)
+    write_start(out_dir, policy, config, summary, history)
     return summary
+
+
+def sft_policy(config: HFSFTConfig, task: Any) -> HFPolicy:
+    """config.start loaded on its device and dtype (with its LoRA adapters, when config.lora asks), bound to `task`;
+    a tiny credo policy is refused (`credo sft --task arith` builds those)."""
+    device = resolve_device(config.device, "sft.device")
+    policy = bind_task(load_policy(config.start, device=device, lora=config.lora, seed=config.seed,
+                                   dtype=resolve_dtype(config.dtype, device, "sft.dtype"),
+                                   autocast=autocast_dtype(config.dtype)), task)
+    if not isinstance(policy, HFPolicy):
+        raise ConfigError(f"sft.start={config.start!r} is a tiny credo policy; "
+                          "`credo sft --task arith...` builds those")
+    return policy
 
 
 def _state(policy) -> dict[str, torch.Tensor]:  # noqa: ANN001

@@ -8,12 +8,13 @@ import os
 
 from credo.policy.locate import check_policy_path, is_policy
 from credo.policy.smollm import ALIASES, ensure_smollm2
-from credo.train.sft import check_preset, ensure_sft, sft_config_for
+from credo.train.sft import ensure_sft
+from credo.train.sft_config import check_preset, sft_config_for
 
 DEFAULT_START = ("", "sft")
 """Names of the task's SFT start (built or fetched by credo.train.sft.ensure_sft)."""
 NAMED_START = "sft:"
-"""Prefix of a named SFT start: sft:<preset> (credo.train.sft.SFT_PRESETS, e.g. sft:arith-long-skilled)."""
+"""Prefix of a named SFT start: sft:<preset> (credo.train.sft_config.SFT_PRESETS, e.g. sft:arith-long-skilled)."""
 
 
 def resolve_checkpoint(path: str, field: str, task: str = "arith", progress: bool = True) -> str:

@@ -25,11 +25,12 @@ from credo.core.config import ConfigError, UserError
 from credo.core.files import last_checkpoint
 from credo.core.loss import policy_loss
 from credo.core.probe import Probe
+from credo.core.protocols import Policy
 from credo.core.rollouts import Cost, Credit, Rollouts
 from credo.core.segment import segmentation_stage
+from credo.integrations.shards import process_group_gather
 from credo.policy import bind_task, check_policy_path, load_policy
 from credo.policy.adapters import LORA_SEED_OFFSET, AdapterDisabled, is_lora, seeded_rng
-from credo.policy.base import Policy
 from credo.policy.device import autocast_dtype, device_name, resolve_device, resolve_dtype
 from credo.strategies import Collected, SamplingContext, Strategy
 from credo.strategies.localisers import check_can_ask
@@ -37,7 +38,8 @@ from credo.tasks import make_task
 from credo.train import credit_log
 from credo.train.config import TrainConfig
 from credo.train.distributed import DataParallel, Sharded
-from credo.train.plan import with_plan
+from credo.train.plan import Plan, with_plan
+from credo.train.sft import ensure_sft
 from credo.train.shaping import fitted_overlong_buffer, overlong_penalty
 from credo.train.starts import NAMED_START, named_start
 from credo.train.streams import RandomStreams
@@ -45,15 +47,18 @@ from credo.train.streams import RandomStreams
 
 class TrainerStep:
     """The model, its optimiser, the run's random streams, the probe and the plan, and one step over them.
-    `policy`: a loaded policy to train instead of `config.start` (tests)."""
+    `plan`: the run's plan, with `config` as credo.train.plan.plan_run returned them both (None: `config` is
+    planned here, e.g. one built in code); `policy`: a loaded policy to train instead of `config.start` (tests)."""
 
-    def __init__(self, config: TrainConfig, run_dir: str, policy: Policy | None = None, progress: bool = True) -> None:
+    def __init__(self, config: TrainConfig, run_dir: str, policy: Policy | None = None, progress: bool = True,
+                 plan: Plan | None = None) -> None:
         self.run_dir, self.progress = run_dir, progress
         self.task = make_task(config.task, config.task_options, prefix="train.task_options.")
         if config.eval_split == "validation":
             self.task.train_exclude = frozenset(p.key for p in validation_split(self.task, config))
-        config, self.plan = with_plan(config)  # the estimator, its checked options and the strategy, resolved once
-        self.config = config
+        if plan is None:  # the estimator, its checked options and the strategy, resolved once
+            config, plan = with_plan(config)
+        self.config, self.plan = config, plan
         if policy is None:
             device = resolve_device(config.device, "train.device")  # before the start is read: one line, exit 2
             dtype = resolve_dtype(config.dtype, device, "train.dtype")
@@ -77,7 +82,6 @@ class TrainerStep:
         # batch-wide statistics (RREDCoT's z, SC-GRPO's quantile) over every rank's rows, as one process sees them
         gather = None
         if self.dp is not None and self.dp.world > 1:
-            from credo.integrations.shards import process_group_gather
             gather = process_group_gather()
         self.probe = Probe(self.policy, self.task, config.sampling, self.streams.probe, gather=gather)
         self.strategy: Strategy = self.plan.strategy
@@ -90,7 +94,6 @@ class TrainerStep:
             return named_start(self.config.start, "train.start", self.config.task, self.progress)
         if self.config.start:  # checked first: load_policy's error would not name the field
             return check_policy_path(self.config.start, "train.start")
-        from credo.train.sft import ensure_sft
         return ensure_sft(progress=self.progress, task=self.config.task)
 
     def data_parallel(self) -> DataParallel | None:

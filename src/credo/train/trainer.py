@@ -21,40 +21,44 @@ from typing import Any, Callable
 from tqdm import tqdm
 
 from credo.core.config import dump_yaml, to_dict
-from credo.core.files import KIND_MARKER, MetricsLog, NullLog, atomic_directory, atomic_write_text, run_lock
+from credo.core.files import MetricsLog, NullLog, atomic_directory, atomic_write_text
+from credo.core.outputs import KIND_MARKER, run_lock
 from credo.core.state_io import (CorruptStateError, check_safetensors, load_state, optimizer_state,
                                  optimizer_state_dict, save_state, verify_manifest, write_manifest)
-from credo.integrations.tracking import TrackingPlace, check_trackers, closing_trackers, open_trackers
-from credo.policy.base import Policy
-from credo.train.config import TrainConfig, config_from_run, load_train_config  # noqa: F401  (re-exported)
+from credo.integrations.trackers import TrackingPlace
+from credo.integrations.tracking import check_trackers, closing_trackers, open_trackers
+from credo.core.protocols import Policy
+from credo.train.config import TrainConfig
 from credo.train.eta import format_seconds, seconds_left, steps_ahead
 from credo.train.evaluate import evaluate
 from credo.train.provenance import loaded_commit
 from credo.train.resume_checks import check_restartable, check_resumable, update_config_yaml
-from credo.train.step import TrainerStep, TrainingDiverged  # noqa: F401  (re-exported)
+from credo.train.plan import Plan
+from credo.train.step import TrainerStep
 
 
 class Trainer(TrainerStep):
     """GRPO-family trainer over any Policy backend: the step's phases (TrainerStep) in a resumable run. on_step:
     called after each step with its metrics row; tracking: where the trackers of `config.report_to` write
-    (default: in run_dir; credo.integrations.tracking)."""
+    (default: in run_dir; credo.integrations.tracking); plan, policy: see TrainerStep."""
 
     def __init__(self, config: TrainConfig, run_dir: str, policy: Policy | None = None, progress: bool = True,
                  on_step: Callable[["Trainer", dict], None] | None = None,
-                 accept_unrecorded_checkpoint: bool = False, tracking: TrackingPlace | None = None) -> None:
+                 accept_unrecorded_checkpoint: bool = False, tracking: TrackingPlace | None = None,
+                 plan: Plan | None = None) -> None:
         self.on_step = on_step
         self.accept_unrecorded_checkpoint = accept_unrecorded_checkpoint  # resume_checks.check_resumable
         self.tracking, self.trackers = tracking or TrackingPlace.for_run(run_dir), None  # opened by begin()
         # installed, its store a folder, a remote one answering: before a model loads or --out is touched
         check_trackers(config.report_to, "train.report_to", self.tracking)
         loaded_commit()  # summary.json's credo_commit, read while what is on disk is the code this process loaded
-        super().__init__(config, run_dir, policy, progress)
+        super().__init__(config, run_dir, policy, progress, plan)
         self.log = MetricsLog(os.path.join(run_dir, "metrics.jsonl"))
 
     # --- the loop -------------------------------------------------------------------------------------
     def train(self, stop_after: int | None = None) -> dict[str, Any]:
         """Run until the step/token budget is spent (or `stop_after` steps in this call, for tests). The main
-        process holds the run directory's lock meanwhile (credo.core.files.run_lock)."""
+        process holds the run directory's lock meanwhile (credo.core.outputs.run_lock)."""
         with run_lock(self.run_dir) if self.is_main else contextlib.nullcontext(), closing_trackers(self):
             return self._train(stop_after)
 

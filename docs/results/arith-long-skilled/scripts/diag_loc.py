@@ -1,7 +1,7 @@
 """Localisation replies of a tiny start: request lengths, replies batched vs one at a time (T = 0.3)."""
 import sys, torch
 from credo.policy import load_policy
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 from credo.tasks.arith import ArithTask, PRESETS
 from credo.strategies.localisers import parse_step
 torch.set_num_threads(1)

@@ -12,7 +12,7 @@ import sys
 import torch
 
 from credo.lab.audit.premises import measure_premises
-from credo.policy.base import SamplingConfig
+from credo.core.protocols import SamplingConfig
 from credo.policy.tiny import TinyPolicy
 from credo.tasks.arith import PRESETS, ArithTask
 from credo.train.sft import validation_problems

@@ -25,7 +25,7 @@ import torch
 from credo.core.values import MCValues
 from credo.core.rollouts import Rollouts
 from credo.core.state_io import CorruptStateError, load_state, save_state
-from credo.tasks.base import Problem
+from credo.core.protocols import Problem
 
 CONTENT_HASH = "content_sha256"
 _TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "group", "rewards", "old_logprobs",

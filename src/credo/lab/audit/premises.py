@@ -21,12 +21,22 @@ None of these refuses anything: they are rows of the report, and a negative teac
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from typing import Any, Sequence
 
 import torch
 
+from credo import credit
+from credo.core.probe import Probe
+from credo.core.segment import default_segmenter, segment_bounds
 from credo.credit.sc_grpo import self_conditioned_kl, teacher_prompt
+from credo.lab.audit.report import first_errors
+from credo.strategies.localisers import localise
+from credo.strategies.resets import ResetConfig
+from credo.strategies.sampling import sample_scored
+from credo.train import methods
+
 
 TEACHER_ESTIMATORS = ("sc_grpo",)
 """Estimators that condition the policy on one of its verified solutions (the teacher check applies)."""
@@ -131,9 +141,6 @@ def unprivileged_twins(methods: list[tuple[str, str, Any]]) -> list[tuple[str, s
 def premises_of(method: str) -> tuple[bool, str | None]:
     """Which premise checks a compared method rests on: (the teacher check applies, the localiser it asks the
     policy with or None). A reset recipe's `prompt` or `self` localiser asks the policy; the others do not."""
-    from credo import credit
-    from credo.strategies.resets import ResetConfig
-    from credo.train import methods
     recipe = methods.resolve(method)
     spec = credit.get(recipe.estimator)
     teacher = conditions_on_solution(recipe.estimator, spec.make_config(recipe.defaults.get("credit", {})))
@@ -151,10 +158,6 @@ def measure_premises(policy: Any, task: Any, problems: Sequence[Any], group_size
     traces with a labelled first wrong step, the first-error top-1, the step-1 share, the parse rate of the
     policy's replies, and the uniform guess's expected top-1 (localisation_figures).
     -> {'traces', 'accuracy', 'teacher'?, 'localisers'?}."""
-    from credo.core.probe import Probe
-    from credo.core.segment import default_segmenter
-    from credo.lab.audit.report import first_errors
-    from credo.strategies.sampling import sample_scored
     with torch.no_grad():
         rollouts = sample_scored(policy, task, problems, group_size, sampling, torch.Generator().manual_seed(seed))
         probe = Probe(policy, task, sampling, torch.Generator().manual_seed(seed + 1))
@@ -175,10 +178,7 @@ def localisation_figures(rollouts: Any, segment_ids: torch.Tensor, first: Sequen
     """Per localiser, on the wrong traces with a labelled first wrong step (on a task without step labels: every
     wrong trace, and no top-1), the first-error top-1, step-1 share, parse rate and their floors; NaN figures
     where there is no such trace; {'failure': why} for a localiser that cannot run (reported, never raised)."""
-    import random
 
-    from credo.core.segment import segment_bounds
-    from credo.strategies.localisers import localise
     nan = float("nan")
     labels = getattr(probe.task, "has_step_labels", False)
     n_steps = [len(b) for b in segment_bounds(segment_ids)]

@@ -16,6 +16,7 @@ from credo import credit as credit_registry
 from credo.core.config import ConfigError
 from credo.credit.registry import parse_spec
 from credo.core.values import MCValues, step_differences
+from credo.credit.sc_grpo import weighted_group_rows
 
 METRICS = ("spearman", "pearson", "first_error_top1", "pairwise", "spearman_localisable",
            "first_error_top1_localisable", "pairwise_localisable", "tokens_scored_per_trace",
@@ -48,7 +49,7 @@ def checked_methods(specs: Sequence[str], where: str = "audit --methods") -> lis
         try:
             label, name, options = parse_method(spec)
             estimator = credit_registry.get(name)
-        except (ValueError, KeyError) as err:
+        except ValueError as err:
             raise ConfigError(f"{where}: {err.args[0] if err.args else err}") from None
         out.append((label, name, estimator.make_config(options, prefix=f"{where} {name}:")))
     return out
@@ -211,7 +212,6 @@ def routed_rows(methods: list[tuple[str, str, Any]], credits: dict[str, list[tor
     traces) and `routed_share_labelled` (of the wrong traces with a labelled first error): the other rows get
     GRPO's or the diversity term's row-constant credit by design, and blended in they say how often SC-GRPO
     routes, not whether its weights locate the error. credits: each method's segment credit, by label."""
-    from credo.credit.sc_grpo import weighted_group_rows
     out = {}
     for label, name, options in methods:
         if name != "sc_grpo" or label not in credits:

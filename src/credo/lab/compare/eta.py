@@ -33,12 +33,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
 from tqdm import tqdm
 
 from credo.core.config import ConfigError
+from credo.core.files import atomic_write_json
 from credo.core.records import COUNT, SECONDS, number
+from credo.lab.audit.premises import premises_of
 from credo.lab.compare.presets import Preset, run_config
 from credo.lab.compare.runs import progress_of, run_result
+from credo.tasks import make_task
+from credo.train.trainer import Trainer
+
 
 HOUR = 3600.0
 ESTIMATE_FILE = "estimate.json"
@@ -95,7 +101,6 @@ def keep_estimate(out_dir: str, estimate_: dict[str, Any]) -> None:
     """Writes `estimate_` (estimate()'s dict) as out_dir's ESTIMATE_FILE, keeping the per-method costs an
     earlier start recorded for methods this one did not time (a resume with fewer --methods, or one whose
     timing step failed), so --status can still cost them."""
-    from credo.core.files import atomic_write_json
     per_method = {**_read_per_method(out_dir), **estimate_["per_method"]}
     atomic_write_json(os.path.join(out_dir, ESTIMATE_FILE), {**estimate_, "per_method": per_method})
 
@@ -110,9 +115,7 @@ def time_evaluation(config: Any, threads: int | None = None) -> float:
     """Seconds of one curve evaluation of `config`'s start (every method evaluates the same model on the same
     problems), from a trainer in a scratch directory removed afterwards; threads as in time_methods. 0.0 when
     it fails: the runs then fail the same way and are reported, as in time_methods."""
-    import torch
 
-    from credo.train.trainer import Trainer
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -132,9 +135,7 @@ def time_methods(specs: list[tuple[str, int]], config_for: Callable[[str, int], 
     step fails has no Timing (its runs fail the same way and are reported as failures). The trainers
     live in a temporary directory, removed afterwards (nothing is written to the comparison's own).
     threads: torch threads while timing (those a worker process of the comparison gets)."""
-    import torch
 
-    from credo.train.trainer import Trainer
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -256,7 +257,6 @@ def after_training_seconds(preset: Preset, eval_seconds: float) -> dict[str, flo
     of the start and of each final policy of a method that rests on a premise, plus a reply to each localiser's
     request), costed in completions at the timed evaluation's seconds per completion. Rough, and long rather
     than short: a reference or a premise measurement kept from an earlier start is counted as if measured again."""
-    from credo.lab.audit.premises import premises_of
     per_completion = eval_seconds / max(preset.eval_n, 1)
     audit = preset.audit_n * (1 + preset.audit_k_ref * steps_per_trace(preset) / 2) if preset.audit_n > 0 else 0
     premise = 0.0
@@ -269,7 +269,6 @@ def after_training_seconds(preset: Preset, eval_seconds: float) -> dict[str, flo
 
 def steps_per_trace(preset: Preset) -> float:
     """The mean number of steps of the task's worked solutions (of 8 held-out problems), STEPS_UNKNOWN without."""
-    from credo.tasks import make_task
     task = make_task(preset.task, preset.train.get("task_options", {}))
     counts = []
     for problem in task.heldout_problems(8):

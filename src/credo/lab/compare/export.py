@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 from credo.core.compressed import GZIP, gzip_bytes, read_record, stored_path
 from credo.core.config import UserError
-from credo.core.files import (KIND_MARKER, atomic_copy, atomic_directory, atomic_write_text, is_locked, is_within,
-                        run_kind)
+from credo.core.files import atomic_copy, atomic_directory, atomic_write_text, is_within
+from credo.core.outputs import KIND_MARKER, is_locked, run_kind
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
 """What a finished run is reused from."""

@@ -37,6 +37,7 @@ from typing import Any
 from credo.credit.registry import parse_spec
 from credo.lab.compare.stats import (LEVEL, control_pairs, control_target, correct_family, excludes_zero, paired,
                                      paired_deltas, resolution, resolved, tokens_to_reach)
+from credo.lab.audit.premises import premises_of
 
 BASELINES = ("grpo", "dr_grpo", "rloo", "dapo", "gspo")
 BEST = ("the best credit method ends >= +5 points above the strongest baseline (GRPO, or the baseline that ends "
@@ -131,7 +132,6 @@ def _variants(results: dict[str, Any], base: str) -> tuple[str | None, list[str]
     `base:<options>` that read no privileged data, `base` itself if it is one, else the first in grid order
     (None if none ran); and those that do (†). For srpo only rows that localise by asking the policy (`prompt`,
     `self`) count: srpo:localiser=random is RRPO."""
-    from credo.lab.audit.premises import premises_of
     rows = [m for m in results["methods"] if parse_spec(m)[0] == base]
     if base == "srpo":
         rows = [m for m in rows if premises_of(m)[1] is not None]

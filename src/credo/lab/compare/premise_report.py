@@ -33,39 +33,43 @@ def premise_lines(results: dict[str, Any], shown: Callable[[str], str]) -> list[
              "(uniform token) | localiser | parse rate | first-error top-1 (uniform guess) | step-1 share (oracle) |",
              "|---|---|---|---|---|---|---|---|---|"]
 
-    def row(label: str, runs: list[dict[str, Any]]) -> list[str]:
-        def avg(*keys: str) -> float:
-            out = []
-            for run in runs:
-                value: Any = run
-                for key in keys:
-                    value = (value or {}).get(key) if isinstance(value, dict) else None
-                out.append(float("nan") if value is None else float(value))
-            return _mean(out)
-
-        teacher = any("teacher" in run for run in runs)
-        names = sorted({name for run in runs for name in run.get("localisers", {})}) or [None]
-        out = []
-        for name in names:
-            loc = ("localisers", name)
-            failed = name is not None and any("failure" in run.get("localisers", {}).get(name, {}) for run in runs)
-            name = f"{name} (failed on some seed: results.json says why)" if failed else name
-            out.append(f"| {label} | {len(runs)} | {figure(avg('accuracy'))} | "
-                       + (f"{figure(avg('teacher', 'gain_per_solution'), '{:+.1f}')} | "
-                          f"{figure(avg('teacher', 'kl_argmax_in_first_error'))} "
-                          f"({figure(avg('teacher', 'kl_argmax_uniform'))})" if teacher else "— | —")
-                       + (f" | {name} | {figure(avg(*loc, 'parse_rate'), '{:.2f}')} | "
-                          f"{figure(avg(*loc, 'localisation_top1'))} "
-                          f"({figure(avg(*loc, 'random_top1_expectation'))}) | "
-                          f"{figure(avg(*loc, 'step1_share'))} ({figure(avg(*loc, 'oracle_step1_share'))}) |"
-                          if name else " | — | — | — | — |"))
-        return out
-
-    lines += row("start", [premises["start"]])
+    lines += _rows("start", [premises["start"]])
     for method, seeds in premises.get("methods", {}).items():
-        lines += row(shown(method), list(seeds.values()))
+        lines += _rows(shown(method), list(seeds.values()))
     if premises.get("without_weights"):
         lines += ["", f"Not measured: {', '.join(premises['without_weights'])}: finished runs whose final weights "
                   "this folder does not hold (an exported record, or weights removed) and no measurement of which "
                   "was kept under the same settings; the seeds column counts the runs measured."]
     return lines + [""]
+
+
+def _avg(runs: list[dict[str, Any]], *keys: str) -> float:
+    """The mean over `runs` of the figure at the path `keys` (a run without it counts as NaN, left out)."""
+    out = []
+    for run in runs:
+        value: Any = run
+        for key in keys:
+            value = (value or {}).get(key) if isinstance(value, dict) else None
+        out.append(float("nan") if value is None else float(value))
+    return _mean(out)
+
+
+def _rows(label: str, runs: list[dict[str, Any]]) -> list[str]:
+    """The table's rows of one policy (`label`), one per localiser it was checked with, over its seeds' `runs`."""
+    teacher = any("teacher" in run for run in runs)
+    names = sorted({name for run in runs for name in run.get("localisers", {})}) or [None]
+    out = []
+    for name in names:
+        loc = ("localisers", name)
+        failed = name is not None and any("failure" in run.get("localisers", {}).get(name, {}) for run in runs)
+        name = f"{name} (failed on some seed: results.json says why)" if failed else name
+        out.append(f"| {label} | {len(runs)} | {figure(_avg(runs, 'accuracy'))} | "
+                   + (f"{figure(_avg(runs, 'teacher', 'gain_per_solution'), '{:+.1f}')} | "
+                      f"{figure(_avg(runs, 'teacher', 'kl_argmax_in_first_error'))} "
+                      f"({figure(_avg(runs, 'teacher', 'kl_argmax_uniform'))})" if teacher else "— | —")
+                   + (f" | {name} | {figure(_avg(runs, *loc, 'parse_rate'), '{:.2f}')} | "
+                      f"{figure(_avg(runs, *loc, 'localisation_top1'))} "
+                      f"({figure(_avg(runs, *loc, 'random_top1_expectation'))}) | "
+                      f"{figure(_avg(runs, *loc, 'step1_share'))} ({figure(_avg(runs, *loc, 'oracle_step1_share'))}) |"
+                      if name else " | — | — | — | — |"))
+    return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,7 +20,13 @@ import torch
 from credo.core.config import to_dict
 from credo.core.files import atomic_write_json
 from credo.lab.audit.premises import measure_premises, premises_of
+from credo.lab.audit.reference import checkpoint_digest
 from credo.lab.compare.presets import Preset, run_config, run_dir_name
+from credo.policy import load_policy
+from credo.policy.device import autocast_dtype, resolve_dtype
+from credo.tasks import make_task
+from credo.train.starts import resolve_checkpoint
+
 
 GROUP = 8
 """Traces per problem (premise_n / GROUP problems)."""
@@ -40,11 +47,6 @@ def premises_at_end(plan: list[tuple[str, int, str]], preset: Preset, start: str
 
 def _premises(plan: list[tuple[str, int, str]], preset: Preset, start: str, out_dir: str, device: torch.device,
               progress: bool, dtype: str) -> dict[str, Any]:
-    from credo.lab.audit.run import _weights_digest
-    from credo.policy import load_policy
-    from credo.policy.device import autocast_dtype, resolve_dtype
-    from credo.tasks import make_task
-    from credo.train.starts import resolve_checkpoint
     needs = {m: premises_of(m) for m in preset.methods}
     needs = {m: (teacher, loc) for m, (teacher, loc) in needs.items() if teacher or loc}
     if not needs:
@@ -55,49 +57,64 @@ def _premises(plan: list[tuple[str, int, str]], preset: Preset, start: str, out_
     problems = task.validation_problems(n) if validation else task.heldout_problems(n)
     folder = os.path.join(out_dir, "premises")
     os.makedirs(folder, exist_ok=True)
-
-    def measured(name: str, checkpoint: str | None, sampling: Any, seed: int, teacher: bool,
-                 localisers: list[str]) -> dict | None:
-        """The checks on `checkpoint`'s policy: read back when kept under the same key, else measured and kept.
-        checkpoint None (a finished run's record without its weights): only read back, the weights not compared."""
-        key = {"weights": _weights_digest(checkpoint) if checkpoint else None, "teacher": teacher,
-               "localisers": localisers, "problems": len(problems),
-               "split": "validation" if validation else "held-out", "sampling": to_dict(sampling), "seed": seed,
-               # off the CPU's float32 the numbers differ (docs/gpu.md); float32 CPU keys are as they were
-               **({"device": device.type, "dtype": dtype} if device.type != "cpu" or dtype != "float32" else {})}
-        path = os.path.join(folder, f"{name}.json")
-        kept = _kept(path, key)
-        if kept is not None or checkpoint is None:
-            return kept
-        if progress:
-            print(f"compare: premise checks of {name} ...", flush=True)
-        placed = resolve_dtype(dtype, device, "compare.dtype")
-        policy = load_policy(checkpoint, device=device, dtype=placed, autocast=autocast_dtype(dtype))
-        policy.model.eval()
-        result = measure_premises(policy, task, problems, GROUP, sampling, seed, teacher, localisers)
-        atomic_write_json(path, {"key": key, "result": result})
-        return result
-
+    checks = PremiseChecks(task, problems, validation, folder, device, dtype, progress)
     teacher = any(t for t, _ in needs.values())
     localisers = sorted({loc for _, loc in needs.values() if loc})
     sampling = run_config(plan[0][0], preset.seeds[0], preset, start).sampling
     out: dict[str, Any] = {"traces": len(problems) * GROUP, "split": "validation" if validation else "held-out",
                            "methods": {}}
     checkpoint = resolve_checkpoint(start, "compare.start", task=preset.task, progress=progress)
-    out["start"] = measured("start", checkpoint, sampling, 0, teacher, localisers)
+    out["start"] = checks.measured("start", checkpoint, sampling, 0, teacher, localisers)
     for method, seed, run_dir in plan:
         if method not in needs or not os.path.isfile(os.path.join(run_dir, "summary.json")):
             continue
         final = os.path.join(run_dir, "final")
         own_teacher, own_localiser = needs[method]
-        result = measured(run_dir_name(method, seed), final if os.path.isdir(final) else None,
-                          run_config(method, seed, preset, start).sampling, seed, own_teacher,
-                          [own_localiser] if own_localiser else [])
+        result = checks.measured(run_dir_name(method, seed), final if os.path.isdir(final) else None,
+                                 run_config(method, seed, preset, start).sampling, seed, own_teacher,
+                                 [own_localiser] if own_localiser else [])
         if result is None:  # an exported record, measured nowhere this folder knows of
             out.setdefault("without_weights", []).append(run_dir_name(method, seed))
         else:
             out["methods"].setdefault(method, {})[str(seed)] = result
     return out
+
+
+@dataclass(frozen=True)
+class PremiseChecks:
+    """Where and on what a comparison's premise checks run: `problems` of `task` (the validation split's when
+    `validation`), each policy's results kept in `folder` under a key of what they depend on."""
+
+    task: Any
+    problems: list[Any]
+    validation: bool
+    folder: str
+    device: torch.device
+    dtype: str
+    progress: bool
+
+    def measured(self, name: str, checkpoint: str | None, sampling: Any, seed: int, teacher: bool,
+                 localisers: list[str]) -> dict | None:
+        """The checks on `checkpoint`'s policy: read back when kept under the same key, else measured and kept.
+        checkpoint None (a finished run's record without its weights): only read back, the weights not compared."""
+        device, dtype = self.device, self.dtype
+        key = {"weights": checkpoint_digest(checkpoint) if checkpoint else None, "teacher": teacher,
+               "localisers": localisers, "problems": len(self.problems),
+               "split": "validation" if self.validation else "held-out", "sampling": to_dict(sampling), "seed": seed,
+               # off the CPU's float32 the numbers differ (docs/gpu.md); float32 CPU keys are as they were
+               **({"device": device.type, "dtype": dtype} if device.type != "cpu" or dtype != "float32" else {})}
+        path = os.path.join(self.folder, f"{name}.json")
+        kept = _kept(path, key)
+        if kept is not None or checkpoint is None:
+            return kept
+        if self.progress:
+            print(f"compare: premise checks of {name} ...", flush=True)
+        placed = resolve_dtype(dtype, device, "compare.dtype")
+        policy = load_policy(checkpoint, device=device, dtype=placed, autocast=autocast_dtype(dtype))
+        policy.model.eval()
+        result = measure_premises(policy, self.task, self.problems, GROUP, sampling, seed, teacher, localisers)
+        atomic_write_json(path, {"key": key, "result": result})
+        return result
 
 
 def _kept(path: str, key: dict[str, Any]) -> dict[str, Any] | None:

@@ -18,8 +18,7 @@ from credo.lab.compare.eta import describe
 from credo.lab.compare.premise_report import premise_lines
 from credo.lab.compare.unequal import unequal_lines, unequal_reading
 from credo.train.provenance import short
-from credo.lab.compare.plots import plot_curves  # noqa: F401  (re-exported)
-from credo.lab.compare.goals import (corrected, goals, points, points_corrected, privilege_mark,  # noqa: F401
+from credo.lab.compare.goals import (corrected, goals, points, points_corrected, privilege_mark,
                                      unprivileged)
 from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, VS_GRPO_FAMILY, control_pairs,
                                      correct_family, equal_updates, figure, grpo_first_evaluations, method_clipping,

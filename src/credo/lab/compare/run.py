@@ -30,175 +30,36 @@ import os
 import shutil
 import sys
 import time
-import traceback
 from dataclasses import replace
 from typing import Any, Callable
 
 import torch
-from tqdm import tqdm
 
-from credo.train import methods as method_registry
+from credo import credit
+from credo.core.config import ConfigError, UserError
+from credo.core.files import atomic_write_json, atomic_write_text
+from credo.core.outputs import is_locked, run_lock
+from credo.core.records import check_run_result
+from credo.credit.registry import parse_spec
+from credo.integrations.trackers import TrackingPlace
+from credo.integrations.tracking import check_trackers, checked_names
+from credo.lab.audit.config import AuditConfig
+from credo.lab.audit.run import run_audit
 from credo.lab.compare import eta as compare_eta
 from credo.lab.compare.eta import estimate_wall_time
-from credo.lab.audit.run import AuditConfig, run_audit
-from credo.lab.compare.report import goals, plot_curves, report, summarise  # noqa: F401  (re-exported)
-from credo.lab.compare.presets import (ALL_METHODS, PRESETS, Preset, check_reusable, protocol,  # noqa: F401  (re-exported)
-                                   resolve_preset, run_config, run_dir_name)
-from credo.lab.compare.runs import clear_failure, failure_path, progress_of, run_result  # noqa: F401  (re-exported)
-from credo.credit.registry import parse_spec
-from credo.core.config import ConfigError, UserError
-from credo.core.disk_errors import DiskError, as_disk_error, is_disk_error
-from credo.core.records import check_run_result
-from credo.train.interrupts import (Interrupted, TaskWorkers, run_announced, worker_started, worker_task,
-                                    workers_stopped_on_interrupt)
-from credo.integrations.tracking import TrackerError, TrackingPlace, check_trackers, checked_names
+from credo.lab.compare.goals import goals
+from credo.lab.compare.grid import train_all
+from credo.lab.compare.plots import plot_curves
+from credo.lab.compare.premises import premises_at_end
+from credo.lab.compare.presets import Preset, check_reusable, protocol, resolve_preset, run_dir_name
+from credo.lab.compare.report import report, summarise
+from credo.lab.compare.runs import clear_failure, failure_path, run_result
+from credo.lab.show.view import write_audit_page
 from credo.policy.device import device_name, resolve_device, resolve_dtype
+from credo.train import methods as method_registry
+from credo.train.interrupts import Interrupted
 from credo.train.provenance import loaded_commit
-from credo.core.files import atomic_write_json, atomic_write_text, is_locked, run_lock
-from credo.train.trainer import Trainer
-
-def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on_step: Any,
-            report_to: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Trains (or resumes) one run of the comparison, unless it finished earlier; its result as results.json
-    records it. report_to: the trackers it logs to, as a tracker run of its own named after its directory and
-    grouped by the comparison (the stores under the comparison's --out: credo.integrations.tracking)."""
-    if not os.path.exists(os.path.join(run_dir, "summary.json")):  # else finished earlier: reuse (resumable)
-        out_dir = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))  # <out>/runs/<run>
-        place = TrackingPlace(root=out_dir, run_name=os.path.basename(run_dir), group=os.path.basename(out_dir))
-        Trainer(run_config(method, seed, preset, start, report_to), run_dir, progress=False, on_step=on_step,
-                tracking=place).train()
-    return run_result(run_dir)
-
-
-def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm,
-                report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
-    outcomes = []
-    for method, seed, run_dir in plan:
-        state = {"tokens": 0}
-
-        def on_step(trainer: Trainer, row: dict, method: str = method, seed: int = seed, state: dict = state) -> None:
-            bar.update(min(row["tokens_generated"], preset.token_budget) - state["tokens"])
-            state["tokens"] = min(row["tokens_generated"], preset.token_budget)
-            bar.set_description(f"{method} seed {seed} step {row['step']}")
-
-        try:
-            outcomes.append((run_one(method, seed, preset, start, run_dir, on_step, report_to), None))
-        except Exception as err:
-            if is_disk_error(err):  # the machine's, not the method's: every later run would fail the same way
-                raise as_disk_error(err) from err
-            if isinstance(err, TrackerError):  # the same: a tracker fails every run, whatever its method
-                raise
-            outcomes.append((None, traceback.format_exc()))
-        bar.update(preset.token_budget - state["tokens"])
-    return outcomes
-
-
-def _worker(method: str, seed: int, preset: Preset, start: str, run_dir: str, threads: int,
-            report_to: tuple[str, ...] = ()) -> tuple[Any, str | None]:
-    import torch
-    torch.set_num_threads(threads)
-    with worker_task():  # stopped by the parent (credo.train.interrupts): the run unwinds, then the worker leaves
-        try:
-            return run_one(method, seed, preset, start, run_dir, None, report_to), None
-        except Exception as err:
-            if is_disk_error(err):  # raised to the parent, which stops the grid (DiskError pickles from its parts)
-                raise as_disk_error(err) from err
-            if isinstance(err, TrackerError):  # the same (a tracker fails every run), and it pickles
-                raise
-            return None, traceback.format_exc()
-
-
-def _executor(jobs: int, workers: TaskWorkers) -> Any:
-    """The worker pool of _run_parallel: `jobs` spawned processes (no forked torch thread pools), each of which
-    leaves when its parent stops it or is gone, and says which run it trains (credo.train.interrupts)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=worker_started, initargs=(os.getpid(), workers.folder))
-
-
-def worker_died(plan: list[tuple[str, int, str]], died: tuple[list[int], str]) -> UserError:
-    """The one line of a comparison whose worker process died (the kernel's out-of-memory killer, `kill -9`):
-    the run it trained and what ended it. No run has failed: the pool stopped the others, which resume."""
-    runs = " or ".join(f"{plan[i][0]} seed {plan[i][1]} ({plan[i][2]})" for i in died[0])
-    who = f"the worker process training {runs}" if runs else "a worker process, between runs,"
-    return UserError(f"{who} was stopped by {died[1]} (the kernel's out-of-memory killer sends SIGKILL); no run "
-                     "failed: the others were stopped at once and keep their last checkpoints; rerun the same "
-                     "command to go on (finished runs are reused)")
-
-
-def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm, jobs: int,
-                  report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
-    """Runs `plan` `jobs` at a time. A run is submitted only when a worker is free: a process pool starts
-    what it is handed ahead of time, so a full disk (DiskError) then stops the grid with no run begun after
-    it; the runs already going are waited for (on that disk they fail at their next write), then it raises."""
-    from concurrent.futures import FIRST_COMPLETED, wait
-    from concurrent.futures.process import BrokenProcessPool
-
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    outcomes: dict[int, tuple[Any, str | None]] = {}
-    shown, queued, stop, broken = 0, list(enumerate(plan))[::-1], None, []  # popped from the end: plan order
-    futures: dict[Any, int] = {}
-    workers = TaskWorkers()  # where each task says which worker process runs it
-    with _executor(jobs, workers) as pool, workers_stopped_on_interrupt():  # no worker trains on, holding its lock
-        processes = getattr(pool, "_processes", {})  # pid -> Process; dropped at shutdown, when exit codes are known
-        def submit_next() -> set[Any]:
-            if not queued or broken:  # a broken pool takes no task: what is left resumes on the rerun
-                return set()
-            i, (method, seed, run_dir) = queued[-1]
-            try:
-                future = pool.submit(run_announced, i, _worker, method, seed, preset, start, run_dir, threads,
-                                     report_to)
-            except BrokenProcessPool:  # a worker died between runs: no run of its to name
-                broken.append(-1)
-                return set()
-            futures[future] = queued.pop()[0]
-            return {future}
-        pending: set[Any] = set()
-        for _ in range(jobs):
-            pending |= submit_next()
-        while pending:
-            done, pending = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
-            workers.drain()
-            for future in done:
-                try:
-                    outcomes[futures[future]] = future.result()
-                except (DiskError, TrackerError) as err:
-                    stop = stop or err
-                    if pending:
-                        why = "a tracker's failure" if isinstance(err, TrackerError) else "a refused write"
-                        print(f"credo compare: stopping on {why}; waiting for {len(pending)} running run(s)",
-                              file=sys.stderr, flush=True)
-                except BrokenProcessPool:  # a worker died (killed, out of memory): stopped below, not a failure
-                    broken.append(futures[future])
-                if stop is None:
-                    pending |= submit_next()
-            started = sorted((futures[f], *progress_of(plan[futures[f]][2], preset.token_budget)) for f in pending)
-            started = [row for row in started if row[1] > 0]  # queued runs have no log yet
-            now = preset.token_budget * len(outcomes) + sum(tokens for _, tokens, _ in started)
-            bar.update(now - shown)
-            shown = now
-            running = ", ".join(f"{plan[i][0]} seed {plan[i][1]} step {step}" for i, _, step in started[:jobs])
-            bar.set_description(f"{len(outcomes)}/{len(plan)} runs done" + (f"; running {running}" if running else ""))
-    if broken:
-        stop = stop or worker_died(plan, workers.died(processes, broken))
-    if stop is not None:
-        raise stop
-    return [outcomes[i] for i in range(len(plan))]
-
-
-def _train_all(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
-               progress: bool, report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
-    """(result, None) or (None, traceback) of each run of `plan`, under one progress bar (closed even when a
-    full disk stops the grid, so the error is not printed onto the bar's line)."""
-    bar = tqdm(total=len(plan) * preset.token_budget, unit="tok", unit_scale=True, disable=not progress,
-               dynamic_ncols=True)
-    try:
-        if jobs <= 1:
-            return _run_serial(plan, preset, start, bar, report_to)
-        return _run_parallel(plan, preset, start, bar, jobs, report_to)
-    finally:
-        bar.close()
+from credo.train.sft import ensure_sft
 
 
 def stopped_at(stop: Interrupted, preset: Preset, out_dir: str, command: str) -> Interrupted:
@@ -216,7 +77,6 @@ def default_start(task: str, progress: bool) -> str:
     own default start). Runs record '' either way (compare(): a portable config.yaml)."""
     if task != "arith":
         return ""
-    from credo.train.sft import ensure_sft
     return ensure_sft(progress=progress)
 
 
@@ -258,12 +118,8 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
         raise UserError(f"--out {out_dir} is being written by another credo compare; wait for it or stop it first")
     check_reusable(plan, preset, start)
     compare_eta.timed_steps(out_dir)  # a malformed estimate.json is refused now, not after minutes of timing
-    results: dict[str, Any] = {"preset": preset_name, "command": command,
-                               "start": start or default or f"the default start of {preset.task}",
-                               "task": preset.task, "commit": loaded_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
-                               "machine": machine(placed), "token_budget": preset.token_budget,
-                               "final_eval_n": preset.final_eval_n, "note": preset.note,
-                               "protocol": protocol(preset, start, jobs), "methods": {}, "failures": {}}
+    results = new_results(preset_name, command, preset, start or default or f"the default start of {preset.task}",
+                          placed, protocol(preset, start, jobs))
     began = time.time()
     results["estimate"] = estimate_wall_time(plan, preset, start, jobs, progress)  # the audit and premises too
     if confirm is not None:
@@ -273,7 +129,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     os.makedirs(out_dir, exist_ok=True)  # only once confirmed: a refused comparison leaves nothing behind
     with run_lock(out_dir):  # a second comparison into the same --out is refused, not interleaved
         compare_eta.keep_estimate(out_dir, results["estimate"])  # for --status (methods no run has started)
-        outcomes = _train_all(plan, preset, start, jobs, progress, report_to)
+        outcomes = train_all(plan, preset, start, jobs, progress, report_to)
         record_outcomes(results, preset.methods, plan, outcomes, out_dir)
         atomic_write_json(os.path.join(out_dir, "results.json"), results)
         measure_after_training(results, plan, preset, start, out_dir, placed, progress, dtype)
@@ -282,12 +138,20 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     return results
 
 
+def new_results(preset_name: str, command: str | None, preset: Preset, start: str, placed: torch.device,
+                shared: dict[str, Any]) -> dict[str, Any]:
+    """results.json before any run: what is compared, where, on what protocol (`shared`: protocol())."""
+    return {"preset": preset_name, "command": command, "start": start, "task": preset.task, "commit": loaded_commit(),
+            "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(placed), "token_budget": preset.token_budget,
+            "final_eval_n": preset.final_eval_n, "note": preset.note, "protocol": shared, "methods": {},
+            "failures": {}}
+
+
 def measure_after_training(results: dict[str, Any], plan: list[tuple[str, int, str]], preset: Preset, start: str,
                            out_dir: str, placed: torch.device, progress: bool, dtype: str) -> None:
     """What a comparison measures once its runs are done: the premise checks on the start and the final policies
     (preset.premise_n) and the credit audit of the start (preset.audit_n), each into `results`."""
     if preset.premise_n > 0:
-        from credo.lab.compare.premises import premises_at_end
         results["premises"] = premises_at_end(plan, preset, start, out_dir, placed, progress, dtype)
     if preset.audit_n > 0:
         results["audit"] = audit_rows(preset, start, out_dir, progress, device=device_name(placed), dtype=dtype)
@@ -381,7 +245,6 @@ def rewrite_report(out_dir: str) -> dict[str, Any]:
 def audit_rows(preset: Preset, start: str, out_dir: str, progress: bool, device: str = "auto",
                dtype: str = "float32") -> dict[str, Any]:
     """Credit audit of the start checkpoint for the compared methods that are estimators."""
-    from credo import credit
     estimators = []
     for spec in preset.methods:
         row = method_registry.credit_spec(spec)  # 'shuffled:of=rredcot' is audited with its options
@@ -392,8 +255,9 @@ def audit_rows(preset: Preset, start: str, out_dir: str, progress: bool, device:
                          group_size=8 if preset.audit_n >= 16 else 4,
                          k_ref=preset.audit_k_ref, methods=tuple(estimators), device=device, dtype=dtype)
     try:
-        report_ = run_audit(config, os.path.join(out_dir, "audit"), progress=progress)
+        audit = run_audit(config, os.path.join(out_dir, "audit"), progress=progress)
+        write_audit_page(os.path.join(out_dir, "audit"), audit)
         shutil.copy(os.path.join(out_dir, "audit", "audit.png"), os.path.join(out_dir, "audit.png"))
-        return report_
+        return audit.report
     except Exception as err:
         return {"failure": f"{type(err).__name__}: {err}"}

@@ -13,12 +13,10 @@ batch's, when the estimator read them; else a row is one line.
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
 import torch
 
 from credo.lab.show.view import Page, Segment, Trace
+from credo.train.credit_log import read_step
 
 PARTS = (("credit", "credit"), ("GRPO part", "grpo_part"), ("credit part", "credit_part"), ("weight - 1", None),
          ("clipped", None))
@@ -45,7 +43,6 @@ def _segments(tokens: list[str], segment_ids: torch.Tensor, values: dict[str, to
 
 def page_from_run(run_dir: str, step: int) -> Page:
     """The Page of RUN/credit/step-<step>.safetensors (a missing or foreign file: one ConfigError naming it)."""
-    from credo.train.credit_log import read_step
     tensors, meta = read_step(run_dir, step)
     parts = part_values(tensors)
     traces = []
@@ -64,42 +61,3 @@ def page_from_run(run_dir: str, step: int) -> Page:
     subtitle = (f"run {run_dir} · step {meta['step']} · method {meta.get('method', '?')} · {len(traces)} logged rows "
                 f"(rewards {rewards}); columns: the credit and its parts")
     return Page("credo show --run", subtitle, summary, list(parts), traces, scale or 1.0, False)
-
-
-def cmd_show_or_run(args: Any) -> int:
-    """`credo show`: a run's logged credit with --run (no model, no sampling), else view.cmd_show's sampled page."""
-    from credo.core.config import ConfigError
-    from credo.lab.show.view import cmd_show
-    if args.run is None and args.step is None:
-        return cmd_show(args)
-    if args.run is None:
-        raise ConfigError("--step N reads a training run's logged credit: give --run RUN too")
-    return show_run(args)
-
-
-def show_run(args: Any) -> int:
-    """`credo show --run RUN --step N [--out DIR] [--terminal]`: the page to DIR/index.html (with page.json) and/or
-    the terminal."""
-    from dataclasses import asdict
-    from credo.core.config import ConfigError
-    from credo.core.files import atomic_write_json, claim_output
-    from credo.lab.show.view import render_terminal, write_page
-    from credo.train.credit_log import logged_steps
-    run = args.run
-    if not os.path.isdir(run):
-        raise ConfigError(f"--run {run} is not a directory (a `credo train` run directory)")
-    if args.step is None:
-        steps = logged_steps(run)
-        raise ConfigError(f"--run needs --step N; {run} has credit logged at steps "
-                          f"{', '.join(map(str, steps)) if steps else 'none'}")
-    if not args.out and not args.terminal:
-        raise ConfigError("--run needs --out DIR (the page) or --terminal")
-    page = page_from_run(run, int(args.step))
-    if args.out:
-        claim_output(args.out, "show", force=args.force, inputs=(run,))
-        path = write_page(page, args.out)
-        atomic_write_json(os.path.join(args.out, "page.json"), asdict(page))
-        print(f"wrote {path}")
-    if args.terminal:
-        render_terminal(page)
-    return 0

@@ -11,16 +11,32 @@ with a labelled first error when the group has one); the methods see the whole g
 from __future__ import annotations
 
 import os
-import re
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import torch
+from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
-from credo.core.config import check
+from credo import credit as credit_registry
+from credo.core.config import ConfigError, check
+from credo.core.files import atomic_write_json, atomic_write_text
+from credo.core.probe import Probe
+from credo.core.protocols import SamplingConfig
+from credo.core.segment import default_segmenter, segment_bounds, segment_means
+from credo.core.terminal import escape_controls
+from credo.core.values import mc_values, step_differences
+from credo.lab.audit.report import checked_methods, first_error_top1, parse_method
+from credo.lab.audit.run import Audited
+from credo.lab.show.html import colour, render, render_audit, token_text
+from credo.policy import bind_task, load_policy
 from credo.policy.base import prompt_as_read
 from credo.policy.device import autocast_dtype, check_device_fields, resolve_device, resolve_dtype
+from credo.strategies.sampling import sample_scored
+from credo.tasks import make_task
+from credo.train.starts import resolve_checkpoint
 
 
 @dataclass(frozen=True)
@@ -60,7 +76,6 @@ class ShowConfig:
     def __post_init__(self) -> None:
         check_device_fields(self.device, self.dtype, "show.")
         check(bool(self.methods), "show.methods must name at least one method")
-        from credo.lab.audit.report import checked_methods
         checked_methods(self.methods, where="show --methods")  # unknown estimators fail before --out is claimed
         check(1 <= self.n <= 256, f"show.n must be in 1..256, got {self.n}")
         check(2 <= self.group_size <= 64, f"show.group_size must be in 2..64, got {self.group_size}")
@@ -110,7 +125,6 @@ class Page:
 
 def pick_rows(rollouts: Any, task: Any, segment_ids: torch.Tensor, n: int) -> list[int]:
     """One row per group, in group order: its first wrong trace with a labelled first error, else its first."""
-    from credo.core.segment import segment_bounds
     bounds = segment_bounds(segment_ids)
     chosen: dict[int, tuple[bool, int]] = {}  # group -> (labelled, row)
     for row, group in enumerate(rollouts.group.tolist()):
@@ -131,9 +145,6 @@ def build_page(title: str, subtitle: str, task: Any, policy: Any, rollouts: Any,
                rows: Sequence[int], runs: Sequence[MethodRun], reference: Sequence[torch.Tensor] | None = None,
                reference_cost: float | None = None) -> Page:
     """A Page of `rows` of `rollouts`; reference[j] = MC values V(s_0..s_K) of rows[j] (or None)."""
-    from credo.lab.audit.report import first_error_top1
-    from credo.core.values import step_differences
-    from credo.core.segment import segment_bounds, segment_means
     bounds = segment_bounds(segment_ids)
     traces, firsts = [], []
     for j, row in enumerate(rows):
@@ -173,9 +184,6 @@ def build_page(title: str, subtitle: str, task: Any, policy: Any, rollouts: Any,
 def run_methods(specs: Sequence[str], rollouts: Any, policy: Any, task: Any, sampling: Any, seed: int,
                 progress: bool) -> list[MethodRun]:
     """Each estimator spec on the whole batch, through a fresh counted Probe."""
-    from credo import credit as credit_registry
-    from credo.lab.audit.report import parse_method
-    from credo.core.probe import Probe
     n = rollouts.batch_size
     trace_tokens = float((rollouts.prompt_mask.sum() + rollouts.completion_mask.sum()) / n)
     runs = []
@@ -194,14 +202,6 @@ def run_methods(specs: Sequence[str], rollouts: Any, policy: Any, task: Any, sam
 
 def collect(config: ShowConfig, progress: bool = True) -> Page:
     """Sample, score every method, and (k_ref > 0) the MC reference of the shown traces."""
-    from credo.core.values import mc_values
-    from credo.policy import bind_task, load_policy
-    from credo.train.starts import resolve_checkpoint
-    from credo.policy.base import SamplingConfig
-    from credo.core.probe import Probe
-    from credo.core.segment import default_segmenter
-    from credo.strategies.sampling import sample_scored
-    from credo.tasks import make_task
     checkpoint = resolve_checkpoint(config.checkpoint, "show.checkpoint", task=config.task, progress=progress)
     task = make_task(config.task, config.task_options, prefix="show.task_options.")
     device = resolve_device(config.device, "show.device")
@@ -234,32 +234,16 @@ def collect(config: ShowConfig, progress: bool = True) -> Page:
 
 def write_page(page: Page, out_dir: str, name: str = "index.html") -> str:
     """Write the self-contained HTML page atomically; returns its path."""
-    from credo.core.files import atomic_write_text
-    from credo.lab.show.html import render
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, name)
     atomic_write_text(path, render(page))
     return path
 
 
-CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-"""What data may not write to a terminal as is: C0 controls but tab and newline (ESC starts the sequences that
-set a title or clear the screen), DEL, C1 controls, and the bidirectional marks that reorder what a line shows."""
-
-
-def escape_controls(text: str) -> str:
-    """`text` with every CONTROLS character written out as its Python escape (ESC as '\\x1b'), newlines kept."""
-    return CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
-
-
 def render_terminal(page: Page, console: Any = None) -> None:
     """Coloured tokens with rich: per trace, one block per method, one line per segment. Every text from data
     or the command line (prompts, tokens, labels, paths) goes through escape_controls, and none is read as
     rich markup."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.text import Text
-    from credo.lab.show.html import colour, token_text
     console = console or Console()
     console.print(Text(escape_controls(f"{page.title}: {page.subtitle}"), style="bold"))
     for row in page.summary:
@@ -286,30 +270,26 @@ def render_terminal(page: Page, console: Any = None) -> None:
                 console.print(line)
 
 
-def write_audit_page(out_dir: str, markdown: str, task: Any, policy: Any, rollouts: Any, segment_ids: torch.Tensor,
-                     reference: Any, results: dict[str, Any], trace_tokens: float, n: int = 8) -> str:
-    """audit.html: the audit's tables and plot, and a show grid of `n` of its traces (one per prompt),
-    with each method's credit (`results`: label -> Credit) and the reference values beside it."""
-    from credo.core.files import atomic_write_text
-    from credo.lab.show.html import render_audit
+def write_audit_page(out_dir: str, audit: Audited, n: int = 8) -> str:
+    """out_dir/audit.html: the audit's tables and plot, and a show grid of `n` of its traces (one per prompt), with
+    each method's credit and the reference values beside it; returns its path."""
+    data = audit.data
     runs = []
-    for label, result in results.items():
+    for label, result in audit.credits.items():
         credit = result.advantages if result.weights is None else result.advantages * result.weights
-        spent = (result.cost.tokens_scored + result.cost.tokens_generated) / rollouts.batch_size
-        runs.append(MethodRun(label, credit.detach().float().cpu(), spent / trace_tokens, spent))
-    rows = pick_rows(rollouts, task, segment_ids, n)
+        spent = (result.cost.tokens_scored + result.cost.tokens_generated) / data.rollouts.batch_size
+        runs.append(MethodRun(label, credit.detach().float().cpu(), spent / data.trace_tokens, spent))
+    rows = pick_rows(data.rollouts, audit.task, data.segment_ids, n)
     page = build_page("credo audit", f"{len(rows)} traces, one per prompt; colours: credit = advantage x weight",
-                      task, policy, rollouts, segment_ids, rows, runs, [reference.values[r] for r in rows])
+                      audit.task, audit.policy, data.rollouts, data.segment_ids, rows, runs,
+                      [data.reference.values[r] for r in rows])
     path = os.path.join(out_dir, "audit.html")
-    atomic_write_text(path, render_audit(markdown, os.path.join(out_dir, "audit.png"), page))
+    atomic_write_text(path, render_audit(audit.table, os.path.join(out_dir, "audit.png"), page))
     return path
 
 
 def run_show(config: ShowConfig, out_dir: str, terminal: bool = False, progress: bool = True) -> str:
     """`credo show`: collect, write DIR/index.html (and page.json), optionally print to the terminal."""
-    from dataclasses import asdict
-    from credo.core.files import atomic_write_json
-    from credo.core.config import ConfigError
     if os.path.exists(os.path.join(out_dir, "index.html")) and not os.path.exists(os.path.join(out_dir, "page.json")):
         raise ConfigError(f"{os.path.join(out_dir, 'index.html')} exists and was not written by credo show; "
                           "choose another --out")
@@ -320,50 +300,3 @@ def run_show(config: ShowConfig, out_dir: str, terminal: bool = False, progress:
     if terminal:
         render_terminal(page)
     return path
-
-
-def cmd_show(args: Any) -> int:
-    """`credo show ...` (errors are reported by the CLI as one line, exit 2)."""
-    from credo.cli.options import check_inputs, csv_flags, flag_values, input_paths, require_out, show_config
-    from credo.core.config import load_config
-    from credo.core.files import claim_output
-    flags = {**flag_values(args, {"checkpoint": "checkpoint", "task": "task", "n": "n", "k_ref": "k_ref",
-                                  "seed": "seed", "device": "device"}), **csv_flags(args, "methods")}
-    config = load_config(ShowConfig, args.config, args.set, prefix="show.", flags=flags)
-    if args.help_config:
-        return show_config(config, "show")
-    resolve_dtype(config.dtype, resolve_device(config.device, "show.device"), "show.dtype")  # before --out is claimed
-    out = require_out(args)
-    policy_dir = check_inputs(config.checkpoint, "show.checkpoint", config.task, config.task_options,
-                              "show.task_options.", progress=not args.quiet, max_new_tokens=config.max_new_tokens)
-    claim_output(out, "show", force=args.force,  # both the path given and the policy it names (a run's final/)
-                 inputs=input_paths(args.config, config.checkpoint, config.task) + (policy_dir,))
-    path = run_show(replace(config, checkpoint=policy_dir), out, terminal=args.terminal, progress=not args.quiet)
-    print(f"wrote {escape_controls(path)}")  # the path is the user's --out: escaped like any data
-    return 0
-
-
-def add_show_parser(sub: Any) -> Any:
-    """The `credo show` subcommand (argparse), kept beside the code it runs; returns its parser (the CLI sends
-    `--run` to credo.lab.show.run_credit, which builds on this module)."""
-    p = sub.add_parser("show", help="see the credit: per-token credit of each method on sampled traces, as HTML")
-    from credo.cli.options import add_config_options, add_force_option
-    p.add_argument("--checkpoint", help="a credo checkpoint, a Hugging Face model directory, smollm2-135m or a "
-                   "training run (its final/) (default: the task's SFT start)")
-    p.add_argument("--task", help="task (default arith; arith-long, gym:<dataset>, jsonl:<path>)")
-    p.add_argument("--methods", help="comma-separated estimators, each 'name' or "
-                   "'name:key=value:...' as in `credo audit` (default grpo,rredcot)")
-    p.add_argument("--n", type=int, help="traces shown, one per held-out prompt (default 8)")
-    p.add_argument("--k-ref", type=int, help="MC continuations per boundary for reference values "
-                   "beside each step (default 0: none)")
-    p.add_argument("--seed", type=int, help="seed of the sampled traces (default 0)")
-    add_config_options(p, "ShowConfig", "--set group_size=8")
-    p.add_argument("--out", help="directory for index.html (self-contained) and page.json (required)")
-    add_force_option(p, "another credo output")
-    p.add_argument("--run", help="a `credo train` run directory: show the credit it logged (train.credit_log_every) "
-                   "at --step, with its parts, instead of sampling")
-    p.add_argument("--step", type=int, help="with --run: the logged step to show")
-    p.add_argument("--terminal", action="store_true", help="also print the coloured tokens to the terminal (rich)")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.set_defaults(fn=cmd_show)
-    return p

@@ -13,10 +13,11 @@ import shlex
 import sys
 from dataclasses import replace
 
-from credo.cli.options import (add_config_options, add_force_option, check_inputs, csv_flags, flag_values, input_paths,
-                              require_out, show_config)
-from credo.core.config import ConfigError
-from credo.lab.show.view import escape_controls
+from credo.cli.options import (add_config_options, add_force_option, csv_flags, flag_values, input_paths, require_out,
+                               show_config)
+from credo.core.config import ConfigError, load_config
+from credo.core.outputs import claim_output, run_kind
+from credo.core.terminal import escape_controls
 from credo.train.interrupts import Interrupted
 
 
@@ -53,7 +54,6 @@ def compare_flags(args: argparse.Namespace) -> dict:
 
 def _foreign_output(path: str, kind: str) -> bool:
     """Whether --out exists and is not empty nor a credo `kind` directory (claim_output would refuse it)."""
-    from credo.core.files import run_kind
     if not os.path.exists(path):
         return False
     return not os.path.isdir(path) or (bool(os.listdir(path)) and run_kind(path) != kind)
@@ -61,72 +61,80 @@ def _foreign_output(path: str, kind: str) -> bool:
 
 def _preset(config):
     """The comparison `config` (a CompareConfig) describes: its preset with the caller's replacements."""
-    from credo.lab.compare.presets import resolve_preset
+    from credo.lab.compare.presets import resolve_preset  # the presets load the trainer (torch, ~2 s)
     return resolve_preset(config.preset, config.methods or None, config.seeds, config.budget, config.schedule,
                           config.task or None)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from credo.lab.compare.run import compare, rewrite_report
-    from credo.lab.compare.presets import CompareConfig
-    from credo.lab.compare.eta import confirm
-    from credo.core.config import load_config
-    from credo.core.files import claim_output
+    # the comparison loads the trainer (torch, ~2 s): imported when the command runs, so that `credo --help`
+    # stays fast
+    from credo.lab.compare.config import CompareConfig
+    from credo.lab.compare.run import rewrite_report
     config = load_config(CompareConfig, args.config, args.set, prefix="compare.", flags=compare_flags(args))
     if args.help_config:
         return show_config(config, "compare")
     out = require_out(args)
     if args.export:  # read-only on --out: safe beside the running comparison
-        from credo.lab.compare.export import describe, export
-        if args.force or args.report_only or args.status:
-            raise ConfigError("--export copies --out's finished runs and nothing else: it takes no --force, "
-                              "--report-only or --status")
-        print(escape_controls(describe(export(out, args.export), args.export)))  # paths the user gave
-        return 0
+        return _export(args, out)
     if args.status:  # read-only: safe beside the running comparison
-        from credo.lab.compare.status import status_text
+        from credo.lab.compare.status import status_text  # the status reads the runs' records only when asked
         if not os.path.isdir(os.path.join(out, "runs")):
             raise ConfigError(f"--out {out}: no runs/ directory; nothing of a comparison has started there")
         print(status_text(_preset(config), out, config.jobs))
         return 0
-    if args.report_only:
-        results = rewrite_report(out)
-    else:
-        from credo.policy.device import resolve_device, resolve_dtype
-        resolve_dtype(config.dtype, resolve_device(config.device, "compare.device"), "compare.dtype")  # before --out
-        if config.start == "sft":  # the task's SFT start, which a comparison's runs record as ''
-            config = replace(config, start="")
-        if config.start:  # before --out is claimed or any run is timed: each run would fail on it
-            preset = _preset(config)
-            check_inputs(config.start, "compare --start", preset.task, preset.train.get("task_options", {}),
-                         "compare.task_options.", progress=not args.quiet)
-        interactive = sys.stdin is not None and sys.stdin.isatty()
-        inputs = input_paths(args.config, config.start, config.task)
-        if args.force or _foreign_output(out, "compare"):
-            # replaced first (its old runs are neither checked nor reused), or refused untouched
-            claim_output(out, "compare", force=args.force, inputs=inputs)
-
-        def confirm_then_claim(seconds: float) -> None:
-            # otherwise --out is claimed once the run is confirmed: a refused comparison leaves nothing behind
-            confirm(seconds, yes=args.yes, interactive=interactive)
-            claim_output(out, "compare")
-
-        try:
-            results = compare(config.preset, out, config.methods or None, config.seeds, start=config.start or None,
-                              progress=not args.quiet, jobs=config.jobs, token_budget=config.budget,
-                              command=" ".join(["credo", *args.argv]), schedule=config.schedule,
-                              task=config.task or None, confirm=confirm_then_claim,
-                              report_to=config.report_to, device=config.device, dtype=config.dtype,
-                              share_gpu=config.share_gpu, eval_split=config.eval_split,
-                              audit_n=config.audit_n, premise_n=config.premise_n)
-        except Interrupted as stop:  # one line: what finished, and the command that finishes the rest
-            from credo.lab.compare.run import stopped_at
-            raise stopped_at(stop, _preset(config), out, shlex.join(["credo", *args.argv])) from None
+    results = rewrite_report(out) if args.report_only else _run(args, config, out)
     print(open(os.path.join(out, "report.md")).read())
     return 1 if results["failures"] else 0
 
 
-def add_compare_parser(sub: argparse._SubParsersAction) -> None:
+def _export(args: argparse.Namespace, out: str) -> int:
+    """`--export DEST`: --out's finished runs copied into DEST (credo.lab.compare.export)."""
+    from credo.lab.compare.export import describe, export  # the export reads the runs' records only when asked
+    if args.force or args.report_only or args.status:
+        raise ConfigError("--export copies --out's finished runs and nothing else: it takes no --force, "
+                          "--report-only or --status")
+    print(escape_controls(describe(export(out, args.export), args.export)))  # paths the user gave
+    return 0
+
+
+def _run(args: argparse.Namespace, config, out: str) -> dict:
+    """Train and report the comparison `config` (a CompareConfig) into `out`; its results."""
+    from credo.cli.inputs import check_inputs  # loads the task and the policy (torch): as the command runs
+    from credo.lab.compare.eta import confirm
+    from credo.lab.compare.run import compare, stopped_at
+    from credo.policy.device import resolve_device, resolve_dtype
+    resolve_dtype(config.dtype, resolve_device(config.device, "compare.device"), "compare.dtype")  # before --out
+    if config.start == "sft":  # the task's SFT start, which a comparison's runs record as ''
+        config = replace(config, start="")
+    if config.start:  # before --out is claimed or any run is timed: each run would fail on it
+        preset = _preset(config)
+        check_inputs(config.start, "compare --start", preset.task, preset.train.get("task_options", {}),
+                     "compare.task_options.", progress=not args.quiet)
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    inputs = input_paths(args.config, config.start, config.task)
+    if args.force or _foreign_output(out, "compare"):
+        # replaced first (its old runs are neither checked nor reused), or refused untouched
+        claim_output(out, "compare", force=args.force, inputs=inputs)
+
+    def confirm_then_claim(seconds: float) -> None:
+        # otherwise --out is claimed once the run is confirmed: a refused comparison leaves nothing behind
+        confirm(seconds, yes=args.yes, interactive=interactive)
+        claim_output(out, "compare")
+
+    try:
+        return compare(config.preset, out, config.methods or None, config.seeds, start=config.start or None,
+                       progress=not args.quiet, jobs=config.jobs, token_budget=config.budget,
+                       command=" ".join(["credo", *args.argv]), schedule=config.schedule,
+                       task=config.task or None, confirm=confirm_then_claim,
+                       report_to=config.report_to, device=config.device, dtype=config.dtype,
+                       share_gpu=config.share_gpu, eval_split=config.eval_split,
+                       audit_n=config.audit_n, premise_n=config.premise_n)
+    except Interrupted as stop:  # one line: what finished, and the command that finishes the rest
+        raise stopped_at(stop, _preset(config), out, shlex.join(["credo", *args.argv])) from None
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """`credo compare` and its options."""
     p = sub.add_parser("compare", help="train every method from the same start on the same token budget; one report")
     p.add_argument("--preset", help="quick (default; ~15 min, 1 seed, 4 methods), full (3 seeds, every method "

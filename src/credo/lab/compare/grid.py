@@ -1,0 +1,163 @@
+"""The runs of a comparison, trained one after another or `jobs` at a time in worker processes: each run's result,
+or the traceback of its failure (a full disk, a failing tracker or a dead worker stops the whole grid instead)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import traceback
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from credo.core.config import UserError
+from credo.core.disk_errors import DiskError, as_disk_error, is_disk_error
+from credo.integrations.trackers import TrackingPlace
+from credo.integrations.tracking import TrackerError
+from credo.lab.compare.presets import Preset, run_plan
+from credo.lab.compare.runs import progress_of, run_result
+from credo.train.interrupts import (TaskWorkers, run_announced, worker_started, worker_task,
+                                    workers_stopped_on_interrupt)
+from credo.train.trainer import Trainer
+
+
+def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on_step: Any,
+            report_to: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Trains (or resumes) one run of the comparison, unless it finished earlier; its result as results.json
+    records it. report_to: the trackers it logs to, as a tracker run of its own named after its directory and
+    grouped by the comparison (the stores under the comparison's --out: credo.integrations.tracking)."""
+    if not os.path.exists(os.path.join(run_dir, "summary.json")):  # else finished earlier: reuse (resumable)
+        out_dir = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))  # <out>/runs/<run>
+        place = TrackingPlace(root=out_dir, run_name=os.path.basename(run_dir), group=os.path.basename(out_dir))
+        config, plan = run_plan(method, seed, preset, start, report_to)
+        Trainer(config, run_dir, progress=False, on_step=on_step, tracking=place, plan=plan).train()
+    return run_result(run_dir)
+
+
+def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm,
+                report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
+    outcomes = []
+    for method, seed, run_dir in plan:
+        state = {"tokens": 0}
+
+        def on_step(trainer: Trainer, row: dict, method: str = method, seed: int = seed, state: dict = state) -> None:
+            bar.update(min(row["tokens_generated"], preset.token_budget) - state["tokens"])
+            state["tokens"] = min(row["tokens_generated"], preset.token_budget)
+            bar.set_description(f"{method} seed {seed} step {row['step']}")
+
+        try:
+            outcomes.append((run_one(method, seed, preset, start, run_dir, on_step, report_to), None))
+        except Exception as err:
+            if is_disk_error(err):  # the machine's, not the method's: every later run would fail the same way
+                raise as_disk_error(err) from err
+            if isinstance(err, TrackerError):  # the same: a tracker fails every run, whatever its method
+                raise
+            outcomes.append((None, traceback.format_exc()))
+        bar.update(preset.token_budget - state["tokens"])
+    return outcomes
+
+
+def _worker(method: str, seed: int, preset: Preset, start: str, run_dir: str, threads: int,
+            report_to: tuple[str, ...] = ()) -> tuple[Any, str | None]:
+    torch.set_num_threads(threads)
+    with worker_task():  # stopped by the parent (credo.train.interrupts): the run unwinds, then the worker leaves
+        try:
+            return run_one(method, seed, preset, start, run_dir, None, report_to), None
+        except Exception as err:
+            if is_disk_error(err):  # raised to the parent, which stops the grid (DiskError pickles from its parts)
+                raise as_disk_error(err) from err
+            if isinstance(err, TrackerError):  # the same (a tracker fails every run), and it pickles
+                raise
+            return None, traceback.format_exc()
+
+
+def _executor(jobs: int, workers: TaskWorkers) -> Any:
+    """The worker pool of _run_parallel: `jobs` spawned processes (no forked torch thread pools), each of which
+    leaves when its parent stops it or is gone, and says which run it trains (credo.train.interrupts)."""
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=worker_started, initargs=(os.getpid(), workers.folder))
+
+
+def worker_died(plan: list[tuple[str, int, str]], died: tuple[list[int], str]) -> UserError:
+    """The one line of a comparison whose worker process died (the kernel's out-of-memory killer, `kill -9`):
+    the run it trained and what ended it. No run has failed: the pool stopped the others, which resume."""
+    runs = " or ".join(f"{plan[i][0]} seed {plan[i][1]} ({plan[i][2]})" for i in died[0])
+    who = f"the worker process training {runs}" if runs else "a worker process, between runs,"
+    return UserError(f"{who} was stopped by {died[1]} (the kernel's out-of-memory killer sends SIGKILL); no run "
+                     "failed: the others were stopped at once and keep their last checkpoints; rerun the same "
+                     "command to go on (finished runs are reused)")
+
+
+def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm, jobs: int,
+                  report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
+    """Runs `plan` `jobs` at a time. A run is submitted only when a worker is free: a process pool starts
+    what it is handed ahead of time, so a full disk (DiskError) then stops the grid with no run begun after
+    it; the runs already going are waited for (on that disk they fail at their next write), then it raises."""
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    outcomes: dict[int, tuple[Any, str | None]] = {}
+    shown, queued, stop, broken = 0, list(enumerate(plan))[::-1], None, []  # popped from the end: plan order
+    futures: dict[Any, int] = {}
+    workers = TaskWorkers()  # where each task says which worker process runs it
+    with _executor(jobs, workers) as pool, workers_stopped_on_interrupt():  # no worker trains on, holding its lock
+        processes = getattr(pool, "_processes", {})  # pid -> Process; dropped at shutdown, when exit codes are known
+        def submit_next() -> set[Any]:
+            if not queued or broken:  # a broken pool takes no task: what is left resumes on the rerun
+                return set()
+            i, (method, seed, run_dir) = queued[-1]
+            try:
+                future = pool.submit(run_announced, i, _worker, method, seed, preset, start, run_dir, threads,
+                                     report_to)
+            except BrokenProcessPool:  # a worker died between runs: no run of its to name
+                broken.append(-1)
+                return set()
+            futures[future] = queued.pop()[0]
+            return {future}
+        pending: set[Any] = set()
+        for _ in range(jobs):
+            pending |= submit_next()
+        while pending:
+            done, pending = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
+            workers.drain()
+            for future in done:
+                try:
+                    outcomes[futures[future]] = future.result()
+                except (DiskError, TrackerError) as err:
+                    stop = stop or err
+                    if pending:
+                        why = "a tracker's failure" if isinstance(err, TrackerError) else "a refused write"
+                        print(f"credo compare: stopping on {why}; waiting for {len(pending)} running run(s)",
+                              file=sys.stderr, flush=True)
+                except BrokenProcessPool:  # a worker died (killed, out of memory): stopped below, not a failure
+                    broken.append(futures[future])
+                if stop is None:
+                    pending |= submit_next()
+            started = sorted((futures[f], *progress_of(plan[futures[f]][2], preset.token_budget)) for f in pending)
+            started = [row for row in started if row[1] > 0]  # queued runs have no log yet
+            now = preset.token_budget * len(outcomes) + sum(tokens for _, tokens, _ in started)
+            bar.update(now - shown)
+            shown = now
+            running = ", ".join(f"{plan[i][0]} seed {plan[i][1]} step {step}" for i, _, step in started[:jobs])
+            bar.set_description(f"{len(outcomes)}/{len(plan)} runs done" + (f"; running {running}" if running else ""))
+    if broken:
+        stop = stop or worker_died(plan, workers.died(processes, broken))
+    if stop is not None:
+        raise stop
+    return [outcomes[i] for i in range(len(plan))]
+
+
+def train_all(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
+               progress: bool, report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
+    """(result, None) or (None, traceback) of each run of `plan`, under one progress bar (closed even when a
+    full disk stops the grid, so the error is not printed onto the bar's line)."""
+    bar = tqdm(total=len(plan) * preset.token_budget, unit="tok", unit_scale=True, disable=not progress,
+               dynamic_ncols=True)
+    try:
+        if jobs <= 1:
+            return _run_serial(plan, preset, start, bar, report_to)
+        return _run_parallel(plan, preset, start, bar, jobs, report_to)
+    finally:
+        bar.close()
