@@ -1,4 +1,4 @@
-"""The estimators of issue 38 (tempo, lambda_grpo, entropy_mask, gtpo, otb, prefix_shaping): one test per
+"""The free and cheap estimators (tempo, lambda_grpo, entropy_mask, gtpo, otb, prefix_shaping): one test per
 promised property, the privileged marks, the audit's weight columns, and 2 deterministic training steps."""
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def test_split_half_differences_use_each_half_of_the_samples():
 
 def test_audit_on_a_jsonl_task_writes_its_plot_and_page(saved_policy, tmp_path):
     """A task without step labels (jsonl): first_error_top1 is NaN for every row, which crashed the log-scaled
-    plot after audit.json and audit.md were written (issue 42, item 8)."""
+    plot after audit.json and audit.md were written."""
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"question": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(30)))
     out = tmp_path / "audit"

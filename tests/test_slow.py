@@ -26,7 +26,7 @@ def test_smollm2_trains_on_reasoning_gym(tmp_path, method):
 
 
 def test_sft_train_eval_gain_on_the_default_preset(tmp_path, capsys):
-    """The issue-2 claim, end to end: GRPO from the shipped SFT start raises held-out accuracy."""
+    """The first claim, end to end: GRPO from the shipped SFT start raises held-out accuracy."""
     out = str(tmp_path / "grpo")
     assert main(["train", "--method", "grpo", "--out", out, "--quiet"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]

@@ -1,4 +1,4 @@
-"""Prompts longer than the model (issue 42, item 6): a task prompt that does not fit the model's context with
+"""Prompts longer than the model: a task prompt that does not fit the model's context with
 max_new_tokens is one line naming its row and both lengths, before --out is claimed; task_options.
 truncate_prompts cuts it to fit instead; and a batch's memory is bounded by its longest row (sub-batches)."""
 

@@ -76,7 +76,7 @@ def test_force_never_deletes_the_commands_own_input(tmp_path, capsys, saved_poli
 def test_force_never_deletes_the_current_directory_or_a_locked_run(tmp_path, monkeypatch):
     out = tmp_path / "here"
     out.mkdir()
-    (out / ".credo-kind").write_text("audit\n")  # credo's own output (--force replaces nothing else, issue 42)
+    (out / ".credo-kind").write_text("audit\n")  # credo's own output (--force replaces nothing else)
     (out / "audit.json").write_text("x")
     monkeypatch.chdir(out)
     with pytest.raises(UserError, match="the current directory"):

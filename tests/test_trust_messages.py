@@ -1,4 +1,4 @@
-"""Smaller trust items of issue 42 (item 9): pickled Hugging Face weights are one line saying to convert them;
+"""Smaller trust items: pickled Hugging Face weights are one line saying to convert them;
 the --set error's own example is accepted by --set; YAML errors keep their line and column; a UTF-8 jsonl with
 a byte-order mark is read."""
 

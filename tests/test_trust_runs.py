@@ -45,7 +45,7 @@ def test_a_foreign_non_empty_out_is_refused_untouched(tmp_path, capsys, saved_po
 
 
 def test_force_replaces_and_sft_out_is_atomic(tmp_path, capsys, saved_policy):
-    out = user_files(tmp_path)  # not credo's: --force refuses it (issue 42), untouched
+    out = user_files(tmp_path)  # not credo's: --force refuses it, untouched
     before = snapshot(out)
     line = one_line_error(capsys, ["train", "--method", "grpo", "--steps", "1", "--start", saved_policy, "--out", out,
                                    "--force", "--quiet", *TRUST_FAST_SET])

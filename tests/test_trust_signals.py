@@ -1,4 +1,4 @@
-"""Ctrl-C, `kill` and a closed terminal (issue 42 items 1-2): one line, exit 128 + the signal, no process left
+"""Ctrl-C, `kill` and a closed terminal: one line, exit 128 + the signal, no process left
 behind holding a run's lock, and the same command (or --resume) goes on bit-identically."""
 
 from __future__ import annotations

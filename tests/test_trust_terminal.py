@@ -1,4 +1,4 @@
-"""Hostile text in a terminal (issue 42, item 5): `credo show --terminal` and the CLI's one-line errors write
+"""Hostile text in a terminal: `credo show --terminal` and the CLI's one-line errors write
 every control character of data (questions, completions, answers, paths) escaped, keeping newlines."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Malformed verl batches (issue 42, item 7): each is one UserError naming the field and the row, raised before
+"""Malformed verl batches: each is one UserError naming the field and the row, raised before
 credo writes anything into the batch; before, they were silent wrong credit (a NaN reward zeroing its group,
 token_level_rewards of the wrong width) or a raw RuntimeError / KeyError / IndexError / JSONDecodeError."""
 
