@@ -16,7 +16,7 @@ class CompareConfig:
     """What `credo compare` runs: a preset, and the caller's replacements of its settings."""
 
     preset: str = "quick"
-    """quick (~15 min, 1 seed, 4 methods), full (3 seeds, every method and the shuffled controls), long
+    """quick (`make demo`, ~6 min on 2 cores: 1 seed, 4 methods), full (3 seeds, every method and the shuffled controls), long
     (arith-long, 12 methods incl. controls, 5 seeds), long-skilled (round two on the skilled arith-long start, 13
     methods, 5 seeds; --start sft:arith-long-skilled), dapo-credit (long-skilled's protocol, credit methods on
     DAPO's recipe: dapo:of=<estimator>), smollm2 (SmolLM2-135M on gym:chain_sum, 2 seeds; needs
