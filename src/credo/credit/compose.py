@@ -76,7 +76,7 @@ def recorded_options(config: Any) -> dict[str, Any]:
     (the wrapped estimator's every option, nested wrappers' too), so that a record lacking an option was written
     before that option existed or changed its default (credo.train.config.as_recorded)."""
     tree = to_dict(config)
-    if getattr(config, "of", ""):  # a wrapper (its `options` may be left out of to_dict while empty)
+    if isinstance(config, Wrapping) and config.of:  # its `options` may be left out of to_dict while empty
         tree["options"] = recorded_options(get(config.of).make_config(dict(config.options)))
     return tree
 
