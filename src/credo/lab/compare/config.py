@@ -16,10 +16,10 @@ class CompareConfig:
     """What `credo compare` runs: a preset, and the caller's replacements of its settings."""
 
     preset: str = "quick"
-    """quick (`make demo`, ~6 min on 2 cores: 1 seed, 4 methods), full (3 seeds, every method and the shuffled controls), long
-    (arith-long, 12 methods incl. controls, 5 seeds), long-skilled (round two on the skilled arith-long start, 13
-    methods, 5 seeds; --start sft:arith-long-skilled), dapo-credit (long-skilled's protocol, credit methods on
-    DAPO's recipe: dapo:of=<estimator>), smollm2 (SmolLM2-135M on gym:chain_sum, 2 seeds; needs
+    """quick (`make demo`, ~6 min on 2 cores: 1 seed, 4 methods), full (3 seeds, every method and the shuffled
+    controls), long (arith-long, 12 methods incl. controls, 5 seeds), long-skilled (round two on the skilled
+    arith-long start, 13 methods, 5 seeds; --start sft:arith-long-skilled), dapo-credit (long-skilled's protocol,
+    credit methods on DAPO's recipe: dapo:of=<estimator>), smollm2 (SmolLM2-135M on gym:chain_sum, 2 seeds; needs
     --start), smollm2-long (round two on 5-8 term chains, 3 seeds; needs --start) or smoke (tests)."""
     methods: tuple[str, ...] | None = None
     """Methods instead of the preset's, each a name or name:key=value (e.g. shuffled:of=rredcot); grpo is
