@@ -279,17 +279,24 @@ def test_lora_from_an_adapter_start_trains_on_that_start(lora_run, tmp_path):
     assert load_policy(os.path.join(run, "final")).adapter_base == (meta["base"], meta["base_digest"])
 
 
-def test_lora_sft_saves_an_adapter_start_that_train_reads(hf_dir, tmp_path):
+def test_lora_sft_saves_an_adapter_start_that_train_reads_and_a_snapshot_per_check(hf_dir, tmp_path):
     from credo.train.sft_hf import train_hf_sft
     config = HFSFTConfig(start=hf_dir, task_options=CHAIN_SUM_OPTIONS, steps=2, batch_size=2, lr=1e-2,
                          warmup_steps=0, eval_every=1, eval_n=2, max_new_tokens=4, target_accuracy=1.0,
                          lora=LoraSettings(r=4), keep="last", device="cpu")
-    out = str(tmp_path / "sft")
-    train_hf_sft(config, out, progress=False)
+    out, snapshots = str(tmp_path / "sft"), str(tmp_path / "snap")
+    train_hf_sft(config, out, progress=False, snapshots=snapshots)
     assert sorted(f for f in os.listdir(out) if not f.startswith(("sft_", "metrics"))) == ADAPTER_FILES
     assert "lora:" in open(os.path.join(out, "sft_config.yaml")).read()
     assert any(float(v.abs().max()) > 0 for k, v in adapter_tensors(out).items() if "lora_B" in k)
     assert load_policy(out).system_prompt  # the task's format travels with the adapter
+    # each validation check's policy is a start of its own (its adapter alone); the last one is what shipped
+    assert sorted(os.listdir(snapshots)) == ["step-1", "step-2"]
+    last, first = adapter_tensors(out), adapter_tensors(os.path.join(snapshots, "step-1"))
+    assert all(torch.equal(v, adapter_tensors(os.path.join(snapshots, "step-2"))[k]) for k, v in last.items())
+    assert any(not torch.equal(v, first[k]) for k, v in last.items())
+    assert json.load(open(os.path.join(snapshots, "step-1", "sft_summary.json")))["step"] == 1
+    assert load_policy(os.path.join(snapshots, "step-1")).adapter_base == load_policy(out).adapter_base
 
 
 def test_compare_takes_an_adapter_start_and_trains_it_as_the_full_model_it_stands_for(lora_run, tmp_path):

@@ -533,15 +533,13 @@ def test_sft_sizes_have_upper_bounds(which, override, expect):
         load_config(SFTConfig if which == "tiny" else HFSFTConfig, None, [override], prefix="sft.")
 
 
-def test_sft_snapshots_refuses_a_file_a_non_empty_directory_and_a_hugging_face_start(tmp_path, capsys):
+def test_sft_snapshots_refuses_a_file_or_a_non_empty_directory_for_either_model(tmp_path, capsys):
     (tmp_path / "file").write_text("not a directory")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "mine").write_text("someone's")
     for where in ("file", "full"):
-        line = one_line_error(capsys, ["sft", "--task", "arith", "--out", str(tmp_path / "s"), "--quiet",
-                                       "--snapshots", str(tmp_path / where)])
-        assert f"sft --snapshots {tmp_path / where}: not a new or empty directory" in line
+        for model in (["--task", "arith"], ["--start", "smollm2-135m", "--task", "gym:chain_sum"]):
+            line = one_line_error(capsys, ["sft", *model, "--out", str(tmp_path / "s"), "--quiet",
+                                           "--snapshots", str(tmp_path / where)])
+            assert f"sft --snapshots {tmp_path / where}: not a new or empty directory" in line
     assert not (tmp_path / "s").exists() and (tmp_path / "full" / "mine").read_text() == "someone's"
-    line = one_line_error(capsys, ["sft", "--start", "smollm2-135m", "--task", "gym:chain_sum", "--quiet",
-                                   "--out", str(tmp_path / "s"), "--snapshots", str(tmp_path / "snap")])
-    assert "sft --snapshots: only for the tiny GPT's SFT" in line and not (tmp_path / "snap").exists()

@@ -27,9 +27,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     given = user_settings(args.config, args.set)  # a --config/--set naming a start or a gym/jsonl task: the HF SFT
     named_task = given.get("task") if isinstance(given.get("task"), str) else None  # (the tiny SFT's task is a section)
     hf_task = (args.task or named_task or "arith") not in preset_names()
+    check_snapshots_dir(args.snapshots)
     if not args.preset and (args.start or given.get("start") or hf_task):
-        if args.snapshots:
-            raise ConfigError("sft --snapshots: only for the tiny GPT's SFT (arith, arith-long), not with --start")
         return cmd_sft_hf(args)
     if args.preset:  # a named start: its own task unless --task says (and agrees)
         args.task = args.task or PRESET_TASKS.get(args.preset, args.preset)
@@ -47,9 +46,6 @@ def cmd_sft(args: argparse.Namespace) -> int:
     if args.help_config:
         return show_config(config, "sft")
     # before training: refuse a foreign --out up front
-    if args.snapshots and os.path.exists(args.snapshots) and (not os.path.isdir(args.snapshots)
-                                                              or os.listdir(args.snapshots)):
-        raise ConfigError(f"sft --snapshots {args.snapshots}: not a new or empty directory")
     claim_output(require_out(args), "sft", force=args.force, inputs=input_paths(args.config))
     if args.snapshots:  # trained here, beside its snapshots: the cache (and a start it holds) is left alone
         path = os.path.join(args.snapshots, "final")
@@ -87,7 +83,7 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
     if (claim_output(args.out, "sft", force=args.force, inputs=input_paths(args.config, config.start, config.task))
             and finished and not args.retrain):
         raise ConfigError(f"--out {args.out} already holds an SFT start; pass --retrain to train it again")
-    summary = train_hf_sft(config, args.out, progress=not args.quiet, task=task)
+    summary = train_hf_sft(config, args.out, progress=not args.quiet, task=task, snapshots=args.snapshots)
     device = resolve_device(config.device, "sft.device")
     result = evaluate(load_policy(args.out, device=device, dtype=resolve_dtype(config.dtype, device, "sft.dtype"),
                                   autocast=autocast_dtype(config.dtype)),
@@ -97,6 +93,12 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
           f"{summary['step']} ({summary['seconds']:.0f}s)")
     print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
     return 0
+
+
+def check_snapshots_dir(path: str) -> None:
+    """--snapshots names a new or empty directory: snapshots are never written over what is there."""
+    if path and os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+        raise ConfigError(f"sft --snapshots {path}: not a new or empty directory")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -114,10 +116,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="", help="a named tiny-GPT SFT start instead of --task's default, e.g. "
                    "arith-long-skilled or arith-long-first (a policy field selects it as 'sft:<name>')")
     p.add_argument("--retrain", action="store_true", help="retrain even when a cached or packaged start exists")
-    p.add_argument("--snapshots", default="", help="tiny GPT: train here (the cache is left alone) and keep the "
-                   "policy of every validation check in SNAPSHOTS/step-N and the start in SNAPSHOTS/final (a new or "
-                   "empty directory), to choose a start by more than its accuracy, on the validation split "
-                   "(docs/results/arith-long-skilled/scripts/snapshot_premises.py)")
+    p.add_argument("--snapshots", default="", help="keep the policy of every validation check as a start of its "
+                   "own in SNAPSHOTS/step-N (a new or empty directory), to trace or choose a start by more than its "
+                   "accuracy, on the validation split (docs/results/arith-long-skilled/scripts/snapshot_premises.py); "
+                   "the tiny GPT then trains here (the cache is left alone) with its start in SNAPSHOTS/final; a "
+                   "Hugging Face model's LoRA snapshot is its adapter alone")
     add_force_option(p, "another credo output")
     p.add_argument("--eval-n", type=int, default=500, help="held-out problems to report accuracy on (default 500)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

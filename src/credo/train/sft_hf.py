@@ -198,9 +198,12 @@ def check_sft_inputs(config: HFSFTConfig):  # noqa: ANN201
     return task
 
 
-def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=None) -> dict:  # noqa: ANN001
+def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=None,  # noqa: ANN001
+                 snapshots: str = "") -> dict:
     """Fine-tune `config.start` on `config.task`'s worked solutions into `out_dir` (atomically); -> summary.
-    `task`: the task `check_sft_inputs(config)` returned, if the caller checked already."""
+    `task`: the task `check_sft_inputs(config)` returned, if the caller checked already. With `snapshots`, the
+    policy of every validation check is also a start of its own in snapshots/step-N (a LoRA one: its adapter
+    alone), so that a skill the accuracy check does not measure can be traced along the training."""
     task = task or check_sft_inputs(config)
     policy = sft_policy(config, task)
     torch.manual_seed(config.seed)
@@ -239,6 +242,10 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
             # a tie goes to the more trained weights (a tiny model scores 0 throughout)
             if accuracy >= best[0] or config.keep == "last":
                 best = (accuracy, step + 1, _state(policy))
+            if snapshots:
+                write_start(os.path.join(snapshots, f"step-{step + 1}"), policy, config,
+                            {"val_accuracy": accuracy, "step": step + 1, "seconds": history[-1]["seconds"],
+                             "val_n": len(validation), "start": config.start, "task": config.task}, history)
     bar.close()
     policy.model.load_state_dict(best[2], strict=not is_lora(policy.model))  # a LoRA policy's: its adapters
     summary = {"val_accuracy": best[0], "step": best[1], "seconds": round(time.time() - start, 1),
