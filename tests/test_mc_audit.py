@@ -253,3 +253,16 @@ def test_a_localisers_resets_are_counted_at_each_step_and_its_hits_by_where_the_
     table = localiser_table(loc)
     assert "| oracle (first errors) | 0.20 | 0.20 | 0.20 | 0.20 | 0.20 | — |" in table
     assert "| prompt | 0.60 | 0.00 | 0.20 | 0.00 | 0.20 | step 1 1.00, steps 2-3 0.50, steps 4+ 0.50 |" in table
+    assert "Top-1 by the kind" not in table  # the kinds were not given
+
+
+def test_a_localisers_top1_is_split_by_the_kind_of_the_first_error():
+    from credo.lab.audit.report import pick_figures, slip_table
+    first, picks = [0, 1, 2, 3, 4], [0, 0, 2, 0, 4]
+    slips = ["operand", "result", "result", "carry", None]  # the last trace's kind is not known
+    figures = pick_figures(picks, first, slips)
+    assert figures["top1_by_slip"] == {"carry": 0.0, "operand": 1.0, "result": 0.5}
+    assert figures["slip_counts"] == {"carry": 1, "operand": 1, "result": 2}
+    lines = slip_table({"prompt": figures, "random": {"top1_by_slip": {"result": 0.25}}})
+    assert lines[3] == "| localiser | carry (1) | operand (1) | result (2) |"
+    assert lines[5:] == ["| prompt | 0.00 | 1.00 | 0.50 |", "| random | nan | nan | 0.25 |"]

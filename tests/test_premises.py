@@ -205,6 +205,10 @@ def test_premises_measured_without_a_reference_score_the_oracle_perfectly_and_ra
     assert out["traces"] == 32 and "teacher" not in out and 0 < oracle["traces"] <= 32 - round(32 * out["accuracy"])
     assert oracle["localisation_top1"] == 1.0 and oracle["step1_share"] == oracle["oracle_step1_share"]
     assert 0 < rand["random_top1_expectation"] < 1
+    # as SRPO uses it: the oracle resets where the first errors lie, and is right on every kind of slip
+    assert oracle["share_by_step"] == oracle["oracle_share_by_step"] == rand["oracle_share_by_step"]
+    assert set(oracle["top1_by_slip"].values()) == {1.0} and sum(oracle["slip_counts"].values()) == oracle["traces"]
+    assert rand["slip_counts"] == oracle["slip_counts"]
     with_teacher = measure_premises(start, task, task.heldout_problems(4), 8, sampling, 0, True, [])
     assert with_teacher["accuracy"] == out["accuracy"]  # the same traces: the seed fixes them
     assert with_teacher["teacher"]["solutions"] == round(32 * out["accuracy"])

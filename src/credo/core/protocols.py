@@ -97,6 +97,10 @@ class StepTruth:
 
     correct: tuple[bool, ...]
     first_error: int | None
+    first_slip: str | None = None
+    """What went wrong at the first wrong step, where the task can tell (credo.tasks.base.SLIPS): a wrong
+    result, a miscopied operand, a wrong carried value, an unreadable line, a wrong answer line, text after the
+    answer, or a missing line; None for a right trace or a task that does not say."""
 
 
 class Task(Protocol):

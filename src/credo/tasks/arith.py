@@ -36,7 +36,7 @@ import torch
 
 from credo.core.config import UserError, check
 from credo.core.protocols import Problem, StepTruth
-from credo.tasks.base import HELDOUT_SEED, VALIDATION_SEED, in_heldout_split
+from credo.tasks.base import HELDOUT_SEED, VALIDATION_SEED, first_slip, in_heldout_split, running_sum_slip
 
 ALPHABET = "0123456789+-*=#\n ?|"
 PROBE_MARKER = "?"
@@ -224,32 +224,26 @@ class ArithTask:
             lines = lines[:-1]
         n_steps = len(ops)
         correct: list[bool] = []
+        slips: list[str] = []  # the kind of each line's error ("" where it is right)
         previous: int | None = terms[0]
         for k, line in enumerate(lines):
             if k < n_steps:
                 match = STEP_RE.match(line)
-                ok = False
-                if match:
-                    left, op, right, result = (int(match.group(1)), match.group(2), int(match.group(3)),
-                                               int(match.group(4)))
-                    ok = (previous is None or left == previous) and op == ops[k] and right == terms[k + 1] \
-                        and result == _apply(left, op, right)
-                    previous = result
-                else:
-                    previous = None
+                parsed = (int(match.group(1)), match.group(2), int(match.group(3)), int(match.group(4))) \
+                    if match else None
+                ok = parsed is not None and (previous is None or parsed[0] == previous) and parsed[1] == ops[k] \
+                    and parsed[2] == terms[k + 1] and parsed[3] == _apply(*parsed[:3])
+                slips.append("" if ok else running_sum_slip(parsed, previous, ops[k], terms[k + 1], k == 0))
+                previous = parsed[3] if parsed else None
                 correct.append(ok)
             elif k == n_steps:
                 match = ANSWER_RE.match(line)
                 correct.append(bool(match) and previous is not None and int(match.group(1)) == previous)
+                slips.append("" if correct[-1] else "answer")
             else:
                 correct.append(False)  # anything after the answer line is an error
-        if False in correct:
-            first_error = correct.index(False)
-        elif len(correct) < n_steps + 1:
-            first_error = len(correct)  # stopped before finishing: the missing step is the error
-        else:
-            first_error = None
-        return StepTruth(tuple(correct), first_error)
+                slips.append("extra")
+        return StepTruth(tuple(correct), *first_slip(correct, slips, n_steps))
 
     # --- probes and teacher context -----------------------------------------------------------------
     def answer_probe(self, answer: str) -> tuple[str, str]:

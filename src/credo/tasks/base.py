@@ -12,6 +12,36 @@ from __future__ import annotations
 
 import hashlib
 
+SLIPS = ("result", "operand", "carry", "unreadable", "answer", "extra", "missing")
+"""The kinds of a running-sum solution's first wrong line (StepTruth.first_slip), for splitting a localiser's
+top-1 by what it must notice: a result needs the sum checked, an operand or a carried value only a copy."""
+
+
+def running_sum_slip(parsed: tuple[int, str, int, int] | None, previous: int | None, op: str, term: int,
+                     first_line: bool) -> str:
+    """The kind of a wrong running-sum line `left op right = result` (`parsed`; None: the line does not read
+    as one) that should have been `previous op term`: a wrong left value (on the first line a miscopied
+    operand, the problem's first term; after it a wrong carried value), then a miscopied operator or operand,
+    else a wrong result."""
+    if parsed is None:
+        return "unreadable"
+    left, written_op, right, _ = parsed
+    if previous is not None and left != previous:
+        return "operand" if first_line else "carry"
+    return "operand" if written_op != op or right != term else "result"
+
+
+def first_slip(correct: list[bool], slips: list[str], n_steps: int) -> tuple[int | None, str | None]:
+    """(first wrong line, its kind) of a running-sum solution whose lines were judged `correct[k]` with the
+    kind `slips[k]` of each wrong one; a solution that stops before its answer line misses the next line."""
+    if False in correct:
+        k = correct.index(False)
+        return k, slips[k]
+    if len(correct) < n_steps + 1:
+        return len(correct), "missing"
+    return None, None
+
+
 HELDOUT_SEED = 20_261_130  # the seed of every generated task's fixed held-out sequence (the same on every machine)
 VALIDATION_SEED = 20_261_203  # the seed of a generated task's fixed validation sequence (training-split problems)
 

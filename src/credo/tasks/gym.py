@@ -17,7 +17,7 @@ import torch
 
 from credo.core.config import ConfigError, UserError
 from credo.core.protocols import Problem, StepTruth
-from credo.tasks.base import HELDOUT_SEED
+from credo.tasks.base import HELDOUT_SEED, first_slip, running_sum_slip
 from credo.tasks.chat import FreeFormTask
 
 
@@ -62,25 +62,27 @@ def running_sum_step_truth(expression: str, completion: str, extract_answer: Any
     if lines and lines[-1].strip() == "":
         lines = lines[:-1]
     correct: list[bool] = []
+    slips: list[str] = []  # the kind of each line's error ("" where it is right)
     previous: int | None = terms[0]
     for k, line in enumerate(lines):
         if k < len(ops):
             match = STEP_LINE.match(line)
-            ok = False
-            if match:
-                left, op, right, result = int(match.group(1)), match.group(2), int(match.group(3)), int(match.group(4))
-                ok = (previous is None or left == previous) and op == ops[k] and right == terms[k + 1] \
-                    and result == (left + right if op == "+" else left - right)
-            previous = int(match.group(4)) if match else None
+            parsed = (int(match.group(1)), match.group(2), int(match.group(3)), int(match.group(4))) if match else None
+            ok = parsed is not None and (previous is None or parsed[0] == previous) and parsed[1] == ops[k] \
+                and parsed[2] == terms[k + 1] and parsed[3] == (parsed[0] + parsed[2] if parsed[1] == "+"
+                                                                 else parsed[0] - parsed[2])
+            slips.append("" if ok else running_sum_slip(parsed, previous, ops[k], terms[k + 1], k == 0))
+            previous = parsed[3] if parsed else None
             correct.append(ok)
         elif k == len(ops):
             answer = extract_answer(line)
             correct.append(previous is not None and answer is not None and TERM.match(answer) is not None
                            and int(answer) == previous)
+            slips.append("" if correct[-1] else "answer")
         else:
             correct.append(False)  # anything after the answer line is an error
-    first = correct.index(False) if False in correct else len(correct) if len(correct) < len(ops) + 1 else None
-    return StepTruth(tuple(correct), first)
+            slips.append("extra")
+    return StepTruth(tuple(correct), *first_slip(correct, slips, len(ops)))
 
 
 class GymTask(FreeFormTask):

@@ -31,7 +31,7 @@ from credo import credit
 from credo.core.probe import Probe
 from credo.core.segment import default_segmenter, segment_bounds
 from credo.credit.sc_grpo import self_conditioned_kl, teacher_prompt
-from credo.lab.audit.report import first_errors
+from credo.lab.audit.report import first_errors, first_slips, pick_figures
 from credo.strategies.localisers import localise
 from credo.strategies.resets import ResetConfig
 from credo.strategies.sampling import sample_scored
@@ -151,33 +151,38 @@ def premises_of(method: str) -> tuple[bool, str | None]:
 
 
 def measure_premises(policy: Any, task: Any, problems: Sequence[Any], group_size: int, sampling: Any, seed: int,
-                     teacher: bool, localisers: Sequence[str]) -> dict[str, Any]:
+                     teacher: bool, localisers: Sequence[str], prompt_max_new_tokens: int = 4096) -> dict[str, Any]:
     """The premise checks on `policy` without a Monte Carlo reference (what a comparison measures on each run's
     final policy, and on its start, since RL may erode them): traces of `problems` x `group_size` sampled with
     `sampling`; with `teacher`, the teacher check (teacher_gain, kl_argmax_hits); for each localiser, on wrong
     traces with a labelled first wrong step, the first-error top-1, the step-1 share, the parse rate of the
-    policy's replies, and the uniform guess's expected top-1 (localisation_figures).
-    -> {'traces', 'accuracy', 'teacher'?, 'localisers'?}."""
+    policy's replies, and the uniform guess's expected top-1 (localisation_figures), the `prompt` localiser's
+    replies cut at `prompt_max_new_tokens` (SRPO's 4096 by default). -> {'traces', 'accuracy', 'teacher'?,
+    'localisers'?}."""
     with torch.no_grad():
         rollouts = sample_scored(policy, task, problems, group_size, sampling, torch.Generator().manual_seed(seed))
         probe = Probe(policy, task, sampling, torch.Generator().manual_seed(seed + 1))
         segment_ids = probe.segment(rollouts, default_segmenter(task))
         rollouts = rollouts.with_fields(segment_ids=segment_ids)
-        first = first_errors(task, rollouts)
+        first, slips = first_errors(task, rollouts), first_slips(task, rollouts)
         out: dict[str, Any] = {"traces": rollouts.batch_size, "accuracy": float(rollouts.correct.float().mean())}
         if teacher:
             out["teacher"] = {**teacher_gain(rollouts, policy, task),
                               **kl_argmax_hits(rollouts, segment_ids, first, probe)}
         if localisers:
-            out["localisers"] = localisation_figures(rollouts, segment_ids, first, probe, localisers, seed)
+            out["localisers"] = localisation_figures(rollouts, segment_ids, first, probe, localisers, seed, slips,
+                                                     prompt_max_new_tokens)
     return out
 
 
 def localisation_figures(rollouts: Any, segment_ids: torch.Tensor, first: Sequence[int | None], probe: Any,
-                         localisers: Sequence[str], seed: int) -> dict[str, Any]:
+                         localisers: Sequence[str], seed: int, slips: Sequence[str | None] = (),
+                         prompt_max_new_tokens: int = 4096) -> dict[str, Any]:
     """Per localiser, on the wrong traces with a labelled first wrong step (on a task without step labels: every
-    wrong trace, and no top-1), the first-error top-1, step-1 share, parse rate and their floors; NaN figures
-    where there is no such trace; {'failure': why} for a localiser that cannot run (reported, never raised)."""
+    wrong trace, and no top-1), the first-error top-1, step-1 share, parse rate and their floors, and, as SRPO
+    uses it, where it resets beside where the first errors lie and its top-1 by position and by the kind of
+    the first error (`slips`, one per trace; pick_figures); NaN figures where there is no such trace;
+    {'failure': why} for a localiser that cannot run (reported, never raised)."""
 
     nan = float("nan")
     labels = getattr(probe.task, "has_step_labels", False)
@@ -196,7 +201,8 @@ def localisation_figures(rollouts: Any, segment_ids: torch.Tensor, first: Sequen
             continue
         notes: dict[str, Any] = {}
         try:
-            picks = localise(name, rollouts, rows, probe, segment_ids, random.Random(seed), notes=notes)
+            picks = localise(name, rollouts, rows, probe, segment_ids, random.Random(seed), notes=notes,
+                             prompt_max_new_tokens=prompt_max_new_tokens)
         except Exception as err:  # noqa: BLE001 (e.g. a policy that cannot read the request: reported, not raised)
             out[name] = {"failure": f"{type(err).__name__}: {err}"}
             continue
@@ -205,6 +211,10 @@ def localisation_figures(rollouts: Any, segment_ids: torch.Tensor, first: Sequen
                      "oracle_step1_share": share([first[i] == 0 for i in rows]) if labels else nan,
                      "random_top1_expectation": share([1 / n_steps[i] for i in rows]) if labels else nan,
                      **parse_figures(notes)}
+        if labels:
+            truth = [first[i] for i in rows]
+            out[name] |= {**pick_figures(picks, truth, [slips[i] for i in rows] if slips else ()),
+                          "oracle_share_by_step": pick_figures(truth, truth)["share_by_step"]}
     return out
 
 

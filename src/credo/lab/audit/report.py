@@ -120,6 +120,15 @@ def first_errors(task: Any, rollouts: Any) -> list[int | None]:
             for p, text, ok in zip(rollouts.problems, rollouts.completions, rollouts.correct)]
 
 
+def first_slips(task: Any, rollouts: Any) -> list[str | None]:
+    """Each wrong trace's kind of first error (StepTruth.first_slip: result, operand, carry, ...); None for a
+    right trace, and for every trace of a task that does not tell."""
+    if not task.has_step_labels:
+        return [None] * rollouts.batch_size
+    return [None if bool(ok) else task.step_truth(p, text).first_slip
+            for p, text, ok in zip(rollouts.problems, rollouts.completions, rollouts.correct)]
+
+
 def most_frequent_position(first_errors: Sequence[int | None], reference: Sequence[torch.Tensor]) -> int:
     """The most frequent labelled first-error position (the position prior; the earliest on ties)."""
     seen = [f for f, r in zip(first_errors, reference) if f is not None and f < len(r)]
@@ -318,20 +327,34 @@ def plot_audit(report: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-def pick_figures(picks: Sequence[int], first: Sequence[int]) -> dict[str, dict[str, float]]:
+def pick_figures(picks: Sequence[int], first: Sequence[int],
+                 slips: Sequence[str | None] = ()) -> dict[str, dict[str, float]]:
     """Where a localiser resets, as SRPO uses it: `share_by_step`, the share of its resets at each step
-    ('1', '2', ...; 1-based), and `top1_by_position`, its first-error top-1 split by where the first error lies
-    ('step 1', 'steps 2-3', 'steps 4+'). picks and first: 0-based steps, one per wrong trace."""
-    n = max(len(picks), 1)
-    counts: dict[int, int] = {}
-    for k in picks:
-        counts[k] = counts.get(k, 0) + 1
-    shares = {str(k + 1): c / n for k, c in sorted(counts.items())}
-    buckets: dict[str, list[int]] = {}
-    for k, e in zip(picks, first):
-        buckets.setdefault("step 1" if e == 0 else "steps 2-3" if e <= 2 else "steps 4+", []).append(int(k == e))
-    return {"share_by_step": shares,
-            "top1_by_position": {b: sum(hits) / len(hits) for b, hits in sorted(buckets.items())}}
+    ('1', '2', ...; 1-based; `pick_figures(first, first)` gives the oracle's); `top1_by_position`, its
+    first-error top-1 split by where the first error lies ('step 1', 'steps 2-3', 'steps 4+'); with `slips`
+    (the kind of each first error, credo.tasks.base.SLIPS), `top1_by_slip` and `slip_counts`. picks and first:
+    0-based steps, one per wrong trace."""
+
+    def shares(steps: Sequence[int]) -> dict[str, float]:
+        counts: dict[int, int] = {}
+        for k in steps:
+            counts[k] = counts.get(k, 0) + 1
+        return {str(k + 1): c / max(len(steps), 1) for k, c in sorted(counts.items())}
+
+    def split(keys: Sequence[Any]) -> dict[str, list[int]]:
+        buckets: dict[str, list[int]] = {}
+        for key, k, e in zip(keys, picks, first):
+            if key is not None:
+                buckets.setdefault(key, []).append(int(k == e))
+        return buckets
+
+    out = {"share_by_step": shares(picks), "top1_by_position": {b: sum(h) / len(h) for b, h in sorted(split(
+               ["step 1" if e == 0 else "steps 2-3" if e <= 2 else "steps 4+" for e in first]).items())}}
+    by_slip = split(slips)
+    if by_slip:
+        out["top1_by_slip"] = {kind: sum(h) / len(h) for kind, h in sorted(by_slip.items())}
+        out["slip_counts"] = {kind: len(h) for kind, h in sorted(by_slip.items())}
+    return out
 
 
 def localiser_table(loc: dict[str, Any]) -> str:
@@ -363,4 +386,21 @@ def localiser_table(loc: dict[str, Any]) -> str:
             split = loc["localisers"].get(name, {}).get("top1_by_position", {})
             lines.append(f"| {name} | " + " | ".join(f"{shares.get(k, 0.0):.2f}" for k in steps) + " | "
                          + (", ".join(f"{b} {v:.2f}" for b, v in split.items()) or "—") + " |")
+    lines += slip_table(loc["localisers"])
     return "\n".join(lines) + "\n"
+
+
+def slip_table(localisers: dict[str, dict[str, Any]]) -> list[str]:
+    """Markdown lines of each localiser's top-1 by the kind of the first error (a wrong result needs the sum
+    checked; a miscopied operand or carried value, only a copy), with how many traces each kind has; none when
+    the task does not tell the kinds."""
+    counts = next((m["slip_counts"] for m in localisers.values() if "slip_counts" in m), None)
+    if not counts:
+        return []
+    kinds = list(counts)
+    lines = ["", "Top-1 by the kind of the first error (traces of each kind in brackets):", "",
+             "| localiser | " + " | ".join(f"{k} ({counts[k]})" for k in kinds) + " |", "|---|" + "---|" * len(kinds)]
+    for name, m in localisers.items():
+        if "top1_by_slip" in m:
+            lines.append(f"| {name} | " + " | ".join(f"{m['top1_by_slip'].get(k, math.nan):.2f}" for k in kinds) + " |")
+    return lines

@@ -54,7 +54,7 @@ from credo.lab.audit.config import AuditConfig
 from credo.lab.audit.premises import (conditions_on_solution, kl_argmax_hits, parse_figures, teacher_gain,
                                       teacher_table, teacher_warning, unprivileged_twins)
 from credo.lab.audit.reference import AuditData, audit_device, audited_policy, build_reference, with_task_segmenter
-from credo.lab.audit.report import (FLOORS, Labels, checked_methods, fidelity, first_errors, floor_credit,
+from credo.lab.audit.report import (FLOORS, Labels, checked_methods, fidelity, first_errors, first_slips, floor_credit,
                                     localisable_errors, localiser_table, markdown_table, most_frequent_position,
                                     pick_figures, plot_audit, random_expectation, routed_rows, score_row,
                                     split_half_spearman, weight_concentration)
@@ -234,7 +234,7 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
     e (also on localisable traces); step1_share = share of picks at step 1; reset_success = mean
     reference value V(s_k) of its reset state (prefix = steps < k); after_error_success = mean
     V(s_{e+1}); clean_prefix_gain = their difference (the paper's "a clean prefix corrects more often")."""
-    first = labels.first
+    first, slips = labels.first, first_slips(task, rollouts)
     rows = [i for i, f in enumerate(first) if f is not None and f < len(reference.values[i]) - 1]
     out: dict[str, Any] = {
         "traces": len(rows), "oracle_step1_share": sum(first[i] == 0 for i in rows) / max(len(rows), 1),
@@ -266,7 +266,7 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
             "reset_success": success / n, "after_error_success": after / n, "clean_prefix_gain": (success - after) / n,
             "tokens_scored_per_trace": spent.tokens_scored / n,
             "tokens_generated_per_trace": spent.tokens_generated / n, **parse_figures(notes),
-            **pick_figures(picks, [first[i] for i in rows])}
+            **pick_figures(picks, [first[i] for i in rows], [slips[i] for i in rows])}
     ran = out["localisers"]
     out["privileged_localisers"] = [n for n in out["privileged_localisers"]  # `self` that asked the policy reads none
                                     if ran.get(n, {}).get("resolved", "value") != "prompt"]
