@@ -309,6 +309,25 @@ def test_compare_takes_an_adapter_start_and_trains_it_as_the_full_model_it_stand
         os.path.join(final, ADAPTER_WEIGHTS))  # lora.r=0: full weights trained from the merged start
 
 
+def test_compare_puts_every_run_on_lora_alike_and_a_full_weight_rerun_is_refused(lora_run, tmp_path, capsys):
+    out = str(tmp_path / "cmp")
+    argv = ["compare", "--preset", "smoke", "--start", os.path.join(lora_run, "final"), "--task", "gym:chain_sum",
+            "--methods", "grpo,dr_grpo", "--budget", "40", "--jobs", "1", "--set", "audit_n=0", "--set",
+            "premise_n=0", "--out", out, "--yes", "--quiet"]
+    assert main([*argv, "--set", "lora.r=2", "--set", "lora.alpha=4"]) == 0
+    for method in ("grpo", "dr_grpo"):
+        run = os.path.join(out, "runs", f"{method}-s0")
+        assert sorted(f for f in os.listdir(os.path.join(run, "final")) if f in ADAPTER_FILES) == ADAPTER_FILES
+        assert not os.path.exists(os.path.join(run, "final", "model.safetensors"))
+        assert load_train_config(os.path.join(run, "config.yaml"), None).lora == LoraSettings(r=2, alpha=4)
+    assert json.load(open(os.path.join(out, "results.json")))["protocol"]["lora"]["r"] == 2
+    assert "every run trains LoRA adapters alike (rank 2, alpha 4, dropout 0, on all-linear)" in open(
+        os.path.join(out, "report.md")).read()
+    # the same grid without LoRA cannot reuse those runs: refused in one line naming the setting
+    assert main(argv) == 2
+    assert "lora" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_an_audit_caches_an_adapters_reference_by_its_base_too(lora_run, tmp_path):
     from credo.lab.audit.config import AuditConfig
     from credo.lab.audit.reference import reference_key

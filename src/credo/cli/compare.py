@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from credo.cli.options import (add_config_options, add_force_option, csv_flags, flag_values, input_paths, require_out,
                                show_config)
-from credo.core.config import ConfigError, load_config
+from credo.core.config import ConfigError, load_config, to_dict
 from credo.core.outputs import claim_output, run_kind
 from credo.core.terminal import escape_controls
 from credo.train.interrupts import Interrupted
@@ -63,7 +63,8 @@ def _preset(config):
     """The comparison `config` (a CompareConfig) describes: its preset with the caller's replacements."""
     from credo.lab.compare.presets import resolve_preset  # the presets load the trainer (torch, ~2 s)
     return resolve_preset(config.preset, config.methods or None, config.seeds, config.budget, config.schedule,
-                          config.task or None)
+                          config.task or None, config.eval_split, config.audit_n, config.premise_n,
+                          to_dict(config.lora))
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -129,7 +130,7 @@ def _run(args: argparse.Namespace, config, out: str) -> dict:
                        task=config.task or None, confirm=confirm_then_claim,
                        report_to=config.report_to, device=config.device, dtype=config.dtype,
                        share_gpu=config.share_gpu, eval_split=config.eval_split,
-                       audit_n=config.audit_n, premise_n=config.premise_n)
+                       audit_n=config.audit_n, premise_n=config.premise_n, lora=to_dict(config.lora))
     except Interrupted as stop:  # one line: what finished, and the command that finishes the rest
         raise stopped_at(stop, _preset(config), out, shlex.join(["credo", *args.argv])) from None
 

@@ -3,12 +3,13 @@ budget, schedule and task (credo.lab.compare.presets holds the presets)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from credo.core.config import MAX_EPOCHS, MAX_HELD_OUT, MAX_STEP_COMPLETIONS, check
 from credo.integrations import tracking
 from credo.lab.compare.presets import MAX_GRAD_CLIP, MAX_JOBS, PRESETS, SCHEDULE, check_method_specs
+from credo.policy.adapters import LoraSettings
 from credo.policy.device import check_device_fields
 
 @dataclass(frozen=True)
@@ -66,6 +67,10 @@ class CompareConfig:
     else >= 4): its MC reference can take longer than a one-method measurement's training."""
     premise_n: int | None = None
     """Traces of the premise checks on the start and every final policy instead of the preset's (0 skips them)."""
+    lora: LoraSettings = field(default_factory=LoraSettings, metadata={"omit_default": True})
+    """LoRA adapters for every run alike (lora.r > 0; a Hugging Face start): each run trains fresh adapters of
+    these settings on its start (an adapter start merged into its base first) and its checkpoints hold them alone;
+    the KL reference is the start with the adapters off. Off by default (lora.r=0): every weight trains."""
 
     def __post_init__(self) -> None:
         check_device_fields(self.device, self.dtype, "compare.")

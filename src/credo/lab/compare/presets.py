@@ -212,6 +212,7 @@ def protocol(preset: Preset, start: str, jobs: int) -> dict[str, Any]:
             "eval_every_tokens": preset.eval_every_tokens, "eval_n": preset.eval_n,
             "final_eval_n": preset.final_eval_n, "curve_eval_set": f"the first {preset.eval_n} {split} problems",
             "schedule": shared, "methods": per_method, **({"eval_split": "validation"} if validation else {}),
+            **({"lora": dict(preset.train["lora"])} if preset.train.get("lora", {}).get("r") else {}),
             # recorded only off float32 (bfloat16-mixed), so the results of float32 comparisons keep their bytes
             **({"dtype": preset.train["dtype"]} if preset.train.get("dtype", "float32") != "float32" else {})}
 
@@ -267,14 +268,18 @@ def check_method_specs(specs: tuple[str, ...], where: str) -> None:
 
 def resolve_preset(preset_name: str, methods: tuple[str, ...] | None, seeds: tuple[int, ...] | None,
                    token_budget: int | None, schedule: dict[str, Any] | None, task: str | None = None,
-                   eval_split: str = "heldout", audit_n: int | None = None, premise_n: int | None = None) -> Preset:
+                   eval_split: str = "heldout", audit_n: int | None = None, premise_n: int | None = None,
+                   lora: dict[str, Any] | None = None) -> Preset:
     """The preset with the caller's replacements, every method name and the task checked before any training.
-    audit_n / premise_n (None = the preset's) size the measurements after the trainings."""
+    audit_n / premise_n (None = the preset's) size the measurements after the trainings; `lora` (a LoraSettings
+    as a dict, r > 0) puts every run on LoRA adapters alike."""
     if preset_name not in PRESETS:
         raise ConfigError(f"unknown preset {preset_name!r}; available: {', '.join(PRESETS)}")
     preset = PRESETS[preset_name]
     if eval_split == "validation":  # every run evaluates on the task's validation split and never trains on it
         preset = replace(preset, train={**preset.train, "eval_split": "validation"})
+    if lora and lora.get("r"):  # one setting for every method: recorded in each run's config, so checked on reuse
+        preset = replace(preset, train={**preset.train, "lora": dict(lora)})
     preset = replace(preset, methods=tuple(methods or preset.methods),
                      seeds=tuple(seeds if seeds is not None else preset.seeds),
                      schedule={**preset.schedule, **(schedule or {})}, task=task or preset.task,

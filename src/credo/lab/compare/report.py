@@ -169,6 +169,12 @@ def main_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def lora_line(lora: dict[str, Any]) -> str:
+    """The protocol's LoRA clause: what every run trained instead of every weight."""
+    return (f" · every run trains LoRA adapters alike (rank {lora['r']}, alpha {lora['alpha']:g}, dropout "
+            f"{lora['dropout']:g}, on {', '.join(lora['target_modules'])})")
+
+
 def protocol_lines(results: dict[str, Any]) -> list[str]:
     """The schedule every method trained with, and the evaluation protocol."""
     protocol = results.get("protocol")
@@ -181,7 +187,8 @@ def protocol_lines(results: dict[str, Any]) -> list[str]:
              f"{protocol['jobs']} job(s) at once · curve: greedy accuracy on the first {protocol['eval_n']} {split} "
              f"problems (the same set at every evaluation) every {protocol['eval_every_tokens']:,} generated tokens · "
              f"final: the first {protocol['final_eval_n']} {split.split(' (')[0]} problems"
-             + (f" · every run in dtype `{protocol['dtype']}`" if "dtype" in protocol else "") + ".", "",
+             + (f" · every run in dtype `{protocol['dtype']}`" if "dtype" in protocol else "")
+             + (lora_line(protocol["lora"]) if "lora" in protocol else "") + ".", "",
              f"Schedule: every method {shared['epochs']} epoch(s) × {shared['minibatches']} mini-batch(es) per batch "
              f"(AdamW), lr {shared['lr']:g}"
              + (f", gradient-norm clip {shared['grad_clip']:g}" if "grad_clip" in shared else "")

@@ -87,7 +87,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
             confirm: Callable[[float], None] | None = None, task: str | None = None,
             report_to: tuple[str, ...] = (), device: str = "auto", dtype: str = "float32",
             share_gpu: bool = False, eval_split: str = "heldout", audit_n: int | None = None,
-            premise_n: int | None = None) -> dict[str, Any]:
+            premise_n: int | None = None, lora: dict[str, Any] | None = None) -> dict[str, Any]:
     """Runs the preset and writes the run directory; returns results.json's content.
 
     jobs (default: the preset's) > 1 runs that many (method, seed) trainings at once in worker processes,
@@ -100,9 +100,10 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     CLI's --yes gate, compare_eta.confirm). report_to: the trackers every run logs to, each run its own
     tracker run grouped by the comparison (credo.integrations.tracking). `device` (resolved here once: every run
     records the same one) and `dtype` place every run and the audit; on a GPU the runs go one after another
-    unless `share_gpu`. audit_n / premise_n: the preset's start audit and premise checks resized (0 skips)."""
+    unless `share_gpu`. audit_n / premise_n: the preset's start audit and premise checks resized (0 skips).
+    lora (LoraSettings as a dict, r > 0): every run trains LoRA adapters of those settings alike."""
     preset = resolve_preset(preset_name, methods, seeds, token_budget, schedule, task, eval_split, audit_n,
-                            premise_n)
+                            premise_n, lora)
     report_to = checked_names(report_to, "compare.report_to")
     check_trackers(report_to, "compare.report_to", TrackingPlace(out_dir, ""))  # before any timing or training
     jobs = preset.jobs if jobs is None else jobs
