@@ -1,8 +1,9 @@
-"""SRPO's premise, measured the way SRPO uses it, on one or more starts (SFT snapshots: `credo sft --snapshots`):
-can the policy name the first wrong step of a wrong trace?
+"""SRPO's premise, measured the way SRPO uses it, on one or more Hugging Face starts on `gym:chain_sum` with step
+labels (a `credo sft --start ...` output or its `--snapshots`): can the policy name the first wrong step of a
+wrong trace?
 
-Two measures per start, on problems of `--split` (validation: training-split problems the SFT never drew, for
-choosing; heldout: the test set, for the figure that is reported):
+Two measures per start, on problems of `--split` (validation: a fixed draw of training-split problems, apart from
+the test set, for choosing; heldout: the test set, for the figure that is reported):
 
 - own traces: the policy samples `--group-size` traces per problem; on its wrong traces with a labelled first
   error, the `prompt` localiser asks it, exactly as a reset does at training time (credo.strategies.localisers):
@@ -13,8 +14,8 @@ choosing; heldout: the test set, for the figure that is reported):
 
     python scripts/localisation_premise.py STEP_DIR [STEP_DIR ...] --out OUT.jsonl [--split heldout]
 
-One JSON line per start is appended to OUT.jsonl (a start already there is skipped, so a stopped run resumes).
-The start's task and options are read from its sft_config.yaml.
+One JSON line per start is appended to OUT.jsonl (a start already measured with the same settings is skipped, so
+a stopped run resumes). The start's task and options are read from its sft_config.yaml.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ REPLY_TEMPERATURE = 0.3  # the prompt localiser's (SRPO's public code)
 def problems_of(task, split: str, n: int) -> list:  # noqa: ANN001
     if split == "heldout":
         return task.heldout_problems(n)
-    return task.train_problems(n, torch.Generator().manual_seed(VALIDATION_SEED + 1))  # not the SFT's checks' draw
+    # a fixed draw of the training split other than the SFT's validation checks' (it may hold problems the SFT
+    # trained on: the split is the training one; the figure to report is --split heldout)
+    return task.train_problems(n, torch.Generator().manual_seed(VALIDATION_SEED + 1))
 
 
 def synthetic_figures(policy, task, problems: list, max_reply: int, seed: int) -> dict:  # noqa: ANN001
@@ -87,13 +90,20 @@ def main() -> int:
     parser.add_argument("--max-reply", type=int, default=320, help="localisation reply limit (SRPO's is 4096)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    done = set()
+    settings = {k: getattr(args, k) for k in ("split", "problems", "group_size", "synthetic", "max_new_tokens",
+                                              "max_reply", "seed")}
+    done = []
     if os.path.exists(args.out):
-        done = {(row["start"], row["split"]) for row in map(json.loads, open(args.out))}
+        done = [(row["start"], row["settings"]) for row in map(json.loads, open(args.out))]
     for start in args.starts:
-        if (os.path.abspath(start), args.split) in done:
+        if (os.path.abspath(start), settings) in done:
             continue
-        config = yaml.safe_load(open(os.path.join(start, "sft_config.yaml")))
+        config_path = os.path.join(start, "sft_config.yaml")
+        config = yaml.safe_load(open(config_path)) if os.path.isfile(config_path) else None
+        if not isinstance(config, dict) or not isinstance(config.get("task"), str) or \
+                not (config.get("task_options") or {}).get("step_labels"):
+            print(f"{config_path}: not a Hugging Face SFT start on a gym task with step_labels", file=sys.stderr)
+            return 2
         task = make_task(config["task"], config.get("task_options") or {})
         policy = bind_task(load_policy(start), task)
         policy.model.eval()
@@ -102,13 +112,14 @@ def main() -> int:
         sampling = SamplingConfig(1.0, 1.0, args.max_new_tokens)
         own = measure_premises(policy, task, problems, args.group_size, sampling, args.seed, False, ["prompt"],
                                prompt_max_new_tokens=args.max_reply)
-        row = {"start": os.path.abspath(start), "split": args.split, "reply_limit": args.max_reply, **own}
+        row = {"start": os.path.abspath(start), "settings": settings, **own}
         if args.synthetic:
             row["synthetic"] = synthetic_figures(policy, task, problems_of(task, args.split, args.synthetic),
                                                  args.max_reply, args.seed)
         row["seconds"] = round(time.time() - began, 1)
         with open(args.out, "a") as f:
             f.write(json.dumps(row) + "\n")
+        done.append((row["start"], settings))
         loc, syn = own["localisers"]["prompt"], row.get("synthetic", {})
         print(f"{start}: accuracy {own['accuracy']:.3f}; own wrong traces {loc.get('traces', 0)}: parse "
               f"{loc.get('parse_rate', float('nan')):.2f}, top-1 {loc.get('localisation_top1', float('nan')):.3f} "

@@ -45,20 +45,23 @@ def test_step_labels_of_hand_written_completions():
 
 
 def test_the_first_errors_kind_is_what_a_checker_must_notice():
+    from credo.tasks.base import SLIPS
     task = ArithTask()
     p = problem([37, 48, 12, 55], ["+", "-", "+"])
     kinds = {"37+48=85\n85-12=74\n74+55=129\n#### 129": (1, "result"),
              "37+48=85\n85-21=64\n64+55=119\n#### 119": (1, "operand"),
-             "37+48=85\n85+12=97\n97+55=152\n#### 152": (1, "operand"),  # the wrong operator
+             "37+48=85\n85+12=97\n97+55=152\n#### 152": (1, "operator"),
              "37+48=85\n84-12=72\n72+55=127\n#### 127": (1, "carry"),
              "3+48=51\n51-12=39\n39+55=94\n#### 94": (0, "operand"),  # the problem's first term, miscopied
              "37+48=85\n85-12=73\n73+55=128\n#### 127": (3, "answer"),
-             "37+48=85\n85-12=73\n#### 73": (2, "unreadable"),
+             "37+48=85\n85-12=73\n#### 73": (2, "early answer"),
+             "37+48=85\n85-12=73\nthen 55\n#### 128": (2, "unreadable"),
              "37+48=85\n85-12=73\n": (2, "missing"),
              "37+48=85\n85-12=73\n73+55=128\n#### 128\n1+1=2": (4, "extra")}
     for text, (first, kind) in kinds.items():
         truth = task.step_truth(p, text)
         assert (truth.first_error, truth.first_slip) == (first, kind), text
+    assert {kind for _, kind in kinds.values()} == set(SLIPS)  # every kind is reachable, and none is unnamed
     assert task.step_truth(p, task.solution(p)).first_slip is None
 
 

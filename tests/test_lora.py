@@ -328,6 +328,15 @@ def test_compare_puts_every_run_on_lora_alike_and_a_full_weight_rerun_is_refused
     assert "lora" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def test_compare_refuses_lora_on_a_tiny_start_before_timing_anything(saved_policy, tmp_path, capsys):
+    for start in ([], ["--start", saved_policy], ["--start", "sft:arith-long-skilled", "--task", "arith-long"]):
+        out = tmp_path / f"cmp{len(start)}"
+        assert main(["compare", "--preset", "smoke", *start, "--methods", "grpo", "--budget", "40", "--set",
+                     "lora.r=2", "--set", "audit_n=0", "--out", str(out), "--yes", "--quiet"]) == 2
+        assert "compare.lora.r=2: LoRA needs a Hugging Face start" in capsys.readouterr().err.strip().splitlines()[-1]
+        assert not out.exists()
+
+
 def test_an_audit_caches_an_adapters_reference_by_its_base_too(lora_run, tmp_path):
     from credo.lab.audit.config import AuditConfig
     from credo.lab.audit.reference import reference_key

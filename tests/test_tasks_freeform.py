@@ -98,13 +98,18 @@ def test_gym_step_labels_mark_the_first_wrong_line_of_a_running_sum():
     assert running_sum_step_truth("5 - 5 + 4 + 1", "5 + 5 = 10\n10 + 4 = 14\n14 + 1 = 15\n<answer>15</answer>",
                                   extract).first_error == 0  # the wrong operator
     assert running_sum_step_truth("2 * 3", right, extract) is None
-    kinds = {slip: "result", copied: "result", "5 - 5 = 0\n1 + 4 = 5\n5 + 1 = 6\n<answer>6</answer>": "carry",
-             "5 - 5 = 0\n0 + 3 = 3\n3 + 1 = 4\n<answer>4</answer>": "operand",
-             "5 + 5 = 10\n10 + 4 = 14\n14 + 1 = 15\n<answer>15</answer>": "operand",
-             "5 - 5 = 0\n0 + 4 = 4\n4 + 1 = 5\n<answer>6</answer>": "answer",
-             "5 - 5 = 0\nzero plus four\n": "unreadable", "5 - 5 = 0\n0 + 4 = 4": "missing", right + "\nmore": "extra"}
-    for text, kind in kinds.items():
-        assert running_sum_step_truth("5 - 5 + 4 + 1", text, extract).first_slip == kind, text
+    kinds = {slip: (1, "result"), copied: (1, "result"),
+             "5 - 5 = 0\n1 + 4 = 5\n5 + 1 = 6\n<answer>6</answer>": (1, "carry"),
+             "4 - 5 = -1\n-1 + 4 = 3\n3 + 1 = 4\n<answer>4</answer>": (0, "operand"),  # the problem's first term
+             "5 - 5 = 0\n0 + 3 = 3\n3 + 1 = 4\n<answer>4</answer>": (1, "operand"),
+             "5 + 5 = 10\n10 + 4 = 14\n14 + 1 = 15\n<answer>15</answer>": (0, "operator"),
+             "5 - 5 = 0\n0 + 4 = 4\n<answer>4</answer>": (2, "early answer"),
+             "5 - 5 = 0\n0 + 4 = 4\n4 + 1 = 5\n<answer>6</answer>": (3, "answer"),
+             "5 - 5 = 0\nzero plus four\n": (1, "unreadable"), "5 - 5 = 0\n0 + 4 = 4": (2, "missing"),
+             right + "\nmore": (4, "extra")}
+    for text, expected in kinds.items():
+        truth = running_sum_step_truth("5 - 5 + 4 + 1", text, extract)
+        assert (truth.first_error, truth.first_slip) == expected, text
     assert running_sum_step_truth("5 - 5 + 4 + 1", right, extract).first_slip is None
     problem = task.heldout_problems(1)[0]
     worked = task.worked_solution(problem) + "\n<answer>" + problem.answer + "</answer>"

@@ -543,3 +543,7 @@ def test_sft_snapshots_refuses_a_file_or_a_non_empty_directory_for_either_model(
                                            "--snapshots", str(tmp_path / where)])
             assert f"sft --snapshots {tmp_path / where}: not a new or empty directory" in line
     assert not (tmp_path / "s").exists() and (tmp_path / "full" / "mine").read_text() == "someone's"
+    for snapshots, out in ((tmp_path / "s" / "snap", tmp_path / "s"), (tmp_path / "t", tmp_path / "t" / "out")):
+        line = one_line_error(capsys, ["sft", "--start", "smollm2-135m", "--task", "gym:chain_sum", "--quiet",
+                                       "--out", str(out), "--snapshots", str(snapshots)])
+        assert f"sft --snapshots {snapshots}: inside --out {out} or holding it" in line and not out.exists()

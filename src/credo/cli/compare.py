@@ -103,11 +103,12 @@ def _run(args: argparse.Namespace, config, out: str) -> dict:
     """Train and report the comparison `config` (a CompareConfig) into `out`; its results."""
     from credo.cli.inputs import check_inputs  # loads the task and the policy (torch): as the command runs
     from credo.lab.compare.eta import confirm
-    from credo.lab.compare.run import compare, stopped_at
+    from credo.lab.compare.run import check_lora_start, compare, stopped_at
     from credo.policy.device import resolve_device, resolve_dtype
     resolve_dtype(config.dtype, resolve_device(config.device, "compare.device"), "compare.dtype")  # before --out
     if config.start == "sft":  # the task's SFT start, which a comparison's runs record as ''
         config = replace(config, start="")
+    check_lora_start(_preset(config), config.start)  # before a named start is built only to be refused
     if config.start:  # before --out is claimed or any run is timed: each run would fail on it
         preset = _preset(config)
         check_inputs(config.start, "compare --start", preset.task, preset.train.get("task_options", {}),

@@ -27,7 +27,6 @@ def cmd_sft(args: argparse.Namespace) -> int:
     given = user_settings(args.config, args.set)  # a --config/--set naming a start or a gym/jsonl task: the HF SFT
     named_task = given.get("task") if isinstance(given.get("task"), str) else None  # (the tiny SFT's task is a section)
     hf_task = (args.task or named_task or "arith") not in preset_names()
-    check_snapshots_dir(args.snapshots)
     if not args.preset and (args.start or given.get("start") or hf_task):
         return cmd_sft_hf(args)
     if args.preset:  # a named start: its own task unless --task says (and agrees)
@@ -46,6 +45,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     if args.help_config:
         return show_config(config, "sft")
     # before training: refuse a foreign --out up front
+    check_snapshots_dir(args.snapshots, args.out)
     claim_output(require_out(args), "sft", force=args.force, inputs=input_paths(args.config))
     if args.snapshots:  # trained here, beside its snapshots: the cache (and a start it holds) is left alone
         path = os.path.join(args.snapshots, "final")
@@ -79,6 +79,7 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
         raise ConfigError(f"--task {config.task} has a tiny-GPT SFT start; drop --start (a Hugging Face model "
                           "trains on gym:<dataset> or jsonl:<path> worked solutions)")
     task = check_sft_inputs(config)  # the task, its worked solutions and the start: before --out is touched
+    check_snapshots_dir(args.snapshots, args.out)
     finished = os.path.isfile(os.path.join(require_out(args), "sft_summary.json"))
     if (claim_output(args.out, "sft", force=args.force, inputs=input_paths(args.config, config.start, config.task))
             and finished and not args.retrain):
@@ -95,10 +96,18 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_snapshots_dir(path: str) -> None:
-    """--snapshots names a new or empty directory: snapshots are never written over what is there."""
-    if path and os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+def check_snapshots_dir(path: str, out: str | None) -> None:
+    """--snapshots names a new or empty directory apart from --out: snapshots are never written over what is
+    there, and the start's atomic write into --out never replaces them (nor they it)."""
+    if not path:
+        return
+    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
         raise ConfigError(f"sft --snapshots {path}: not a new or empty directory")
+    if out:
+        snapshots, start = os.path.realpath(path), os.path.realpath(out)
+        if os.path.commonpath([snapshots, start]) in (snapshots, start):
+            raise ConfigError(f"sft --snapshots {path}: inside --out {out} or holding it; give two separate "
+                              "directories")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

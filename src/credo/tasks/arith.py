@@ -36,7 +36,8 @@ import torch
 
 from credo.core.config import UserError, check
 from credo.core.protocols import Problem, StepTruth
-from credo.tasks.base import HELDOUT_SEED, VALIDATION_SEED, first_slip, in_heldout_split, running_sum_slip
+from credo.tasks.base import (HELDOUT_SEED, VALIDATION_SEED, first_error_and_slip, in_heldout_split,
+                              running_sum_slip)
 
 ALPHABET = "0123456789+-*=#\n ?|"
 PROBE_MARKER = "?"
@@ -231,9 +232,13 @@ class ArithTask:
                 match = STEP_RE.match(line)
                 parsed = (int(match.group(1)), match.group(2), int(match.group(3)), int(match.group(4))) \
                     if match else None
-                ok = parsed is not None and (previous is None or parsed[0] == previous) and parsed[1] == ops[k] \
-                    and parsed[2] == terms[k + 1] and parsed[3] == _apply(*parsed[:3])
-                slips.append("" if ok else running_sum_slip(parsed, previous, ops[k], terms[k + 1], k == 0))
+                ok = False
+                if parsed:
+                    left, op, right, result = parsed
+                    ok = (previous is None or left == previous) and op == ops[k] and right == terms[k + 1] \
+                        and result == _apply(left, op, right)
+                slips.append("" if ok else running_sum_slip(parsed, previous, ops[k], terms[k + 1], k == 0,
+                                                            bool(ANSWER_RE.match(line))))
                 previous = parsed[3] if parsed else None
                 correct.append(ok)
             elif k == n_steps:
@@ -243,7 +248,7 @@ class ArithTask:
             else:
                 correct.append(False)  # anything after the answer line is an error
                 slips.append("extra")
-        return StepTruth(tuple(correct), *first_slip(correct, slips, n_steps))
+        return StepTruth(tuple(correct), *first_error_and_slip(correct, slips, n_steps))
 
     # --- probes and teacher context -----------------------------------------------------------------
     def answer_probe(self, answer: str) -> tuple[str, str]:

@@ -12,26 +12,31 @@ from __future__ import annotations
 
 import hashlib
 
-SLIPS = ("result", "operand", "carry", "unreadable", "answer", "extra", "missing")
-"""The kinds of a running-sum solution's first wrong line (StepTruth.first_slip), for splitting a localiser's
-top-1 by what it must notice: a result needs the sum checked, an operand or a carried value only a copy."""
+SLIPS = ("result", "operand", "operator", "carry", "early answer", "unreadable", "answer", "extra", "missing")
+"""The kinds of a running-sum solution's first wrong line (StepTruth.first_slip), in the order reports list them:
+a wrong result (the sum must be checked to see it), a miscopied operand or operator (the problem's first term on
+the first line included), a wrong carried value (the line before's), an answer written before the last step, a
+line that reads as neither, a wrong answer line, text after the answer line, a missing line. A localiser's top-1
+is split by them: a wrong result needs the sum checked; an operand or a carried value only a copy."""
 
 
 def running_sum_slip(parsed: tuple[int, str, int, int] | None, previous: int | None, op: str, term: int,
-                     first_line: bool) -> str:
+                     first_line: bool, early_answer: bool) -> str:
     """The kind of a wrong running-sum line `left op right = result` (`parsed`; None: the line does not read
-    as one) that should have been `previous op term`: a wrong left value (on the first line a miscopied
-    operand, the problem's first term; after it a wrong carried value), then a miscopied operator or operand,
-    else a wrong result."""
+    as one, `early_answer` when it is an answer line) that should have been `previous op term`: a wrong left
+    value (on the first line a miscopied operand, the problem's first term; after it a wrong carried value),
+    then a miscopied operator or operand, else a wrong result."""
     if parsed is None:
-        return "unreadable"
+        return "early answer" if early_answer else "unreadable"
     left, written_op, right, _ = parsed
     if previous is not None and left != previous:
         return "operand" if first_line else "carry"
-    return "operand" if written_op != op or right != term else "result"
+    if written_op != op:
+        return "operator"
+    return "operand" if right != term else "result"
 
 
-def first_slip(correct: list[bool], slips: list[str], n_steps: int) -> tuple[int | None, str | None]:
+def first_error_and_slip(correct: list[bool], slips: list[str], n_steps: int) -> tuple[int | None, str | None]:
     """(first wrong line, its kind) of a running-sum solution whose lines were judged `correct[k]` with the
     kind `slips[k]` of each wrong one; a solution that stops before its answer line misses the next line."""
     if False in correct:

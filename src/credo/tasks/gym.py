@@ -17,7 +17,7 @@ import torch
 
 from credo.core.config import ConfigError, UserError
 from credo.core.protocols import Problem, StepTruth
-from credo.tasks.base import HELDOUT_SEED, first_slip, running_sum_slip
+from credo.tasks.base import HELDOUT_SEED, first_error_and_slip, running_sum_slip
 from credo.tasks.chat import FreeFormTask
 
 
@@ -68,10 +68,13 @@ def running_sum_step_truth(expression: str, completion: str, extract_answer: Any
         if k < len(ops):
             match = STEP_LINE.match(line)
             parsed = (int(match.group(1)), match.group(2), int(match.group(3)), int(match.group(4))) if match else None
-            ok = parsed is not None and (previous is None or parsed[0] == previous) and parsed[1] == ops[k] \
-                and parsed[2] == terms[k + 1] and parsed[3] == (parsed[0] + parsed[2] if parsed[1] == "+"
-                                                                 else parsed[0] - parsed[2])
-            slips.append("" if ok else running_sum_slip(parsed, previous, ops[k], terms[k + 1], k == 0))
+            ok = False
+            if parsed:
+                left, op, right, result = parsed
+                ok = (previous is None or left == previous) and op == ops[k] and right == terms[k + 1] \
+                    and result == (left + right if op == "+" else left - right)
+            slips.append("" if ok else running_sum_slip(parsed, previous, ops[k], terms[k + 1], k == 0,
+                                                         extract_answer(line) is not None))
             previous = parsed[3] if parsed else None
             correct.append(ok)
         elif k == len(ops):
@@ -82,7 +85,7 @@ def running_sum_step_truth(expression: str, completion: str, extract_answer: Any
         else:
             correct.append(False)  # anything after the answer line is an error
             slips.append("extra")
-    return StepTruth(tuple(correct), *first_slip(correct, slips, len(ops)))
+    return StepTruth(tuple(correct), *first_error_and_slip(correct, slips, len(ops)))
 
 
 class GymTask(FreeFormTask):

@@ -17,6 +17,7 @@ from credo.core.config import ConfigError
 from credo.credit.registry import parse_spec
 from credo.core.values import MCValues, step_differences
 from credo.credit.sc_grpo import weighted_group_rows
+from credo.tasks.base import SLIPS
 
 METRICS = ("spearman", "pearson", "first_error_top1", "pairwise", "spearman_localisable",
            "first_error_top1_localisable", "pairwise_localisable", "tokens_scored_per_trace",
@@ -332,7 +333,8 @@ def pick_figures(picks: Sequence[int], first: Sequence[int],
     """Where a localiser resets, as SRPO uses it: `share_by_step`, the share of its resets at each step
     ('1', '2', ...; 1-based; `pick_figures(first, first)` gives the oracle's); `top1_by_position`, its
     first-error top-1 split by where the first error lies ('step 1', 'steps 2-3', 'steps 4+'); with `slips`
-    (the kind of each first error, credo.tasks.base.SLIPS), `top1_by_slip` and `slip_counts`. picks and first:
+    (the kind of each first error, credo.tasks.base.SLIPS, listed in that order), `top1_by_slip` and
+    `slip_counts`. picks and first:
     0-based steps, one per wrong trace."""
 
     def shares(steps: Sequence[int]) -> dict[str, float]:
@@ -350,10 +352,10 @@ def pick_figures(picks: Sequence[int], first: Sequence[int],
 
     out = {"share_by_step": shares(picks), "top1_by_position": {b: sum(h) / len(h) for b, h in sorted(split(
                ["step 1" if e == 0 else "steps 2-3" if e <= 2 else "steps 4+" for e in first]).items())}}
-    by_slip = split(slips)
+    by_slip = sorted(split(slips).items(), key=lambda item: SLIPS.index(item[0]))  # in the order reports list them
     if by_slip:
-        out["top1_by_slip"] = {kind: sum(h) / len(h) for kind, h in sorted(by_slip.items())}
-        out["slip_counts"] = {kind: len(h) for kind, h in sorted(by_slip.items())}
+        out["top1_by_slip"] = {kind: sum(h) / len(h) for kind, h in by_slip}
+        out["slip_counts"] = {kind: len(h) for kind, h in by_slip}
     return out
 
 

@@ -233,7 +233,9 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
     segment, each parent valued alone as at training time: localisation_top1 = share where it picks
     e (also on localisable traces); step1_share = share of picks at step 1; reset_success = mean
     reference value V(s_k) of its reset state (prefix = steps < k); after_error_success = mean
-    V(s_{e+1}); clean_prefix_gain = their difference (the paper's "a clean prefix corrects more often")."""
+    V(s_{e+1}); clean_prefix_gain = their difference (the paper's "a clean prefix corrects more often"); as
+    SRPO uses it, the share of resets at each step and top-1 by the first error's position and kind
+    (pick_figures)."""
     first, slips = labels.first, first_slips(task, rollouts)
     rows = [i for i, f in enumerate(first) if f is not None and f < len(reference.values[i]) - 1]
     out: dict[str, Any] = {

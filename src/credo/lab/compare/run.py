@@ -55,11 +55,14 @@ from credo.lab.compare.presets import Preset, check_reusable, protocol, resolve_
 from credo.lab.compare.report import report, summarise
 from credo.lab.compare.runs import clear_failure, failure_path, run_result
 from credo.lab.show.view import write_audit_page
+from credo.policy.base import read_policy_meta
 from credo.policy.device import device_name, resolve_device, resolve_dtype
+from credo.policy.smollm import ALIASES
 from credo.train import methods as method_registry
 from credo.train.interrupts import Interrupted
 from credo.train.provenance import loaded_commit
 from credo.train.sft import ensure_sft
+from credo.train.starts import NAMED_START
 
 
 def stopped_at(stop: Interrupted, preset: Preset, out_dir: str, command: str) -> Interrupted:
@@ -78,6 +81,20 @@ def default_start(task: str, progress: bool) -> str:
     if task != "arith":
         return ""
     return ensure_sft(progress=progress)
+
+
+def check_lora_start(preset: Preset, start: str) -> None:
+    """LoRA for every run (compare.lora) needs a Hugging Face start: refused in one line before any timing, as
+    each run would fail loading it. The task's default start and a named `sft:` start are tiny policies."""
+    rank = preset.train.get("lora", {}).get("r", 0)
+    if not rank:
+        return
+    tiny = not start or start.startswith(NAMED_START) or (
+        start not in ALIASES and read_policy_meta(start).get("backend") == "tiny")
+    if tiny:
+        raise ConfigError(f"compare.lora.r={rank}: LoRA needs a Hugging Face start; "
+                          f"{start or f'the default start of {preset.task}'} is a tiny policy, which trains in full "
+                          "(give --start a Hugging Face model or adapter, or set lora.r=0)")
 
 
 def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = None,
@@ -112,6 +129,7 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     preset, placed, jobs = place_runs(preset, device, dtype, jobs, share_gpu, progress)
     if preset.needs_start and not start:
         raise ConfigError(f"--preset {preset_name} needs --start: {preset.needs_start}")
+    check_lora_start(preset, start or "")
     start, default = start or "", "" if start else default_start(preset.task, progress)  # runs record '' (portable)
     # seed-major: an interrupted comparison has every method at its first seeds
     plan = [(m, s, os.path.join(out_dir, "runs", run_dir_name(m, s))) for s in preset.seeds for m in preset.methods]
