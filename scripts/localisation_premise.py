@@ -32,7 +32,7 @@ import yaml
 
 from credo.core.protocols import SamplingConfig
 from credo.lab.audit.premises import measure_premises
-from credo.lab.audit.report import pick_figures
+from credo.lab.audit.localisation import pick_figures
 from credo.policy import bind_task, load_policy
 from credo.strategies.localisers import parse_step
 from credo.tasks import make_task

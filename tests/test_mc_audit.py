@@ -239,7 +239,7 @@ def test_sc_grpo_is_also_scored_on_the_rows_it_weights_with_their_share():
 
 
 def test_a_localisers_resets_are_counted_at_each_step_and_its_hits_by_where_the_error_lies():
-    from credo.lab.audit.report import localiser_table, pick_figures
+    from credo.lab.audit.localisation import localiser_table, pick_figures
     first = [0, 1, 2, 3, 4]
     picks = [0, 0, 2, 0, 4]  # right on the errors at steps 1, 3 and 5; step 1 for the others
     figures = pick_figures(picks, first)
@@ -257,7 +257,7 @@ def test_a_localisers_resets_are_counted_at_each_step_and_its_hits_by_where_the_
 
 
 def test_a_localisers_top1_is_split_by_the_kind_of_the_first_error():
-    from credo.lab.audit.report import pick_figures, slip_table
+    from credo.lab.audit.localisation import pick_figures, slip_table
     first, picks = [0, 1, 2, 3, 4], [0, 0, 2, 0, 4]
     slips = ["operand", "result", "result", "carry", None]  # the last trace's kind is not known
     figures = pick_figures(picks, first, slips)

@@ -31,7 +31,8 @@ from credo import credit
 from credo.core.probe import Probe
 from credo.core.segment import default_segmenter, segment_bounds
 from credo.credit.sc_grpo import self_conditioned_kl, teacher_prompt
-from credo.lab.audit.report import first_errors, first_slips, pick_figures
+from credo.lab.audit.localisation import pick_figures
+from credo.lab.audit.report import first_errors, first_slips
 from credo.strategies.localisers import localise
 from credo.strategies.resets import ResetConfig
 from credo.strategies.sampling import sample_scored

@@ -54,9 +54,10 @@ from credo.lab.audit.config import AuditConfig
 from credo.lab.audit.premises import (conditions_on_solution, kl_argmax_hits, parse_figures, teacher_gain,
                                       teacher_table, teacher_warning, unprivileged_twins)
 from credo.lab.audit.reference import AuditData, audit_device, audited_policy, build_reference, with_task_segmenter
+from credo.lab.audit.localisation import localiser_table, pick_figures
 from credo.lab.audit.report import (FLOORS, Labels, checked_methods, fidelity, first_errors, first_slips, floor_credit,
-                                    localisable_errors, localiser_table, markdown_table, most_frequent_position,
-                                    pick_figures, plot_audit, random_expectation, routed_rows, score_row,
+                                    localisable_errors, markdown_table, most_frequent_position,
+                                    plot_audit, random_expectation, routed_rows, score_row,
                                     split_half_spearman, weight_concentration)
 from credo.policy.device import device_name
 from credo.strategies.localisers import LOCALISERS, localise
