@@ -194,7 +194,11 @@ def test_eval_and_audit_run_on_the_chosen_device(tmp_path, saved_policy):
                      "--device", "cuda", "--out", str(tmp_path / "audit"), "--quiet"]) == 0
     report = json.load(open(tmp_path / "audit" / "audit.json"))
     assert report["config"]["device"] == "cuda" and report["config"]["failures"] == {}
-    assert json.load(open(tmp_path / "audit" / "localisers.json"))["failures"] == {}
+    localisers = json.load(open(tmp_path / "audit" / "localisers.json"))
+    assert localisers["failures"] == {}
+    oracle = localisers["localisers"]["oracle"]  # every labelled first error's kind counted once, and found
+    assert localisers["traces"] > 0 and sum(oracle["slip_counts"].values()) == localisers["traces"]
+    assert set(oracle["top1_by_slip"].values()) == {1.0}
     assert fake.ops > 1000
 
 

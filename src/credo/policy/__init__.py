@@ -29,8 +29,7 @@ def load_policy(path: str, device: str | torch.device = "cpu", lora: LoraSetting
     named = path
     if path in ALIASES:
         path = ensure_smollm2()
-    backend = read_policy_meta(path).get("backend")
-    if backend == "tiny":
+    if is_tiny_start(path):
         if lora is not None and lora.r:
             raise ConfigError(f"lora.r={lora.r}: LoRA needs a Hugging Face model; {path} is a tiny policy, "
                               "which trains in full (set lora.r=0)")
@@ -53,6 +52,12 @@ def load_policy(path: str, device: str | torch.device = "cpu", lora: LoraSetting
     if lora is not None and lora.r:
         policy.add_lora(lora, seed, base=(named if named in ALIASES else os.path.abspath(path), weights_digest(path)))
     return policy
+
+
+def is_tiny_start(path: str) -> bool:
+    """Whether `path` holds a tiny policy (which trains in full, float32): the one test that `load_policy` and a
+    command refusing LoRA before any work both make. An alias names a Hugging Face model."""
+    return path not in ALIASES and read_policy_meta(path).get("backend") == "tiny"
 
 
 def _checked_load(load, path: str, device: str) -> "Policy":

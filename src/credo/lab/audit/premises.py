@@ -32,7 +32,7 @@ from credo.core.probe import Probe
 from credo.core.segment import default_segmenter, segment_bounds
 from credo.credit.sc_grpo import self_conditioned_kl, teacher_prompt
 from credo.lab.audit.localisation import pick_figures
-from credo.lab.audit.report import first_errors, first_slips
+from credo.lab.audit.report import labelled_errors
 from credo.strategies.localisers import localise
 from credo.strategies.resets import ResetConfig
 from credo.strategies.sampling import sample_scored
@@ -165,7 +165,7 @@ def measure_premises(policy: Any, task: Any, problems: Sequence[Any], group_size
         probe = Probe(policy, task, sampling, torch.Generator().manual_seed(seed + 1))
         segment_ids = probe.segment(rollouts, default_segmenter(task))
         rollouts = rollouts.with_fields(segment_ids=segment_ids)
-        first, slips = first_errors(task, rollouts), first_slips(task, rollouts)
+        first, slips = labelled_errors(task, rollouts)
         out: dict[str, Any] = {"traces": rollouts.batch_size, "accuracy": float(rollouts.correct.float().mean())}
         if teacher:
             out["teacher"] = {**teacher_gain(rollouts, policy, task),

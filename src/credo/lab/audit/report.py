@@ -6,7 +6,7 @@ docs/methods.md, "## How fidelity is judged"), and the table and plot written ne
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -114,19 +114,19 @@ def localisable_errors(reference: MCValues, first_errors: Sequence[int | None]) 
 def first_errors(task: Any, rollouts: Any) -> list[int | None]:
     """Each trace's labelled first wrong step: None for a right trace, and for every trace of a task without
     step labels."""
-    if not task.has_step_labels:
-        return [None] * rollouts.batch_size
-    return [None if bool(ok) else task.step_truth(p, text).first_error
-            for p, text, ok in zip(rollouts.problems, rollouts.completions, rollouts.correct)]
+    return labelled_errors(task, rollouts)[0]
 
 
-def first_slips(task: Any, rollouts: Any) -> list[str | None]:
-    """Each wrong trace's kind of first error (StepTruth.first_slip: result, operand, carry, ...); None for a
-    right trace, and for every trace of a task that does not tell."""
+def labelled_errors(task: Any, rollouts: Any) -> tuple[list[int | None], list[str | None]]:
+    """Each trace's labelled first wrong step and its kind (StepTruth.first_slip: result, operand, carry, ...),
+    from one step truth per wrong trace: (first, slips), each None for a right trace, and for every trace of a
+    task without step labels (the kind also where the task does not tell it)."""
     if not task.has_step_labels:
-        return [None] * rollouts.batch_size
-    return [None if bool(ok) else task.step_truth(p, text).first_slip
-            for p, text, ok in zip(rollouts.problems, rollouts.completions, rollouts.correct)]
+        return [None] * rollouts.batch_size, [None] * rollouts.batch_size
+    truths = [None if bool(ok) else task.step_truth(p, text)
+              for p, text, ok in zip(rollouts.problems, rollouts.completions, rollouts.correct)]
+    return ([None if t is None else t.first_error for t in truths],
+            [None if t is None else t.first_slip for t in truths])
 
 
 def most_frequent_position(first_errors: Sequence[int | None], reference: Sequence[torch.Tensor]) -> int:
@@ -170,10 +170,12 @@ def split_half_spearman(reference: MCValues) -> float:
 @dataclass
 class Labels:
     """first: labelled first wrong step per row (None for correct or unlabelled rows); localisable:
-    the same where the reference drops by >= LOCALISABLE_DROP there."""
+    the same where the reference drops by >= LOCALISABLE_DROP there; slips: the first error's kind per row
+    (empty: not known)."""
 
     first: list[int | None]
     localisable: list[int | None]
+    slips: list[str | None] = field(default_factory=list)
 
 
 def weight_concentration(weights: torch.Tensor | None, mask: torch.Tensor) -> dict[str, float]:
@@ -227,7 +229,8 @@ def routed_rows(methods: list[tuple[str, str, Any]], credits: dict[str, list[tor
             continue
         keep = weighted_group_rows(rollouts, options.single_correct)
         credit = credits[label]
-        sub = Labels([labels.first[i] for i in keep], [labels.localisable[i] for i in keep])
+        sub = Labels([labels.first[i] for i in keep], [labels.localisable[i] for i in keep],
+                     [labels.slips[i] for i in keep] if labels.slips else [])
         cost = {k: rows[label][k] for k in ("tokens_scored_per_trace", "tokens_generated_per_trace",
                                             "seconds_per_trace")}
         row = score_row([credit[i] for i in keep], [reference[i] for i in keep], sub, cost, trace_tokens)

@@ -55,7 +55,7 @@ from credo.lab.audit.premises import (conditions_on_solution, kl_argmax_hits, pa
                                       teacher_table, teacher_warning, unprivileged_twins)
 from credo.lab.audit.reference import AuditData, audit_device, audited_policy, build_reference, with_task_segmenter
 from credo.lab.audit.localisation import localiser_table, pick_figures
-from credo.lab.audit.report import (FLOORS, Labels, checked_methods, fidelity, first_errors, first_slips, floor_credit,
+from credo.lab.audit.report import (FLOORS, Labels, checked_methods, fidelity, floor_credit, labelled_errors,
                                     localisable_errors, markdown_table, most_frequent_position,
                                     plot_audit, random_expectation, routed_rows, score_row,
                                     split_half_spearman, weight_concentration)
@@ -93,8 +93,8 @@ def run_audit(config: AuditConfig, out_dir: str, progress: bool = True) -> Audit
     task = make_task(config.task, config.task_options, prefix="audit.task_options.")
     config = with_task_segmenter(config, task)
     data = build_reference(config, checkpoint, progress)
-    first = first_errors(task, data.rollouts)
-    labels = Labels(first, localisable_errors(data.reference, first))
+    first, slips = labelled_errors(task, data.rollouts)
+    labels = Labels(first, localisable_errors(data.reference, first), slips)
     prior = most_frequent_position(first, data.reference.differences())
     rows = floor_rows(config, data, labels, prior)
     policy = audited_policy(checkpoint, task, config, *audit_device(config))
@@ -237,7 +237,7 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
     V(s_{e+1}); clean_prefix_gain = their difference (the paper's "a clean prefix corrects more often"); as
     SRPO uses it, the share of resets at each step and top-1 by the first error's position and kind
     (pick_figures)."""
-    first, slips = labels.first, first_slips(task, rollouts)
+    first, slips = labels.first, labels.slips
     rows = [i for i, f in enumerate(first) if f is not None and f < len(reference.values[i]) - 1]
     out: dict[str, Any] = {
         "traces": len(rows), "oracle_step1_share": sum(first[i] == 0 for i in rows) / max(len(rows), 1),
@@ -269,7 +269,7 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
             "reset_success": success / n, "after_error_success": after / n, "clean_prefix_gain": (success - after) / n,
             "tokens_scored_per_trace": spent.tokens_scored / n,
             "tokens_generated_per_trace": spent.tokens_generated / n, **parse_figures(notes),
-            **pick_figures(picks, [first[i] for i in rows], [slips[i] for i in rows])}
+            **pick_figures(picks, [first[i] for i in rows], [slips[i] for i in rows] if slips else ())}
     ran = out["localisers"]
     out["privileged_localisers"] = [n for n in out["privileged_localisers"]  # `self` that asked the policy reads none
                                     if ran.get(n, {}).get("resolved", "value") != "prompt"]

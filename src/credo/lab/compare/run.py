@@ -55,9 +55,8 @@ from credo.lab.compare.presets import Preset, check_reusable, protocol, resolve_
 from credo.lab.compare.report import report, summarise
 from credo.lab.compare.runs import clear_failure, failure_path, run_result
 from credo.lab.show.view import write_audit_page
-from credo.policy.base import read_policy_meta
+from credo.policy import is_tiny_start
 from credo.policy.device import device_name, resolve_device, resolve_dtype
-from credo.policy.smollm import ALIASES
 from credo.train import methods as method_registry
 from credo.train.interrupts import Interrupted
 from credo.train.provenance import loaded_commit
@@ -89,8 +88,7 @@ def check_lora_start(preset: Preset, start: str) -> None:
     rank = preset.train.get("lora", {}).get("r", 0)
     if not rank:
         return
-    tiny = not start or start.startswith(NAMED_START) or (
-        start not in ALIASES and read_policy_meta(start).get("backend") == "tiny")
+    tiny = not start or start.startswith(NAMED_START) or is_tiny_start(start)
     if tiny:
         raise ConfigError(f"compare.lora.r={rank}: LoRA needs a Hugging Face start; "
                           f"{start or f'the default start of {preset.task}'} is a tiny policy, which trains in full "
