@@ -36,8 +36,7 @@ import torch
 
 from credo.core.config import UserError, check
 from credo.core.protocols import Problem, StepTruth
-from credo.tasks.base import (HELDOUT_SEED, VALIDATION_SEED, first_error_and_slip, in_heldout_split,
-                              running_sum_slip)
+from credo.tasks.base import HELDOUT_SEED, VALIDATION_SEED, apply_op, in_heldout_split, running_sum_truth
 
 ALPHABET = "0123456789+-*=#\n ?|"
 PROBE_MARKER = "?"
@@ -119,7 +118,7 @@ class ArithTask:
                 operand = rng.randint(2, 9)
             else:
                 operand = rng.randint(lo, hi)
-            total = _apply(total, op, operand)
+            total = apply_op(total, op, operand)
             ops.append(op)
             terms.append(operand)
         expression = str(terms[0]) + "".join(f"{o}{t}" for o, t in zip(ops, terms[1:]))
@@ -186,7 +185,7 @@ class ArithTask:
         terms, ops = problem.data["terms"], problem.data["ops"]
         lines, total = [], terms[0]
         for op, operand in zip(ops, terms[1:]):
-            new = _apply(total, op, operand)
+            new = apply_op(total, op, operand)
             lines.append(f"{total}{op}{operand}={new}")
             total = new
         return lines + [f"#### {total}"]
@@ -223,32 +222,7 @@ class ArithTask:
         lines = completion.split("\n")
         if lines and lines[-1] == "":
             lines = lines[:-1]
-        n_steps = len(ops)
-        correct: list[bool] = []
-        slips: list[str] = []  # the kind of each line's error ("" where it is right)
-        previous: int | None = terms[0]
-        for k, line in enumerate(lines):
-            if k < n_steps:
-                match = STEP_RE.match(line)
-                parsed = (int(match.group(1)), match.group(2), int(match.group(3)), int(match.group(4))) \
-                    if match else None
-                ok = False
-                if parsed:
-                    left, op, right, result = parsed
-                    ok = (previous is None or left == previous) and op == ops[k] and right == terms[k + 1] \
-                        and result == _apply(left, op, right)
-                slips.append("" if ok else running_sum_slip(parsed, previous, ops[k], terms[k + 1], k == 0,
-                                                            bool(ANSWER_RE.match(line))))
-                previous = parsed[3] if parsed else None
-                correct.append(ok)
-            elif k == n_steps:
-                match = ANSWER_RE.match(line)
-                correct.append(bool(match) and previous is not None and int(match.group(1)) == previous)
-                slips.append("" if correct[-1] else "answer")
-            else:
-                correct.append(False)  # anything after the answer line is an error
-                slips.append("extra")
-        return StepTruth(tuple(correct), *first_error_and_slip(correct, slips, n_steps))
+        return running_sum_truth(lines, terms, ops, STEP_RE, read_answer)
 
     # --- probes and teacher context -----------------------------------------------------------------
     def answer_probe(self, answer: str) -> tuple[str, str]:
@@ -273,5 +247,7 @@ class ArithTask:
         return prefix + template + answer
 
 
-def _apply(left: int, op: str, right: int) -> int:
-    return left + right if op == "+" else left - right if op == "-" else left * right
+def read_answer(line: str) -> str | None:
+    """The answer an answer line (`#### 42`) gives; None for any other line."""
+    match = ANSWER_RE.match(line)
+    return match.group(1) if match else None

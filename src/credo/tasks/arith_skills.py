@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import random
 
-from credo.tasks.arith import LOCALISATION_STEP, ArithTask, _apply
+from credo.tasks.arith import LOCALISATION_STEP, ArithTask
+from credo.tasks.base import apply_op
 from credo.core.protocols import Problem
 
 CORRUPTIONS = ("result", "result", "result", "operand", "carry")
@@ -33,7 +34,7 @@ def corrupted_lines(task: ArithTask, problem: Problem, line: int, rng: random.Ra
         kind, sign = ("result", 1) if last else (rng.choice(CORRUPTIONS), rng.choice((-1, 1)))
         lines, total, ok = [], terms[0], True
         for k, (op, operand) in enumerate(zip(ops, terms[1:])):
-            left, right, result = total, operand, _apply(total, op, operand)
+            left, right, result = total, operand, apply_op(total, op, operand)
             if k == line:
                 left, right, result = _slip(kind, left, op, right, result, sign, rng)
             lines.append(f"{left}{op}{right}={result}")
@@ -53,10 +54,10 @@ def _slip(kind: str, left: int, op: str, right: int, result: int, sign: int,
     """(left, right, result) of a wrong line of `kind` (one of CORRUPTIONS), moved by `sign`."""
     if kind == "operand":
         wrong = rng.choice([d for d in range(10) if d != right])
-        return left, wrong, _apply(left, op, wrong)
+        return left, wrong, apply_op(left, op, wrong)
     if kind == "carry":
         wrong = left + sign * rng.randint(1, 3)
-        return wrong, right, _apply(wrong, op, right)
+        return wrong, right, apply_op(wrong, op, right)
     return left, right, result + sign * rng.randint(1, 3)
 
 
@@ -82,7 +83,7 @@ def scrambled_solution(problem: Problem, rng: random.Random) -> str:
     terms, ops = problem.data["terms"], problem.data["ops"]
     lines, total, true = [], terms[0], terms[0]
     for op, operand in zip(ops, terms[1:]):
-        true = _apply(true, op, operand)
+        true = apply_op(true, op, operand)
         value = rng.randint(0, 10 ** len(str(true)) - 1)  # a result's sign is never written: values stay >= 0
         lines.append(f"{total}{op}{operand}={value}")
         total = value

@@ -11,6 +11,10 @@ concatenation is a correct completion (RREDCoT's and the value localiser's refer
 from __future__ import annotations
 
 import hashlib
+import re
+from typing import Callable
+
+from credo.core.protocols import StepTruth
 
 SLIPS = ("result", "operand", "operator", "carry", "early answer", "unreadable", "answer", "extra", "missing")
 """The kinds of a running-sum solution's first wrong line (StepTruth.first_slip), in the order reports list them:
@@ -18,6 +22,46 @@ a wrong result (the sum must be checked to see it), a miscopied operand or opera
 the first line included), a wrong carried value (the line before's), an answer written before the last step, a
 line that reads as neither, a wrong answer line, text after the answer line, a missing line. A localiser's top-1
 is split by them: a wrong result needs the sum checked; an operand or a carried value only a copy."""
+
+
+INTEGER = re.compile(r"^-?\d+$")
+
+
+def apply_op(left: int, op: str, right: int) -> int:
+    """`left op right` for a running sum's operators (+, -, *)."""
+    return left + right if op == "+" else left - right if op == "-" else left * right
+
+
+def running_sum_truth(lines: list[str], terms: list[int], ops: list[str], step: re.Pattern[str],
+                      read_answer: Callable[[str], str | None]) -> StepTruth:
+    """Which `lines` of a running-sum solution of `terms` joined by `ops` are right: line k (k < len(ops)) must
+    read, by `step` (groups: left, op, right, result), as "previous op term_k+1 = result" with the value the
+    line before wrote (so an error is counted once, where it is made), and the line after them must give the
+    last value as its answer (`read_answer(line)`: the answer text of an answer line, None for any other line);
+    anything after it, or a missing line, is an error. With each first error's kind (running_sum_slip)."""
+    correct: list[bool] = []
+    slips: list[str] = []  # the kind of each line's error ("" where it is right)
+    previous: int | None = terms[0]
+    for k, line in enumerate(lines):
+        if k < len(ops):
+            match = step.match(line)
+            parsed = (int(match.group(1)), match.group(2), int(match.group(3)), int(match.group(4))) \
+                if match else None
+            ok = parsed is not None and (previous is None or parsed[0] == previous) and parsed[1] == ops[k] \
+                and parsed[2] == terms[k + 1] and parsed[3] == apply_op(*parsed[:3])
+            slips.append("" if ok else running_sum_slip(parsed, previous, ops[k], terms[k + 1], k == 0,
+                                                        read_answer(line) is not None))
+            previous = parsed[3] if parsed else None
+        elif k == len(ops):
+            answer = read_answer(line)
+            ok = previous is not None and answer is not None and INTEGER.match(answer) is not None \
+                and int(answer) == previous
+            slips.append("" if ok else "answer")
+        else:
+            ok = False  # anything after the answer line is an error
+            slips.append("extra")
+        correct.append(ok)
+    return StepTruth(tuple(correct), *first_error_and_slip(correct, slips, len(ops)))
 
 
 def running_sum_slip(parsed: tuple[int, str, int, int] | None, previous: int | None, op: str, term: int,

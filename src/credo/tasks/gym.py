@@ -17,7 +17,7 @@ import torch
 
 from credo.core.config import ConfigError, UserError
 from credo.core.protocols import Problem, StepTruth
-from credo.tasks.base import HELDOUT_SEED, first_error_and_slip, running_sum_slip
+from credo.tasks.base import HELDOUT_SEED, running_sum_truth
 from credo.tasks.chat import FreeFormTask
 
 
@@ -61,31 +61,7 @@ def running_sum_step_truth(expression: str, completion: str, extract_answer: Any
     lines = completion.split("\n")
     if lines and lines[-1].strip() == "":
         lines = lines[:-1]
-    correct: list[bool] = []
-    slips: list[str] = []  # the kind of each line's error ("" where it is right)
-    previous: int | None = terms[0]
-    for k, line in enumerate(lines):
-        if k < len(ops):
-            match = STEP_LINE.match(line)
-            parsed = (int(match.group(1)), match.group(2), int(match.group(3)), int(match.group(4))) if match else None
-            ok = False
-            if parsed:
-                left, op, right, result = parsed
-                ok = (previous is None or left == previous) and op == ops[k] and right == terms[k + 1] \
-                    and result == (left + right if op == "+" else left - right)
-            slips.append("" if ok else running_sum_slip(parsed, previous, ops[k], terms[k + 1], k == 0,
-                                                         extract_answer(line) is not None))
-            previous = parsed[3] if parsed else None
-            correct.append(ok)
-        elif k == len(ops):
-            answer = extract_answer(line)
-            correct.append(previous is not None and answer is not None and TERM.match(answer) is not None
-                           and int(answer) == previous)
-            slips.append("" if correct[-1] else "answer")
-        else:
-            correct.append(False)  # anything after the answer line is an error
-            slips.append("extra")
-    return StepTruth(tuple(correct), *first_error_and_slip(correct, slips, len(ops)))
+    return running_sum_truth(lines, terms, ops, STEP_LINE, extract_answer)
 
 
 class GymTask(FreeFormTask):
