@@ -29,7 +29,7 @@ import torch
 
 from credo.lab.audit.config import AuditConfig
 from credo.lab.audit.reference import build_reference
-from credo.lab.audit.report import first_error_top1, split_half_differences, split_half_spearman
+from credo.lab.audit.report import first_error_top1, labelled_errors, split_half_differences, split_half_spearman
 from credo.train.evaluate import complete
 from credo.policy import bind_task, load_policy
 from credo.core.protocols import SamplingConfig
@@ -153,8 +153,7 @@ def main() -> None:
     data = build_reference(config, checkpoint, progress=True)
     rollouts = data.rollouts
     sampled_hist, sampled_wrong = first_error_histogram(task, rollouts.problems, rollouts.completions)
-    first_errors = [None if bool(ok) else task.step_truth(p, t).first_error
-                    for p, t, ok in zip(rollouts.problems, rollouts.completions, rollouts.correct)]
+    first_errors = labelled_errors(task, rollouts)[0]
     summary_path = os.path.join(checkpoint, "sft_summary.json")
     sft = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
     sharp = reference_sharpness(data, first_errors)

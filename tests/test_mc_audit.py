@@ -228,7 +228,7 @@ def test_sc_grpo_is_also_scored_on_the_rows_it_weights_with_their_share():
     for i in (2, 3):  # the weighted wrong rows: most negative at the first error
         seg[i][first[i]] = -1.0
     reference = [torch.tensor([0.0, -0.5, -0.5]) for _ in range(8)]
-    labels = Labels(first, [None] * 8)
+    labels = Labels(first, [None] * 8, [None if f is None else "result" for f in first])
     cost = {"tokens_scored_per_trace": 1.0, "tokens_generated_per_trace": 0.0, "seconds_per_trace": 0.0}
     blended = score_row(seg, reference, labels, cost, 10.0)
     methods = [("sc_grpo", "sc_grpo", credit.get("sc_grpo").make_config({}))]

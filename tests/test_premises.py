@@ -30,6 +30,7 @@ RIGHT = "3+4=7\n7+5=12\n12+6=18\n18+7=25\n#### 25"
 TEXTS = [RIGHT, "3+4=7\n7+5=13\n13+6=19\n19+7=26\n#### 26", "3+4=7\n7+5=12\n12+6=17\n17+7=24\n#### 24",
          "3+4=8\n8+5=13\n13+6=19\n19+7=26\n#### 26"]
 FIRST = [None, 1, 2, 0]
+SLIPS = [None, "result", "result", "result"]  # each wrong trace's first line has a wrong sum
 
 
 class StubPolicy:
@@ -78,6 +79,18 @@ def batch(policy):
     return task, rollouts_of(policy, task, TEXTS, CHAIN)
 
 
+def test_each_wrong_trace_is_labelled_with_its_first_error_and_its_kind(batch):
+    from types import SimpleNamespace
+    from credo.lab.audit.report import labelled_errors
+    task, rollouts = batch
+    assert labelled_errors(task, rollouts) == (FIRST, SLIPS)
+    carried = rollouts.with_fields(completions=[RIGHT, "3+4=7\n8+5=13\n13+6=19\n19+7=26\n#### 26", RIGHT, RIGHT],
+                                   correct=torch.tensor([True, False, True, True]))
+    assert labelled_errors(task, carried) == ([None, 1, None, None], [None, "carry", None, None])
+    unlabelled = SimpleNamespace(has_step_labels=False)
+    assert labelled_errors(unlabelled, rollouts) == ([None] * 4, [None] * 4)
+
+
 def test_a_teacher_that_ignores_its_context_gains_nothing_and_is_not_warned(policy, batch):
     task, rollouts = batch
     check = teacher_gain(rollouts, StubPolicy(policy, bump=0.0), task)
@@ -118,7 +131,7 @@ def test_a_localiser_that_always_answers_step_1_scores_the_step1_share(policy, b
     values = [torch.tensor([0.5] * 5 + [float(r)]) for r in rollouts.rewards.tolist()]
     reference = MCValues(values, [torch.zeros(5, 2) for _ in values])
     config = AuditConfig(n=4, group_size=4, localisers=("always_one", "oracle"))
-    out = audit_localisers(config, rollouts, segment_ids, reference, Labels(FIRST, FIRST), policy, task, False)
+    out = audit_localisers(config, rollouts, segment_ids, reference, Labels(FIRST, FIRST, SLIPS), policy, task, False)
     one = out["localisers"]["always_one"]
     assert one["localisation_top1"] == pytest.approx(out["oracle_step1_share"]) == pytest.approx(1 / 3)
     assert one["step1_share"] == 1.0 and math.isnan(one["parse_rate"])
@@ -137,7 +150,7 @@ def test_the_audit_hands_its_reply_limit_to_the_localiser(policy, batch, monkeyp
     reference = MCValues(values, [torch.zeros(5, 2) for _ in values])
     for config in (AuditConfig(n=4, group_size=4, localisers=("records",)),
                    AuditConfig(n=4, group_size=4, localisers=("records",), localiser_max_new_tokens=256)):
-        audit_localisers(config, rollouts, segment_ids, reference, Labels(FIRST, FIRST), policy, task, False)
+        audit_localisers(config, rollouts, segment_ids, reference, Labels(FIRST, FIRST, SLIPS), policy, task, False)
     assert limits == [4096, 256]  # SRPO's limit unless the audit caps it
     with pytest.raises(ConfigError, match="audit.localiser_max_new_tokens"):
         AuditConfig(localiser_max_new_tokens=0)

@@ -55,8 +55,8 @@ def load_policy(path: str, device: str | torch.device = "cpu", lora: LoraSetting
 
 
 def is_tiny_start(path: str) -> bool:
-    """Whether `path` holds a tiny policy (which trains in full, float32): the one test that `load_policy` and a
-    command refusing LoRA before any work both make. An alias names a Hugging Face model."""
+    """Whether `path` holds a tiny policy (which trains in full, float32): the test `load_policy` makes, and a
+    command refusing LoRA before any work makes with it. An alias names a Hugging Face model."""
     return path not in ALIASES and read_policy_meta(path).get("backend") == "tiny"
 
 

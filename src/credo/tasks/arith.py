@@ -203,8 +203,7 @@ class ArithTask:
         lines = [line for line in completion.split("\n") if line != ""]
         if not lines:
             return None
-        match = ANSWER_RE.match(lines[-1].strip())
-        return match.group(1) if match else None
+        return read_answer(lines[-1].strip())
 
     def is_correct(self, problem: Problem, completion: str) -> bool:
         return self.extract_answer(completion) == problem.answer

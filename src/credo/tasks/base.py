@@ -1,4 +1,5 @@
-"""What the tasks share: the fixed seeds and the held-out split. What a task is (the `Task` protocol: problems with a
+"""What the tasks share: the fixed seeds, the held-out split, and the step truth of a running-sum solution (its
+lines judged, each first error's kind: SLIPS). What a task is (the `Task` protocol: problems with a
 prompt and a gold answer, a verifier, and optionally step truth) is credo.core.protocols.
 
 Tasks also own everything that depends on the answer format, so estimators stay task-agnostic:

@@ -17,11 +17,10 @@ import torch
 
 from credo.core.config import ConfigError, UserError
 from credo.core.protocols import Problem, StepTruth
-from credo.tasks.base import HELDOUT_SEED, running_sum_truth
+from credo.tasks.base import HELDOUT_SEED, INTEGER, running_sum_truth
 from credo.tasks.chat import FreeFormTask
 
 
-TERM = re.compile(r"^-?\d+$")
 STEP_LINE = re.compile(r"^\s*(-?\d+)\s*([+-])\s*(-?\d+)\s*=\s*(-?\d+)\s*$")
 
 
@@ -32,7 +31,7 @@ def running_sum_solution(expression: object) -> str | None:
     if not isinstance(expression, str):
         return None
     tokens = expression.split()
-    if len(tokens) < 3 or len(tokens) % 2 == 0 or not all(TERM.match(t) for t in tokens[::2]) \
+    if len(tokens) < 3 or len(tokens) % 2 == 0 or not all(INTEGER.match(t) for t in tokens[::2]) \
             or not all(op in "+-" and len(op) == 1 for op in tokens[1::2]):
         return None
     total, lines = int(tokens[0]), []

@@ -6,7 +6,7 @@ docs/methods.md, "## How fidelity is judged"), and the table and plot written ne
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -111,12 +111,6 @@ def localisable_errors(reference: MCValues, first_errors: Sequence[int | None]) 
     return out
 
 
-def first_errors(task: Any, rollouts: Any) -> list[int | None]:
-    """Each trace's labelled first wrong step: None for a right trace, and for every trace of a task without
-    step labels."""
-    return labelled_errors(task, rollouts)[0]
-
-
 def labelled_errors(task: Any, rollouts: Any) -> tuple[list[int | None], list[str | None]]:
     """Each trace's labelled first wrong step and its kind (StepTruth.first_slip: result, operand, carry, ...),
     from one step truth per wrong trace: (first, slips), each None for a right trace, and for every trace of a
@@ -171,11 +165,11 @@ def split_half_spearman(reference: MCValues) -> float:
 class Labels:
     """first: labelled first wrong step per row (None for correct or unlabelled rows); localisable:
     the same where the reference drops by >= LOCALISABLE_DROP there; slips: the first error's kind per row
-    (empty: not known)."""
+    (labelled_errors; None where it is not known)."""
 
     first: list[int | None]
     localisable: list[int | None]
-    slips: list[str | None] = field(default_factory=list)
+    slips: list[str | None]
 
 
 def weight_concentration(weights: torch.Tensor | None, mask: torch.Tensor) -> dict[str, float]:
@@ -229,8 +223,7 @@ def routed_rows(methods: list[tuple[str, str, Any]], credits: dict[str, list[tor
             continue
         keep = weighted_group_rows(rollouts, options.single_correct)
         credit = credits[label]
-        sub = Labels([labels.first[i] for i in keep], [labels.localisable[i] for i in keep],
-                     [labels.slips[i] for i in keep] if labels.slips else [])
+        sub = Labels(*([column[i] for i in keep] for column in (labels.first, labels.localisable, labels.slips)))
         cost = {k: rows[label][k] for k in ("tokens_scored_per_trace", "tokens_generated_per_trace",
                                             "seconds_per_trace")}
         row = score_row([credit[i] for i in keep], [reference[i] for i in keep], sub, cost, trace_tokens)

@@ -269,7 +269,7 @@ def audit_localisers(config: AuditConfig, rollouts: Rollouts, segment_ids: torch
             "reset_success": success / n, "after_error_success": after / n, "clean_prefix_gain": (success - after) / n,
             "tokens_scored_per_trace": spent.tokens_scored / n,
             "tokens_generated_per_trace": spent.tokens_generated / n, **parse_figures(notes),
-            **pick_figures(picks, [first[i] for i in rows], [slips[i] for i in rows] if slips else ())}
+            **pick_figures(picks, [first[i] for i in rows], [slips[i] for i in rows])}
     ran = out["localisers"]
     out["privileged_localisers"] = [n for n in out["privileged_localisers"]  # `self` that asked the policy reads none
                                     if ran.get(n, {}).get("resolved", "value") != "prompt"]
