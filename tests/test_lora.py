@@ -350,6 +350,30 @@ def test_an_audit_caches_an_adapters_reference_by_its_base_too(lora_run, tmp_pat
     assert len(set(keys.values())) == 2  # the same adapter weights on two bases: two references
 
 
+def test_a_compacted_adapter_is_half_the_bytes_and_loads_as_its_weights_rounded(lora_run, tmp_path, capsys):
+    import runpy
+    final = os.path.join(lora_run, "final")
+    out = str(tmp_path / "compact")
+    script = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "scripts", "compact_adapter.py"))
+    assert script["main"]([final, out]) == 0 and "bfloat16" in capsys.readouterr().out
+    original, compact = adapter_tensors(final), adapter_tensors(out)
+    assert compact.keys() == original.keys() and all(v.dtype == torch.bfloat16 for v in compact.values())
+    def payload(tensors):
+        return sum(v.numel() * v.element_size() for v in tensors.values())
+    assert 2 * payload(compact) == payload(original)  # the file's header aside, half the bytes
+    assert json.load(open(os.path.join(out, "policy.json")))["adapter"]["stored_dtype"] == "bfloat16"
+    loaded = {k: v for k, v in load_policy(out).model.named_parameters() if "lora_" in k}
+    assert loaded and all(v.dtype == torch.float32 for v in loaded.values())
+    rounded = {k: v.to(torch.bfloat16).float() for k, v in original.items()}
+    for name, value in loaded.items():  # peft's names carry the adapter's name; the file's do not
+        key = name.replace(".default", "")
+        assert torch.equal(value.detach(), rounded[key]), name
+    assert not all(torch.equal(rounded[k], original[k]) for k in original)  # the rounding is real
+    assert script["main"]([final, out]) == 2  # never over what exists
+    assert "exists" in capsys.readouterr().err
+    assert script["main"]([str(tmp_path), str(tmp_path / "other")]) == 2
+
+
 def test_peft_reads_the_saved_adapter_as_its_own(lora_run, hf_dir):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -23,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from credo.core.config import MAX_LORA_RANK, UserError, check, check_in
+from credo.core.files import atomic_directory, atomic_write_json
 from credo.core.state_io import CorruptStateError
 from credo.policy.base import read_policy_meta
 from credo.policy.smollm import ALIASES, ensure_smollm2
@@ -221,6 +223,38 @@ class AdapterDisabled:
         """policy.score(...) with the adapters off: (logprobs[B, T], entropy[B, T] or None)."""
         with self.policy.model.disable_adapter():
             return self.policy.score(*args, **kwargs)
+
+
+STORED_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The dtypes a compacted adapter's weights may be stored in (compact_adapter): half float32's bytes."""
+
+
+def compact_adapter(directory: str, out: str, dtype: str = "bfloat16") -> dict[str, Any]:
+    """A copy at `out` (a new directory) of the adapter saved in `directory`, its weights stored in `dtype`
+    (STORED_DTYPES): a start small enough to commit. What loads is the weights rounded to `dtype`, cast back to
+    the model's on load; policy.json says so (`adapter.stored_dtype`), every other file is copied as it is. A
+    start, not a checkpoint to resume (a resume needs its float32 state). -> {'adapter', 'out', 'dtype',
+    'bytes_before', 'bytes_after', 'max_rounding'}."""
+    check(dtype in STORED_DTYPES, f"compact_adapter.dtype must be one of {', '.join(STORED_DTYPES)}, got {dtype!r}")
+    meta = adapter_meta(directory)
+    if meta is None:
+        raise UserError(f"{directory} is not a LoRA adapter (its policy.json names no base): nothing to compact")
+    if os.path.exists(out):
+        raise UserError(f"{out} exists; compact_adapter writes a new directory and overwrites nothing")
+    source = os.path.join(directory, ADAPTER_WEIGHTS)
+    tensors = load_file(source)
+    stored = {k: v.to(STORED_DTYPES[dtype]).contiguous() for k, v in tensors.items()}
+    rounding = max((float((v.float() - tensors[k].float()).abs().max()) for k, v in stored.items()), default=0.0)
+    with atomic_directory(out) as tmp:
+        for name in sorted(os.listdir(directory)):
+            if name not in (ADAPTER_WEIGHTS, "policy.json") and os.path.isfile(os.path.join(directory, name)):
+                shutil.copy2(os.path.join(directory, name), os.path.join(tmp, name))
+        save_file(stored, os.path.join(tmp, ADAPTER_WEIGHTS))
+        policy = read_policy_meta(directory)
+        policy["adapter"] = {**meta, "stored_dtype": dtype}
+        atomic_write_json(os.path.join(tmp, "policy.json"), policy)
+    return {"adapter": directory, "out": out, "dtype": dtype, "bytes_before": os.path.getsize(source),
+            "bytes_after": os.path.getsize(os.path.join(out, ADAPTER_WEIGHTS)), "max_rounding": rounding}
 
 
 def merge_adapter(directory: str, out: str, load: Callable[[str], Any]) -> dict[str, Any]:
