@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"compact_adapter: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the copy is written whole or not at all
+        print(f"compact_adapter: interrupted; {args.out} was not written", file=sys.stderr)
+        return 130
     print(f"{done['out']}: {done['bytes_before']:,} -> {done['bytes_after']:,} bytes ({done['dtype']}; largest "
           f"rounding of a weight {done['max_rounding']:.2e})")
     return 0
