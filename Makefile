@@ -24,7 +24,7 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium) || echo "no chromium: the browser test will be skipped"
-	$(BIN)/python -m pytest -q -m slow -n 0  # one at a time: these train real models and time signals
+	$(BIN)/python -m pytest -q -m slow
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
