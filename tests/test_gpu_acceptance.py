@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from credo.lab.audit.report import plot_audit
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -33,6 +35,7 @@ def dry_run(tmp_path, *flags: str) -> tuple[str, str]:
     return done.stdout, str(out)
 
 
+@pytest.mark.slow  # sft, audit, compare, TRL and verl each in a process of its own (~2 min); each is tested alone
 def test_the_acceptance_dry_run_passes_every_check_and_writes_only_under_its_out_dir(tmp_path):
     printed, out = dry_run(tmp_path)
     for check in CHECKS:

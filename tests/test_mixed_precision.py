@@ -110,7 +110,7 @@ class _Reached(Exception):
                                            ("eval", "credo.policy.load_policy"),
                                            ("audit", "credo.lab.audit.reference.load_policy"),
                                            ("show", "credo.lab.show.view.load_policy"),
-                                           ("sft", "credo.policy.load_policy")])
+                                           ("sft", "credo.train.sft_hf.load_policy")])
 def test_every_command_loads_its_model_for_mixed_precision(command, where, hf_dir, tmp_path, monkeypatch):
     asked = []
 
