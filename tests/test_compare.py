@@ -854,6 +854,11 @@ def test_a_run_result_records_the_overlong_penalty_it_applied_fitted_or_as_set(t
     assert overlong_sentences({"methods": {"dapo": {"seeds": {"0": filled}}}}, str) == [
         "dapo applies no overlong penalty: fitted to the task, its buffer is 0 (the longest worked solution of 256 "
         "training problems, 96 tokens, fills the 96-token limit)."]
+    both = {"methods": {"dapo": {"seeds": {"0": fitted}}, "dapo:of=rloo": {"seeds": {"0": fitted, "1": fitted}}}}
+    assert overlong_sentences(both, str) == [  # one penalty, one sentence naming every method that applied it
+        "dapo and dapo:of=rloo penalise completions that reach into the last 1 of 96 new tokens (DAPO's overlong "
+        "penalty), fitted to the task so that no worked solution of 256 training problems reaches it (the longest "
+        "is 95 tokens)."]
     results = _synthetic({"grpo": [0.5, 0.6], "dapo": [0.5, 0.6], "dapo:overlong_fit_task=false": [0.5, 0.6]},
                          {"grpo": [None, None], "dapo": [None, None], "dapo:overlong_fit_task=false": [None, None]})
     for seed in results["methods"]["dapo"]["seeds"].values():

@@ -333,3 +333,26 @@ def test_the_best_credit_method_must_beat_the_strongest_baseline_not_only_grpo()
     assert goal["evidence"].startswith("the strongest baseline is dapo (0.470, GRPO 0.420); the only credit method, "
                                        "rredcot: +1.5")
     assert "reaches dapo's mean final on 3/3 seeds, with 0.40x the tokens dapo's curves took" in goal["evidence"]
+
+
+def test_every_credit_method_is_set_against_a_strongest_baseline_other_than_grpo_as_one_corrected_family():
+    dapo = [_run(0.45, 100_000), _run(0.47, 100_000), _run(0.49, 100_000)]
+    rredcot = [_run(0.46, 40_000), _run(0.49, 40_000), _run(0.505, 40_000)]
+    sc_grpo = [_run(0.44, None), _run(0.45, None), _run(0.50, None)]
+    control = [_run(0.40, None), _run(0.41, None), _run(0.42, None)]
+    assert _results({"grpo": GRPO, "rredcot": rredcot})["vs_strongest_baseline"] is None  # the main table has it
+    results = _results({"grpo": GRPO, "dapo": dapo, "rredcot": rredcot, "sc_grpo": sc_grpo,
+                        "shuffled:of=sc_grpo:level=token": control})
+    table = results["vs_strongest_baseline"]
+    assert table["baseline"] == "dapo" and [row["method"] for row in table["rows"]] == ["rredcot", "sc_grpo"]
+    rows = {row["method"]: row["delta"] for row in table["rows"]}
+    assert abs(rows["rredcot"]["mean"] - 0.015) < 1e-9 and abs(rows["sc_grpo"]["mean"] - (-0.0067)) < 1e-4
+    assert {d["family"] for d in rows.values()} == {"every credit method vs dapo, final accuracy"}
+    assert {d["family_size"] for d in rows.values()} == {2}
+    p = sorted((rows["rredcot"]["p"], rows["sc_grpo"]["p"]))
+    assert sorted(d["p_holm"] for d in rows.values()) == [2 * p[0], max(2 * p[0], p[1])]
+    text = report(results)
+    assert "## Credit methods against the strongest baseline, dapo" in text
+    low, high = rows["rredcot"]["ci_simultaneous"]
+    assert (f"| rredcot † | +1.5 [{100 * rows['rredcot']['ci'][0]:+.1f}, {100 * rows['rredcot']['ci'][1]:+.1f}] | "
+            f"Holm p {rows['rredcot']['p_holm']:.3f}; [{100 * low:+.1f}, {100 * high:+.1f}] |") in text

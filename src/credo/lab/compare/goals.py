@@ -164,6 +164,18 @@ def strongest_baseline(results: dict[str, Any]) -> str:
     return best if results["methods"].get(best, {}).get("final_mean") is not None else "grpo"
 
 
+def vs_strongest_baseline(results: dict[str, Any]) -> dict[str, Any] | None:
+    """Every credit method against the strongest baseline where that is not GRPO (the main table has GRPO):
+    {baseline, rows: [{method, delta}]}, the rows corrected as one family (stats.correct_family); None where
+    GRPO is the strongest."""
+    base = strongest_baseline(results)
+    if base == "grpo":
+        return None
+    rows = [{"method": m, "delta": _vs(results, m, base)} for m in credit_methods(results["methods"])]
+    correct_family([row["delta"] for row in rows], f"every credit method vs {base}, final accuracy")
+    return {"baseline": base, "rows": rows}
+
+
 def _vs(results: dict[str, Any], name: str, base: str) -> dict[str, Any]:
     """`name`'s paired difference of final accuracy to `base` (delta_vs_grpo where base is GRPO)."""
     if base == "grpo":

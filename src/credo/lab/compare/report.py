@@ -19,7 +19,7 @@ from credo.lab.compare.premise_report import premise_lines
 from credo.lab.compare.unequal import unequal_lines, unequal_reading
 from credo.train.provenance import short
 from credo.lab.compare.goals import (corrected, goals, points, points_corrected, privilege_mark,
-                                     unprivileged)
+                                     unprivileged, vs_strongest_baseline)
 from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, VS_GRPO_FAMILY, control_pairs,
                                      correct_family, equal_updates, figure, grpo_first_evaluations, method_clipping,
                                      paired, paired_deltas, resolution, tokens_to_reach)
@@ -74,6 +74,7 @@ def summarise(results: dict[str, Any]) -> None:
     correct_family([e["delta_vs_grpo"] for name, e in results["methods"].items() if name != "grpo"], VS_GRPO_FAMILY)
     results["equal_updates"] = equal_updates(results)
     results["controls"] = control_pairs(results)
+    results["vs_strongest_baseline"] = vs_strongest_baseline(results)
 
 
 def _seeds_needed(interval: dict[str, Any] | None) -> str:
@@ -259,6 +260,24 @@ def controls_lines(results: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def strongest_baseline_lines(results: dict[str, Any]) -> list[str]:
+    """The table of every credit method against the strongest baseline, where that is not GRPO."""
+    table = results.get("vs_strongest_baseline")
+    if not table:
+        return []
+    base = shown_name(results, table["baseline"])
+    lines = [f"## Credit methods against the strongest baseline, {base}", "",
+             f"{base} ends above GRPO, so a credit method must beat it (the goals below judge against it). "
+             f"Δ = method − {base}, final accuracy, points, paired by seed [95% interval]; corrected for the family "
+             f"of every credit method against {base} (Holm-adjusted p; simultaneous 95% interval).", "",
+             f"| method | Δ vs {base} | corrected | seeds to resolve Δ ({100 * POWER:.0f}% power) |",
+             "|---|---|---|---|"]
+    for row in table["rows"]:
+        lines.append(f"| {shown_name(results, row['method'])} | {points(row['delta'])} | {corrected(row['delta'])} | "
+                     f"{_seeds_needed(row['delta'])} |")
+    return lines + [""]
+
+
 def report(results: dict[str, Any]) -> str:
     estimate = results.get("estimate", {}).get("seconds")
     lines = [f"# credo compare ({results['preset']})", "",
@@ -271,7 +290,7 @@ def report(results: dict[str, Any]) -> str:
              *([f"Note: {results['note']}", ""] if results.get("note") else []),
              *commit_lines(results), *protocol_lines(results), "",
              f"## At equal generated tokens ({results['token_budget']:,} per run)", "", *main_table(results), "",
-             *equal_updates_lines(results), *controls_lines(results),
+             *strongest_baseline_lines(results), *equal_updates_lines(results), *controls_lines(results),
              *unequal_lines(results, lambda m: shown_name(results, m)),
              *premise_lines(results, lambda m: shown_name(results, m)), "## Reading", "", reading(results)]
     return "\n".join(lines) + "\n"

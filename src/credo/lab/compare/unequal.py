@@ -20,29 +20,36 @@ def unequal_lines(results: dict[str, Any], shown: Callable[[str], str]) -> list[
 
 
 def overlong_sentences(results: dict[str, Any], shown: Callable[[str], str]) -> list[str]:
-    """One sentence per method whose runs applied DAPO's overlong penalty (runs.run_overlong): where it starts,
-    and whether it was fitted to the task's worked solutions."""
-    out = []
+    """One sentence per distinct overlong penalty the methods' runs applied (runs.run_overlong): where it starts,
+    and whether it was fitted to the task's worked solutions, naming every method that applied it."""
+    applied: dict[tuple[str, str, str], list[str]] = {}  # (verb, its plural, the rest of the sentence) -> methods
     for name, entry in results["methods"].items():
         runs = [r["overlong"] for r in entry.get("seeds", {}).values() if r.get("overlong")]
-        if not runs:
-            continue
-        first = runs[0]  # a method's seeds share its config; the buffer, fitted per run, is listed over them
-        buffer = "/".join(str(b) for b in sorted({r["buffer"] for r in runs}))
-        longest = first.get("longest_worked_solution")
-        if buffer == "0":
-            out.append(f"{shown(name)} applies no overlong penalty: fitted to the task, its buffer is 0 (the "
-                       f"longest worked solution of {first['fit_problems']} training problems, {longest} tokens, "
-                       f"fills the {first['max_new_tokens']}-token limit).")
-            continue
-        if longest is not None:
-            how = (f"fitted to the task so that no worked solution of {first['fit_problems']} training problems "
-                   f"reaches it (the longest is {longest} tokens)")
-        else:
-            how = "as set, not fitted to the task: a correct solution that long is penalised too"
-        out.append(f"{shown(name)} penalises completions that reach into the last {buffer} of "
-                   f"{first['max_new_tokens']} new tokens (DAPO's overlong penalty), {how}.")
+        if runs:
+            applied.setdefault(_overlong_penalty(runs), []).append(shown(name))
+    out = []
+    for (verb, plural, rest), names in applied.items():
+        subject = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        out.append(f"{subject} {verb if len(names) == 1 else plural} {rest}")
     return out
+
+
+def _overlong_penalty(runs: list[dict[str, Any]]) -> tuple[str, str, str]:
+    """(verb, its plural, the rest of the sentence) describing the overlong penalty of one method's runs."""
+    first = runs[0]  # a method's seeds share its config; the buffer, fitted per run, is listed over them
+    buffer = "/".join(str(b) for b in sorted({r["buffer"] for r in runs}))
+    longest = first.get("longest_worked_solution")
+    if buffer == "0":
+        return "applies", "apply", (f"no overlong penalty: fitted to the task, its buffer is 0 (the longest worked "
+                                    f"solution of {first['fit_problems']} training problems, {longest} tokens, fills "
+                                    f"the {first['max_new_tokens']}-token limit).")
+    if longest is not None:
+        how = (f"fitted to the task so that no worked solution of {first['fit_problems']} training problems "
+               f"reaches it (the longest is {longest} tokens)")
+    else:
+        how = "as set, not fitted to the task: a correct solution that long is penalised too"
+    return "penalises", "penalise", (f"completions that reach into the last {buffer} of {first['max_new_tokens']} "
+                                     f"new tokens (DAPO's overlong penalty), {how}.")
 
 
 def clipping_lines(results: dict[str, Any], shown: Callable[[str], str]) -> list[str]:
