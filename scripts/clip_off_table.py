@@ -89,7 +89,7 @@ def markdown(table: list[dict[str, Any]]) -> str:
     lines = [head]
     for r in table:
         d = r["delta"]
-        ci = f"[{100 * d['ci'][0]:+.1f}, {100 * d['ci'][1]:+.1f}]" if d.get("ci") else "—"
+        ci = f"[{100 * d['ci'][0]:+.1f}, {100 * d['ci'][1]:+.1f}]" if d.get("ci") else "(one seed: no interval)"
         holm = f"{d['p_holm']:.3f}" if "p_holm" in d else "—"
         update = f"{r['off_update']:.3g}" if r["off_update"] is not None else "—"
         lines.append(f"| {r['label']} | {','.join(map(str, r['seeds']))} | {r['on']:.3f} | {r['off']:.3f} | "
