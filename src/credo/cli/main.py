@@ -26,7 +26,7 @@ from credo.train.interrupts import Interrupted, signals_raise
 COMMANDS = (methods, sft, train, audit, merge, compare, show, eval_command)
 """The subcommands' modules, in the order `credo --help` lists them; each has `add_parser(sub)`."""
 
-STOPPABLE = ("train", "compare")
+STOPPABLE = ("train", "compare", "sft")
 """The commands a signal stops in one line (credo.train.interrupts): the long-running ones, which can go on."""
 
 

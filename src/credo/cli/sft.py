@@ -11,6 +11,7 @@ from credo.cli.options import add_config_options, add_force_option, input_paths,
 from credo.core.config import MAX_HELD_OUT, ConfigError, from_dict, load_config, merge, to_dict, user_settings
 from credo.core.outputs import claim_output
 from credo.core.terminal import escape_controls
+from credo.train.interrupts import Interrupted
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -47,11 +48,16 @@ def cmd_sft(args: argparse.Namespace) -> int:
     # before training: refuse a foreign --out up front
     check_snapshots_dir(args.snapshots, args.out)
     claim_output(require_out(args), "sft", force=args.force, inputs=input_paths(args.config))
-    if args.snapshots:  # trained here, beside its snapshots: the cache (and a start it holds) is left alone
-        path = os.path.join(args.snapshots, "final")
-        train_sft(config, path, progress=not args.quiet, snapshots=args.snapshots)
-    else:
-        path = ensure_sft(config, force=args.retrain, progress=not args.quiet)
+    try:
+        if args.snapshots:  # trained here, beside its snapshots: the cache (and a start it holds) is left alone
+            path = os.path.join(args.snapshots, "final")
+            train_sft(config, path, progress=not args.quiet, snapshots=args.snapshots)
+        else:
+            path = ensure_sft(config, force=args.retrain, progress=not args.quiet)
+    except Interrupted as stop:
+        raise stop.explained(f"stopped by {stop.name}; the tiny SFT keeps no part-way state: the same command "
+                             "trains it from the start" + (" (given an empty --snapshots)" if args.snapshots else
+                                                           "")) from None
     copy_checkpoint(path, args.out)
     summary_path = os.path.join(args.out, "sft_summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
@@ -71,6 +77,7 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
     from credo.policy.device import autocast_dtype, resolve_device, resolve_dtype
     from credo.train.evaluate import evaluate
     from credo.train.sft_hf import HFSFTConfig, check_sft_inputs, train_hf_sft
+    from credo.train.sft_resume import RESUME_DIR
     flags = {k: v for k, v in (("task", args.task), ("start", args.start), ("device", args.device)) if v}
     config = load_config(HFSFTConfig, args.config, args.set, prefix="sft.", flags=flags)
     if args.help_config:
@@ -79,12 +86,19 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
         raise ConfigError(f"--task {config.task} has a tiny-GPT SFT start; drop --start (a Hugging Face model "
                           "trains on gym:<dataset> or jsonl:<path> worked solutions)")
     task = check_sft_inputs(config)  # the task, its worked solutions and the start: before --out is touched
-    check_snapshots_dir(args.snapshots, args.out)
+    resuming = bool(args.out) and not args.retrain and os.path.isdir(os.path.join(args.out, RESUME_DIR))
+    check_snapshots_dir(args.snapshots, args.out, resuming)
     finished = os.path.isfile(os.path.join(require_out(args), "sft_summary.json"))
     if (claim_output(args.out, "sft", force=args.force, inputs=input_paths(args.config, config.start, config.task))
             and finished and not args.retrain):
         raise ConfigError(f"--out {args.out} already holds an SFT start; pass --retrain to train it again")
-    summary = train_hf_sft(config, args.out, progress=not args.quiet, task=task, snapshots=args.snapshots)
+    if resuming and not args.quiet:
+        print(f"credo sft: going on from the part-way SFT in {escape_controls(os.path.join(args.out, RESUME_DIR))}")
+    try:
+        summary = train_hf_sft(config, args.out, progress=not args.quiet, task=task, snapshots=args.snapshots,
+                               resume=not args.retrain)
+    except Interrupted as stop:
+        raise stop.explained(where_stopped(args.out, stop.name)) from None
     device = resolve_device(config.device, "sft.device")
     result = evaluate(load_policy(args.out, device=device, dtype=resolve_dtype(config.dtype, device, "sft.dtype"),
                                   autocast=autocast_dtype(config.dtype)),
@@ -96,13 +110,27 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_snapshots_dir(path: str, out: str | None) -> None:
+def where_stopped(out: str, signal_name: str) -> str:
+    """The one line a stopped Hugging Face SFT ends with: the step its part-way state holds, and how to go on."""
+    from credo.train.sft_resume import RESUME_DIR, saved_step
+    step = saved_step(os.path.join(out, RESUME_DIR))
+    if step is None:
+        return f"stopped by {signal_name} before its first validation check; the same command starts it again"
+    return (f"stopped by {signal_name}; {os.path.join(out, RESUME_DIR)} holds the SFT at step {step}, its last "
+            "validation check: the same command goes on from there (--retrain: from the start)")
+
+
+def check_snapshots_dir(path: str, out: str | None, resuming: bool = False) -> None:
     """--snapshots names a new or empty directory apart from --out: snapshots are never written over what is
-    there, and the start's atomic write into --out never replaces them (nor they it)."""
+    there, and the start's atomic write into --out never replaces them (nor they it). An SFT going on from its
+    part-way state (`resuming`) keeps adding to the snapshots its earlier checks wrote (step-N folders only)."""
     if not path:
         return
-    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
-        raise ConfigError(f"sft --snapshots {path}: not a new or empty directory")
+    found = os.listdir(path) if os.path.isdir(path) else []
+    earlier = resuming and all(name.startswith("step-") for name in found)
+    if os.path.exists(path) and (not os.path.isdir(path) or (found and not earlier)):
+        raise ConfigError(f"sft --snapshots {path}: not a new or empty directory"
+                          + (" (nor one holding only this SFT's earlier step-N snapshots)" if resuming else ""))
     if out:
         snapshots, start = os.path.realpath(path), os.path.realpath(out)
         if os.path.commonpath([snapshots, start]) in (snapshots, start):
@@ -124,7 +152,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_config_options(p, "SFTConfig (HFSFTConfig with --start)", "--set max_steps=800")
     p.add_argument("--preset", default="", help="a named tiny-GPT SFT start instead of --task's default, e.g. "
                    "arith-long-skilled or arith-long-first (a policy field selects it as 'sft:<name>')")
-    p.add_argument("--retrain", action="store_true", help="retrain even when a cached or packaged start exists")
+    p.add_argument("--retrain", action="store_true", help="retrain even when a cached or packaged start exists; "
+                   "with --start, train from the start instead of going on from a part-way SFT that --out holds")
     p.add_argument("--snapshots", default="", help="keep the policy of every validation check as a start of its "
                    "own in SNAPSHOTS/step-N (a new or empty directory), to trace or choose a start by more than its "
                    "accuracy, on the validation split (docs/results/arith-long-skilled/scripts/snapshot_premises.py); "

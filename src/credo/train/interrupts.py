@@ -1,6 +1,6 @@
 """Ctrl-C, `kill` and a closed terminal: a command stops in one line, leaves nothing running, and can go on.
 
-`credo train` and `credo compare` turn SIGINT (Ctrl-C), SIGTERM (`kill PID`, `timeout`, a job scheduler) and
+`credo train`, `credo compare` and `credo sft` turn SIGINT (Ctrl-C), SIGTERM (`kill PID`, `timeout`, a job scheduler) and
 SIGHUP (a closed terminal) into `Interrupted`, a BaseException: it unwinds through every `finally` and context
 manager, so a run's lock is released and a half-written checkpoint's temporary directory removed (the last
 whole checkpoint stays the last one), and no `except Exception` takes it for a run's failure. The command then

@@ -41,6 +41,7 @@ from credo.policy.device import autocast_dtype, check_device_fields, resolve_dev
 from credo.train.evaluate import evaluate
 from credo.tasks.gym_skills import REPLIES, localisation_example
 from credo.train.sft import VALIDATION_SEED, draw_kind, write_start
+from credo.train.sft_resume import Progress, load_progress, save_progress, trained_weights
 from credo.policy.smollm import ALIASES
 from credo.tasks import make_task
 from credo.policy.hf_folder import refuse_custom_code
@@ -199,11 +200,13 @@ def check_sft_inputs(config: HFSFTConfig):  # noqa: ANN201
 
 
 def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=None,  # noqa: ANN001
-                 snapshots: str = "") -> dict:
+                 snapshots: str = "", resume: bool = True) -> dict:
     """Fine-tune `config.start` on `config.task`'s worked solutions into `out_dir` (atomically); -> summary.
     `task`: the task `check_sft_inputs(config)` returned, if the caller checked already. With `snapshots`, the
     policy of every validation check is also a start of its own in snapshots/step-N (a LoRA one: its adapter
-    alone), so that a skill the accuracy check does not measure can be traced along the training."""
+    alone), so that a skill the accuracy check does not measure can be traced along the training. Every check
+    also leaves the SFT's state in out_dir/resume (credo.train.sft_resume), from which the same call goes on
+    (`resume` False: it trains from the start, replacing that state at its first check)."""
     task = task or check_sft_inputs(config)
     policy = sft_policy(config, task)
     torch.manual_seed(config.seed)
@@ -216,42 +219,54 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
         policy.model.eval()  # no dropout while generating (and no draw from the global RNG)
         return evaluate(policy, task, validation, max_new_tokens=config.max_new_tokens, batch_size=64).accuracy
 
-    history = [{"step": 0, "val_accuracy": check_now(), "seconds": 0.0}]
-    best = (history[0]["val_accuracy"], 0, _state(policy))
-    start = time.time()
-    bar = tqdm(range(config.steps), desc="sft", disable=not progress, dynamic_ncols=True)
+    done = load_progress(out_dir, config, policy, optimizer, generator, rng) if resume else None
+    if done is None:
+        history = [{"step": 0, "val_accuracy": check_now(), "seconds": 0.0}]
+        done = Progress(0, history, (history[0]["val_accuracy"], 0, trained_weights(policy)), 0.0)
+    history, best, start = done.history, done.best, time.time() - done.seconds
+    bar = tqdm(range(done.step, config.steps), desc="sft", disable=not progress, dynamic_ncols=True,
+               initial=done.step, total=config.steps)
     for step in bar:
         if best[0] >= config.target_accuracy:
             break
-        policy.model.train()
-        for group in optimizer.param_groups:
-            group["lr"] = config.lr * min(1.0, (step + 1) / (config.warmup_steps + 1))
-        problems = task.train_problems(config.batch_size, generator)
-        kinds = [example_kind(rng.random(), config) for _ in problems]
-        loss = sft_loss(policy, *make_batch(policy, task, problems, kinds, rng, config.localisation_reply),
-                        mean=config.loss_mean)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, config.grad_clip)
-        optimizer.step()
+        loss = sft_step(policy, task, config, optimizer, trainable, generator, rng, step)
         if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
             accuracy = check_now()
-            history.append({"step": step + 1, "loss": round(float(loss.detach()), 6), "val_accuracy": accuracy,
+            history.append({"step": step + 1, "loss": round(loss, 6), "val_accuracy": accuracy,
                             "seconds": round(time.time() - start, 1)})
-            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", val_acc=f"{accuracy:.3f}")
+            bar.set_postfix(loss=f"{loss:.3f}", val_acc=f"{accuracy:.3f}")
             # a tie goes to the more trained weights (a tiny model scores 0 throughout)
             if accuracy >= best[0] or config.keep == "last":
-                best = (accuracy, step + 1, _state(policy))
+                best = (accuracy, step + 1, trained_weights(policy))
             if snapshots:
                 write_start(os.path.join(snapshots, f"step-{step + 1}"), policy, config,
                             {"val_accuracy": accuracy, "step": step + 1, "seconds": history[-1]["seconds"],
                              "val_n": len(validation), "start": config.start, "task": config.task}, history)
+            save_progress(out_dir, config, policy, optimizer, generator, rng,
+                          Progress(step + 1, history, best, time.time() - start))
     bar.close()
     policy.model.load_state_dict(best[2], strict=not is_lora(policy.model))  # a LoRA policy's: its adapters
     summary = {"val_accuracy": best[0], "step": best[1], "seconds": round(time.time() - start, 1),
                "val_n": len(validation), "start": config.start, "task": config.task}
     write_start(out_dir, policy, config, summary, history)
     return summary
+
+
+def sft_step(policy: HFPolicy, task: Any, config: HFSFTConfig, optimizer: torch.optim.Optimizer,
+             trainable: list[torch.Tensor], generator: torch.Generator, rng: random.Random, step: int) -> float:
+    """One optimiser step (0-based `step`, for the warm-up) on a batch drawn from the two streams; -> its loss."""
+    policy.model.train()
+    for group in optimizer.param_groups:
+        group["lr"] = config.lr * min(1.0, (step + 1) / (config.warmup_steps + 1))
+    problems = task.train_problems(config.batch_size, generator)
+    kinds = [example_kind(rng.random(), config) for _ in problems]
+    loss = sft_loss(policy, *make_batch(policy, task, problems, kinds, rng, config.localisation_reply),
+                    mean=config.loss_mean)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trainable, config.grad_clip)
+    optimizer.step()
+    return float(loss.detach())
 
 
 def sft_policy(config: HFSFTConfig, task: Any) -> HFPolicy:
@@ -265,10 +280,3 @@ def sft_policy(config: HFSFTConfig, task: Any) -> HFPolicy:
         raise ConfigError(f"sft.start={config.start!r} is a tiny credo policy; "
                           "`credo sft --task arith...` builds those")
     return policy
-
-
-def _state(policy) -> dict[str, torch.Tensor]:  # noqa: ANN001
-    """The weights that train: every one, or a LoRA policy's adapters alone (the base never changes)."""
-    lora = is_lora(policy.model)
-    return {k: v.detach().clone() for k, v in policy.model.state_dict().items() if not lora or "lora_" in k}
-
