@@ -2,12 +2,13 @@
 `credo compare` folder, e.g. docs/results/compare-long-skilled) and without it (`--set grad_clip=1000000`), one row
 per method found in both.
 
-A row pairs the two folders' runs by method, credit options and seed: its final accuracy with and without clipping,
-the paired difference (unclipped - clipped) with its raw 95% t interval and its Holm-adjusted p over the rows (the
-family: every method's clip-off difference), the share of steps whose pre-clip gradient norm exceeds the clipped
-folder's clip (in the unclipped runs: the steps clipping would have rescaled), the median gradient norms, and the
-median update size after AdamW where the runs logged it. Runs are matched on the options both recorded (a record
-from before an option existed lacks it) and skipped where a seed has not finished in both.
+A row pairs the two folders' runs by their recorded settings (all but the clip and where they ran) and seed: its
+final accuracy with and without clipping, the paired difference (unclipped - clipped) with its raw 95% t interval
+and its Holm-adjusted p over the rows (the family: every method's clip-off difference), the share of steps whose
+pre-clip gradient norm exceeds the clipped folder's clip (in the unclipped runs: the steps clipping would have
+rescaled), the median gradient norms, and the median update size after AdamW where the runs logged it. Runs are
+matched on the settings both recorded (a record from before an option existed lacks it); an unclipped run without a
+finished twin is named and left out.
 
     python scripts/clip_off_table.py docs/results/compare-long-skilled docs/results/compare-clip-off
 """
@@ -25,9 +26,13 @@ from credo.lab.compare.runs import recorded_config, run_result
 from credo.lab.compare.stats import clipping, correct_family, paired
 
 
+# what a clip-off run may record differently from its clipped twin: the setting under test and where it ran
+UNCOMPARED = ("grad_clip", "report_to", "device", "data_parallel")
+
+
 def finished_runs(folder: str) -> list[dict[str, Any]]:
-    """Every finished run under FOLDER/runs: {method, credit, seed, result, norms} (norms: the per-step pre-clip
-    gradient norms, for the share above another folder's clip)."""
+    """Every finished run under FOLDER/runs: {name, config, seed, grad_clip, result, norms} (norms: the per-step
+    pre-clip gradient norms, for the share above another folder's clip)."""
     runs = []
     root = os.path.join(folder, "runs")
     for name in sorted(os.listdir(root)):
@@ -35,33 +40,47 @@ def finished_runs(folder: str) -> list[dict[str, Any]]:
         if not os.path.isfile(os.path.join(run_dir, "summary.json")):
             continue
         config = recorded_config(run_dir)
-        metrics = os.path.join(run_dir, "metrics.jsonl")
-        rows = MetricsLog(metrics).rows()
-        runs.append({"name": name, "method": config["method"], "credit": config.get("credit") or {},
-                     "seed": int(config["seed"]), "grad_clip": float(config["grad_clip"]),
-                     "result": run_result(run_dir),
+        rows = MetricsLog(os.path.join(run_dir, "metrics.jsonl")).rows()
+        runs.append({"name": name, "config": config, "seed": int(config["seed"]),
+                     "grad_clip": float(config["grad_clip"]), "result": run_result(run_dir),
                      "norms": [float(r["grad_norm"]) for r in rows if r.get("step", 0) > 0 and "grad_norm" in r]})
     return runs
 
 
-def same_method(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two runs train one method: the same name and the same value of every credit option both recorded."""
-    shared = set(a["credit"]) & set(b["credit"])
-    return a["method"] == b["method"] and all(a["credit"][k] == b["credit"][k] for k in shared)
+def agree(a: Any, b: Any) -> bool:
+    """Whether two recorded settings agree on everything both recorded: mappings key by key on their shared keys
+    (a record from before an option existed lacks it; an empty mapping is one that recorded none), else equal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return all(agree(a[k], b[k]) for k in set(a) & set(b))
+    return a == b
+
+
+def same_run(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two runs train one method on one seed: every recorded setting but UNCOMPARED agrees."""
+    drop = lambda config: {k: v for k, v in config.items() if k not in UNCOMPARED}  # noqa: E731
+    return agree(drop(a["config"]), drop(b["config"]))
 
 
 def rows(clipped: list[dict[str, Any]], unclipped: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per method of the unclipped folder that the clipped folder also ran, on the seeds both finished."""
+    """One row per method of the unclipped folder that the clipped folder also ran, on the seeds both finished.
+    An unclipped run with no twin is named on stderr; one with more than one twin (records too sparse to tell the
+    methods apart) is an error."""
     table: list[dict[str, Any]] = []
     for run in unclipped:
-        row = next((r for r in table if same_method(r["runs"][0][1], run)), None)
-        twin = next((c for c in clipped if c["seed"] == run["seed"] and same_method(c, run)), None)
-        if twin is None:
+        twins = [c for c in clipped if same_run(c, run)]
+        if len(twins) != 1:
+            if twins:
+                raise SystemExit(f"clip_off_table: {run['name']} matches {len(twins)} clipped runs "
+                                 f"({', '.join(t['name'] for t in twins)}); their records cannot tell them apart")
+            print(f"clip_off_table: {run['name']}: no clipped run of the same method and seed (left out)",
+                  file=sys.stderr)
             continue
+        label = run["name"].rsplit("-s", 1)[0]
+        row = next((r for r in table if r["label"] == label), None)
         if row is None:
-            row = {"label": run["name"].rsplit("-s", 1)[0], "runs": []}
+            row = {"label": label, "runs": []}
             table.append(row)
-        row["runs"].append((twin, run))
+        row["runs"].append((twins[0], run))
     for row in table:
         pairs = row["runs"]
         clip = pairs[0][0]["grad_clip"]
