@@ -852,7 +852,7 @@ def test_a_run_result_records_the_overlong_penalty_it_applied_fitted_or_as_set(t
     assert as_set["overlong"] == {"buffer": 16, "max_new_tokens": 96, "longest_worked_solution": None}
     assert "overlong" not in plain and "overlong" not in off
     assert overlong_sentences({"methods": {"dapo": {"seeds": {"0": filled}}}}, str) == [
-        "dapo applies no overlong penalty: fitted to the task, its buffer is 0 (the longest worked solution of 256 "
+        "dapo applies no overlong penalty: fitted to the task, the buffer is 0 (the longest worked solution of 256 "
         "training problems, 96 tokens, fills the 96-token limit)."]
     both = {"methods": {"dapo": {"seeds": {"0": fitted}}, "dapo:of=rloo": {"seeds": {"0": fitted, "1": fitted}}}}
     assert overlong_sentences(both, str) == [  # one penalty, one sentence naming every method that applied it

@@ -62,8 +62,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
     summary_path = os.path.join(args.out, "sft_summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
     task = ArithTask(config.task, args.task)
-    result = evaluate(load_policy(args.out, device=device), task, task.heldout_problems(args.eval_n),
-                      progress=not args.quiet)
+    try:
+        result = evaluate(load_policy(args.out, device=device), task, task.heldout_problems(args.eval_n),
+                          progress=not args.quiet)
+    except Interrupted as stop:
+        raise evaluation_stopped(stop, args.out) from None
     print(f"SFT start in {escape_controls(args.out)} (cache {escape_controls(path)}); "
           f"validation accuracy {summary.get('val_accuracy', float('nan')):.3f}")
     print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
@@ -86,7 +89,8 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
         raise ConfigError(f"--task {config.task} has a tiny-GPT SFT start; drop --start (a Hugging Face model "
                           "trains on gym:<dataset> or jsonl:<path> worked solutions)")
     task = check_sft_inputs(config)  # the task, its worked solutions and the start: before --out is touched
-    resuming = bool(args.out) and not args.retrain and os.path.isdir(os.path.join(args.out, RESUME_DIR))
+    resuming = (bool(args.out) and not args.retrain and not args.force
+                and os.path.isdir(os.path.join(args.out, RESUME_DIR)))
     check_snapshots_dir(args.snapshots, args.out, resuming)
     finished = os.path.isfile(os.path.join(require_out(args), "sft_summary.json"))
     if (claim_output(args.out, "sft", force=args.force, inputs=input_paths(args.config, config.start, config.task))
@@ -98,26 +102,37 @@ def cmd_sft_hf(args: argparse.Namespace) -> int:
         summary = train_hf_sft(config, args.out, progress=not args.quiet, task=task, snapshots=args.snapshots,
                                resume=not args.retrain)
     except Interrupted as stop:
-        raise stop.explained(where_stopped(args.out, stop.name)) from None
+        raise stop.explained(where_stopped(args.out, stop.name, args.retrain)) from None
     device = resolve_device(config.device, "sft.device")
-    result = evaluate(load_policy(args.out, device=device, dtype=resolve_dtype(config.dtype, device, "sft.dtype"),
-                                  autocast=autocast_dtype(config.dtype)),
-                      task, task.heldout_problems(args.eval_n), max_new_tokens=config.max_new_tokens,
-                      progress=not args.quiet)
+    try:
+        result = evaluate(load_policy(args.out, device=device,
+                                      dtype=resolve_dtype(config.dtype, device, "sft.dtype"),
+                                      autocast=autocast_dtype(config.dtype)),
+                          task, task.heldout_problems(args.eval_n), max_new_tokens=config.max_new_tokens,
+                          progress=not args.quiet)
+    except Interrupted as stop:
+        raise evaluation_stopped(stop, args.out) from None
     print(f"SFT start in {escape_controls(args.out)}: validation accuracy {summary['val_accuracy']:.3f} at step "
           f"{summary['step']} ({summary['seconds']:.0f}s)")
     print(f"heldout_accuracy={result.accuracy:.4f} (n={result.n})")
     return 0
 
 
-def where_stopped(out: str, signal_name: str) -> str:
+def evaluation_stopped(stop: Interrupted, out: str) -> Interrupted:
+    """A stop in the held-out evaluation that follows the SFT: the start is whole, only its measurement is not."""
+    return stop.explained(f"stopped by {stop.name} in the held-out evaluation; the start is written in "
+                          f"{escape_controls(out)}: `credo eval --checkpoint {escape_controls(out)}` measures it")
+
+
+def where_stopped(out: str, signal_name: str, retrain: bool = False) -> str:
     """The one line a stopped Hugging Face SFT ends with: the step its part-way state holds, and how to go on."""
     from credo.train.sft_resume import RESUME_DIR, saved_step
     step = saved_step(os.path.join(out, RESUME_DIR))
     if step is None:
-        return f"stopped by {signal_name} before its first validation check; the same command starts it again"
-    return (f"stopped by {signal_name}; {os.path.join(out, RESUME_DIR)} holds the SFT at step {step}, its last "
-            "validation check: the same command goes on from there (--retrain: from the start)")
+        return f"stopped by {signal_name} before its first saved check; the same command starts it again"
+    how = "the same command without --retrain" if retrain else "the same command"
+    return (f"stopped by {signal_name}; {os.path.join(out, RESUME_DIR)} holds the SFT at step {step}, a validation "
+            f"check: {how} goes on from there (--retrain: from the start)")
 
 
 def check_snapshots_dir(path: str, out: str | None, resuming: bool = False) -> None:
@@ -126,7 +141,8 @@ def check_snapshots_dir(path: str, out: str | None, resuming: bool = False) -> N
     part-way state (`resuming`) keeps adding to the snapshots its earlier checks wrote (step-N folders only)."""
     if not path:
         return
-    found = os.listdir(path) if os.path.isdir(path) else []
+    # a snapshot being written when the SFT was killed leaves its temporary folder (.tmp-step-N-...): not a snapshot
+    found = [n for n in os.listdir(path) if not n.startswith(".tmp-")] if os.path.isdir(path) else []
     earlier = resuming and all(name.startswith("step-") for name in found)
     if os.path.exists(path) and (not os.path.isdir(path) or (found and not earlier)):
         raise ConfigError(f"sft --snapshots {path}: not a new or empty directory"

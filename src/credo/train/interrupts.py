@@ -1,9 +1,9 @@
 """Ctrl-C, `kill` and a closed terminal: a command stops in one line, leaves nothing running, and can go on.
 
-`credo train`, `credo compare` and `credo sft` turn SIGINT (Ctrl-C), SIGTERM (`kill PID`, `timeout`, a job scheduler) and
-SIGHUP (a closed terminal) into `Interrupted`, a BaseException: it unwinds through every `finally` and context
-manager, so a run's lock is released and a half-written checkpoint's temporary directory removed (the last
-whole checkpoint stays the last one), and no `except Exception` takes it for a run's failure. The command then
+`credo train`, `credo compare` and `credo sft` turn SIGINT (Ctrl-C), SIGTERM (`kill PID`, `timeout`, a job
+scheduler) and SIGHUP (a closed terminal) into `Interrupted`, a BaseException: it unwinds through every `finally`
+and context manager, so a run's lock is released and a half-written checkpoint's temporary directory removed (the
+last whole checkpoint stays the last one), and no `except Exception` takes it for a run's failure. The command then
 says in one line where it stopped and how to go on, and exits 128 + the signal's number (130 for Ctrl-C).
 
 A comparison's worker processes (`--jobs` > 1) are stopped by their parent (`stop_workers`): SIGTERM, then

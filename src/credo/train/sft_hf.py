@@ -41,7 +41,8 @@ from credo.policy.device import autocast_dtype, check_device_fields, resolve_dev
 from credo.train.evaluate import evaluate
 from credo.tasks.gym_skills import REPLIES, localisation_example
 from credo.train.sft import VALIDATION_SEED, draw_kind, write_start
-from credo.train.sft_resume import Progress, load_progress, save_progress, trained_weights
+from credo.train.sft_resume import (SAVE_EVERY_SECONDS, Progress, discard, load_progress, save_progress,
+                                    trained_weights)
 from credo.policy.smollm import ALIASES
 from credo.tasks import make_task
 from credo.policy.hf_folder import refuse_custom_code
@@ -205,8 +206,8 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
     `task`: the task `check_sft_inputs(config)` returned, if the caller checked already. With `snapshots`, the
     policy of every validation check is also a start of its own in snapshots/step-N (a LoRA one: its adapter
     alone), so that a skill the accuracy check does not measure can be traced along the training. Every check
-    also leaves the SFT's state in out_dir/resume (credo.train.sft_resume), from which the same call goes on
-    (`resume` False: it trains from the start, replacing that state at its first check)."""
+    may leave the SFT's state in out_dir/resume (credo.train.sft_resume), from which the same call goes on
+    (`resume` False: that state is discarded and it trains from the start)."""
     task = task or check_sft_inputs(config)
     policy = sft_policy(config, task)
     torch.manual_seed(config.seed)
@@ -219,11 +220,13 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
         policy.model.eval()  # no dropout while generating (and no draw from the global RNG)
         return evaluate(policy, task, validation, max_new_tokens=config.max_new_tokens, batch_size=64).accuracy
 
-    done = load_progress(out_dir, config, policy, optimizer, generator, rng) if resume else None
+    if not resume:
+        discard(out_dir)
+    done = load_progress(out_dir, config, policy, optimizer, generator, rng)
     if done is None:
         history = [{"step": 0, "val_accuracy": check_now(), "seconds": 0.0}]
         done = Progress(0, history, (history[0]["val_accuracy"], 0, trained_weights(policy)), 0.0)
-    history, best, start = done.history, done.best, time.time() - done.seconds
+    history, best, start, saved = done.history, done.best, time.time() - done.seconds, None
     bar = tqdm(range(done.step, config.steps), desc="sft", disable=not progress, dynamic_ncols=True,
                initial=done.step, total=config.steps)
     for step in bar:
@@ -242,8 +245,10 @@ def train_hf_sft(config: HFSFTConfig, out_dir: str, progress: bool = True, task=
                 write_start(os.path.join(snapshots, f"step-{step + 1}"), policy, config,
                             {"val_accuracy": accuracy, "step": step + 1, "seconds": history[-1]["seconds"],
                              "val_n": len(validation), "start": config.start, "task": config.task}, history)
-            save_progress(out_dir, config, policy, optimizer, generator, rng,
-                          Progress(step + 1, history, best, time.time() - start))
+            if saved is None or time.time() - saved >= SAVE_EVERY_SECONDS:
+                save_progress(out_dir, config, policy, optimizer, generator, rng,
+                              Progress(step + 1, history, best, time.time() - start))
+                saved = time.time()
     bar.close()
     policy.model.load_state_dict(best[2], strict=not is_lora(policy.model))  # a LoRA policy's: its adapters
     summary = {"val_accuracy": best[0], "step": best[1], "seconds": round(time.time() - start, 1),

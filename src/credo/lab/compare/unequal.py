@@ -40,7 +40,7 @@ def _overlong_penalty(runs: list[dict[str, Any]]) -> tuple[str, str, str]:
     buffer = "/".join(str(b) for b in sorted({r["buffer"] for r in runs}))
     longest = first.get("longest_worked_solution")
     if buffer == "0":
-        return "applies", "apply", (f"no overlong penalty: fitted to the task, its buffer is 0 (the longest worked "
+        return "applies", "apply", (f"no overlong penalty: fitted to the task, the buffer is 0 (the longest worked "
                                     f"solution of {first['fit_problems']} training problems, {longest} tokens, fills "
                                     f"the {first['max_new_tokens']}-token limit).")
     if longest is not None:
