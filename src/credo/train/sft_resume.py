@@ -82,9 +82,9 @@ def load_progress(out_dir: str, config: Any, policy: Any, optimizer: torch.optim
         tensors, meta = load_state(path, STATE)
     except CorruptStateError as err:
         raise CorruptStateError(f"{err}: the part-way SFT cannot go on (--retrain trains from the start)") from None
-    if meta.get("config") != to_dict(config):
-        changed = sorted(k for k in set(meta.get("config") or {}) | set(to_dict(config))
-                         if (meta.get("config") or {}).get(k) != to_dict(config).get(k))
+    recorded, given = meta.get("config") or {}, to_dict(config)
+    if recorded != given:
+        changed = sorted(k for k in set(recorded) | set(given) if recorded.get(k) != given.get(k))
         raise ConfigError(f"{path} holds a part-way SFT with other settings (sft.{', sft.'.join(changed)}): give "
                           "the same settings to go on from it, or pass --retrain to train from the start")
     try:
