@@ -124,6 +124,8 @@ def tracked_run(tmp_path_factory):
     run = str(base / "run")
     config = load_train_config(None, [f"start={start}", "steps=2", *FAST, "report_to=wandb,mlflow,trackio"])
     Trainer(config, run, progress=False).train()
+    import wandb
+    wandb.teardown()  # the run file's last block reaches disk when W&B's service lets the run go, not at finish
     yield run, base
     patch.undo()
 
@@ -295,6 +297,8 @@ def test_wandb_groups_a_comparisons_runs_by_the_comparison(tmp_path, monkeypatch
     trackers = tracking.Trackers(["wandb"], place, {"lr": 0.001})
     trackers.log_metrics({"step": 0, "eval_accuracy": 0.5})
     trackers.close()
+    import wandb
+    wandb.teardown()  # the run file's last block reaches disk when W&B's service lets the run go, not at finish
     [path] = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     [opened] = [r.run for r in wandb_records(path) if r.WhichOneof("record_type") == "run"]
     assert (opened.run_group, opened.display_name, opened.project) == ("cmp-a", "grpo-s0", "credo")
