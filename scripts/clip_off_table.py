@@ -16,12 +16,14 @@ finished twin is named and left out.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
 from typing import Any
 
 from credo.core.files import MetricsLog
+from credo.lab.compare.presets import run_dir_name
 from credo.lab.compare.runs import recorded_config, run_result
 from credo.lab.compare.stats import clipping, correct_family, paired
 
@@ -31,17 +33,23 @@ UNCOMPARED = ("grad_clip", "report_to", "device", "data_parallel")
 
 
 def finished_runs(folder: str) -> list[dict[str, Any]]:
-    """Every finished run under FOLDER/runs: {name, config, seed, grad_clip, result, norms} (norms: the per-step
-    pre-clip gradient norms, for the share above another folder's clip)."""
+    """Every finished run under FOLDER/runs: {name, label, config, seed, grad_clip, result, norms} (label: its
+    method as FOLDER/results.json names it; norms: the per-step pre-clip gradient norms, for the share above another
+    folder's clip)."""
     runs = []
     root = os.path.join(folder, "runs")
+    results = os.path.join(folder, "results.json")
+    specs = list(json.load(open(results))["methods"]) if os.path.isfile(results) else []
     for name in sorted(os.listdir(root)):
         run_dir = os.path.join(root, name)
         if not os.path.isfile(os.path.join(run_dir, "summary.json")):
             continue
         config = recorded_config(run_dir)
         rows = MetricsLog(os.path.join(run_dir, "metrics.jsonl")).rows()
-        runs.append({"name": name, "config": config, "seed": int(config["seed"]),
+        seed = int(config["seed"])
+        # the method as the comparison named it ('ibpo:preserve_mass=true'); a folder without results.json: its name
+        label = next((s for s in specs if run_dir_name(s, seed) == name), name.rsplit("-s", 1)[0])
+        runs.append({"name": name, "label": label, "config": config, "seed": seed,
                      "grad_clip": float(config["grad_clip"]), "result": run_result(run_dir),
                      "norms": [float(r["grad_norm"]) for r in rows if r.get("step", 0) > 0 and "grad_norm" in r]})
     return runs
@@ -75,7 +83,7 @@ def rows(clipped: list[dict[str, Any]], unclipped: list[dict[str, Any]]) -> list
             print(f"clip_off_table: {run['name']}: no clipped run of the same method and seed (left out)",
                   file=sys.stderr)
             continue
-        label = run["name"].rsplit("-s", 1)[0]
+        label = twins[0]["label"]
         row = next((r for r in table if r["label"] == label), None)
         if row is None:
             row = {"label": label, "runs": []}

@@ -61,10 +61,13 @@ def test_a_method_is_paired_across_record_versions_and_never_with_another_reset(
     clipped, unclipped = tmp_path / "on", tmp_path / "off"
     copy_run("shuffled_of=rredcot-s0", clipped)  # recorded `options: {}`
     copy_run("srpo_localiser=prompt-s0", clipped)
+    # a row is named as the clipped comparison named its method; the in-progress folder has no results.json
+    named = {"methods": {"srpo:localiser=prompt": {}, "shuffled:of=rredcot": {}}}
+    json.dump(named, open(clipped / "results.json", "w"))
     copy_run("shuffled_of=rredcot-s0", unclipped, 0.6, 1e6, credit_options={"candidates": "suffixes", "probe": ""})
     copy_run("srpo_localiser=value-s0", unclipped, 0.6, 1e6, as_named="srpo_localiser=value-s0")
     rows = table["rows"](table["finished_runs"](str(clipped)), table["finished_runs"](str(unclipped)))
-    assert [row["label"] for row in rows] == ["shuffled_of=rredcot"]  # the value localiser is another reset
+    assert [row["label"] for row in rows] == ["shuffled:of=rredcot"]  # the value localiser is another reset
     assert capsys.readouterr().err == ("clip_off_table: srpo_localiser=value-s0: no clipped run of the same method "
                                        "and seed (left out)\n")
     copy_run("shuffled_of=rredcot-s0", clipped, as_named="copy-s0")
