@@ -123,20 +123,25 @@ PRESETS = {
                            needs_start="a skilled arith-long start: --start sft:arith-long-skilled-band (its teacher "
                                        "reads its solution, greedy 0.60: room for RL) or sft:arith-long-skilled (0.83: "
                                        "GRPO does not improve it)"),
-    # Round two, grid 2: SmolLM2-135M on longer chains (5-8 one-digit terms), from its SFT start on them.
-    "smollm2-long": Preset(methods=("grpo", "rredcot", "rredcot:include_reference=false", "shuffled:of=rredcot",
-                                    "sc_grpo", "shuffled:of=sc_grpo:level=token", "srpo:localiser=prompt", "rrpo"),
+    # Round two, grid 2: SmolLM2-135M on longer chains (5-8 one-digit terms), from its skilled start on them: the
+    # long-skilled grid's methods (its baselines, the credit methods with their controls, the credo method), each run
+    # on LoRA adapters alike (`--set lora.r=16`) from the skilled adapter start.
+    "smollm2-long": Preset(methods=("grpo", "dr_grpo", "dapo", "rredcot", "rredcot:include_reference=false",
+                                    "shuffled:of=rredcot", "sc_grpo", "shuffled:of=sc_grpo:level=token",
+                                    "srpo:localiser=prompt", "rrpo", "ibpo", CREDO_METHOD),
                            seeds=(0, 1, 2), token_budget=50_000, eval_every_tokens=10_000, eval_n=100,
                            final_eval_n=300, audit_n=0, premise_n=32, task="gym:chain_sum",
                            # step_labels: the localisation premise check needs each trace's first wrong line
                            train={"task_options": {"min_terms": 5, "max_terms": 8, "min_digits": 1,
                                                    "max_digits": 1, "step_labels": True}},
                            schedule={"epochs": 1, "minibatches": 1, "lr": 2e-6}, jobs=2,
-                           note="budget: smollm2's 50k tokens, not yet measured on 5-8 term chains",
-                           needs_start="the skilled SmolLM2 start on 5-8 term chains: `credo sft --config "
-                                       "examples/smollm2/sft-long.yaml --out runs/smol-sft-long`, then `credo sft "
-                                       "--config examples/smollm2/sft-long-skilled.yaml --out DIR` (held-out greedy "
-                                       "0.39; its teacher reads its solution, its localisation is at chance)"),
+                           note="budget and learning rate: smollm2's (50k tokens, 2e-6 for full weights), not yet "
+                                "measured on 5-8 term chains or with LoRA",
+                           needs_start="the skilled SmolLM2 start on 5-8 term chains: the adapter `credo sft "
+                                       "--config examples/smollm2/sft-long-skilled-lora.yaml --out DIR` (with "
+                                       "--set lora.r=16), or the full-weight one of examples/smollm2/sft-long.yaml "
+                                       "then sft-long-skilled.yaml (held-out greedy 0.39; its teacher reads its "
+                                       "solution, its localisation is at chance)"),
     # for tests: a minute on a tiny model
     "smoke": Preset(methods=("grpo", "rredcot"), seeds=(0,), token_budget=1_500, eval_every_tokens=600, eval_n=8,
                     final_eval_n=8, train={"prompts_per_step": 2, "group_size": 4, "sampling": {"max_new_tokens": 24}},
