@@ -118,7 +118,7 @@ def markdown(table: list[dict[str, Any]]) -> str:
         d = r["delta"]
         ci = f"[{100 * d['ci'][0]:+.1f}, {100 * d['ci'][1]:+.1f}]" if d.get("ci") else "(one seed: no interval)"
         holm = f"{d['p_holm']:.3f}" if "p_holm" in d else "—"
-        update = f"{r['off_update']:.3g}" if r["off_update"] is not None else "—"
+        update = f"{r['off_update']:.4f}" if r["off_update"] is not None else "—"
         lines.append(f"| {r['label']} | {','.join(map(str, r['seeds']))} | {r['on']:.3f} | {r['off']:.3f} | "
                      f"{100 * d['mean']:+.1f} {ci} | {holm} | {r['on_share']:.0%} / {r['off_share']:.0%} | "
                      f"{r['on_norm']:.3g} / {r['off_norm']:.3g} | {update} |")
