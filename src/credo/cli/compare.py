@@ -139,11 +139,12 @@ def _run(args: argparse.Namespace, config, out: str) -> dict:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """`credo compare` and its options."""
     p = sub.add_parser("compare", help="train every method from the same start on the same token budget; one report")
-    p.add_argument("--preset", help="quick (default; ~15 min, 1 seed, 4 methods), full (3 seeds, every method "
+    p.add_argument("--preset", help="quick (default; ~6 min, 1 seed, 4 methods), full (3 seeds, every method "
                    "and the shuffled controls), long (arith-long, 12 methods incl. controls, 5 seeds), beyond (long's "
                    "protocol: the free and cheap credit methods and the credo method, with controls), long-skilled "
                    "(round two on a skilled arith-long start, 13 methods, 5 seeds, premise checks at the end; needs "
-                   "--start), smollm2 (SmolLM2-135M on gym:chain_sum, 2 seeds; needs --start), smollm2-long (round "
+                   "--start), dapo-credit (long-skilled's protocol, credit methods on DAPO's recipe; needs --start), "
+                   "smollm2 (SmolLM2-135M on gym:chain_sum, 2 seeds; needs --start), smollm2-long (round "
                    "two on 5-8 term chains, 3 seeds; needs --start) or smoke (tests)")
     p.add_argument("--methods", help="comma-separated methods to run instead of the preset's, each a name or "
                    "name:key=value (e.g. shuffled:of=rredcot); grpo is always added")

@@ -119,7 +119,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--localiser", help="reset localiser for rrpo/srpo: random, value, prompt, oracle or self (prompt "
                    "where the task has a localisation request, else value)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint (its "
-                   "config.yaml holds the settings; only --steps may change)")
+                   "config.yaml holds the settings; only --steps, upwards, --device and --set report_to=... may "
+                   "change)")
     p.add_argument("--accept-unrecorded-checkpoint", action="store_true",
                    help="with --resume: continue from a checkpoint that holds no record of its config (an older "
                    "credo's, or one whose record was removed) without checking config.yaml against it")
