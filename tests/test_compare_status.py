@@ -41,8 +41,8 @@ def test_status_shows_each_seed_and_the_paired_difference_so_far_and_writes_noth
     assert _snapshot(out) == before  # read-only beside a running comparison
     assert "5 of 9 runs finished, 1 part-way, 1 failed, 2 not started" in text
     # rredcot-s2's 750 tokens left = 5 steps x 10 s; sc_grpo has no finished run to cost it; 4 runs left, 2 at once
-    assert ("about 25 s of training left at 2 at a time, from the finished runs' own clocks, or the part-way ones' "
-            "(evaluations not counted); not counting sc_grpo: no step logged yet") in text
+    assert ("about 25 s of training left at 2 at a time (50 s summed over the runs), from the finished runs' own "
+            "clocks, or the part-way ones' (evaluations not counted); not counting sc_grpo: no step logged yet") in text
     assert "also in runs/, not in this plan (give the run's --methods/--seeds): dapo-s0" in text
     rows = {line.split()[0]: line.split() for line in text.splitlines() if line.split()[:1] and line.split()[0] in
             ("grpo", "rredcot", "sc_grpo")}
@@ -125,7 +125,8 @@ def test_a_method_with_no_step_logged_is_costed_from_the_step_timed_at_the_start
     text = status_text(preset, out)
     # grpo-s1 from grpo-s0's own clock (0.1 s a step of 150 tokens: 1 s), not the timed 99 s a token;
     # rredcot: 2 runs x 1500 tokens / 100 a step = 30 steps x 3 s = 90 s; sc_grpo is in neither record
-    assert ("about 91 s of training left at 1 at a time, from the finished runs' own clocks, or the part-way "
+    assert ("about 91 s of training left at 1 at a time (91 s summed over the runs), from the finished runs' own "
+            "clocks, or the part-way "
             "ones' (evaluations not counted); from the estimate made at the comparison's start: rredcot (one timed "
             "step); not counting sc_grpo: no step logged yet") in text
     (tmp_path / "cmp" / "estimate.json").write_text('{"per_method": [1, 2]}')

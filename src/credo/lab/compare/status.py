@@ -72,9 +72,10 @@ def plan_states(preset: Preset, out_dir: str) -> dict[str, dict[int, dict[str, A
 
 def remaining_seconds(states: dict[str, dict[int, dict[str, Any]]], budget: int, jobs: int,
                       timed: dict[str, tuple[compare_eta.Timing, str]] | None = None
-                      ) -> tuple[float, list[str], list[str]]:
-    """Seconds of *training* the unfinished runs still need at `jobs` at a time (evaluations are not in a
-    run's clock, so not here), each method costed from its finished runs, or else from the steps its part-way
+                      ) -> tuple[float, float, list[str], list[str]]:
+    """Seconds of *training* the unfinished runs still need at `jobs` at a time, and summed over the runs (the
+    compute left, however many run at once; evaluations are not in a run's clock, so not here), each method
+    costed from its finished runs, or else from the steps its part-way
     runs have logged (compare_eta.measured_timing; a part-way run counts its unfinished share of the budget,
     a failed one all of it, since a resume retries it), or else from `timed`, the step the comparison timed
     at its start (compare_eta.timed_steps); then the methods costed from `timed` ('name (where from)'), and
@@ -92,7 +93,7 @@ def remaining_seconds(states: dict[str, dict[int, dict[str, Any]]], budget: int,
             unknown.append(method)
         elif left:
             total += sum(compare_eta.run_seconds(timing, tokens, budget, 0.0, 0.0) for tokens in left)
-    return total / max(1, min(jobs, pending)), from_timed, unknown
+    return total / max(1, min(jobs, pending)), total, from_timed, unknown
 
 
 def _cell(state: dict[str, Any], budget: int) -> str:
@@ -119,9 +120,10 @@ def status_text(preset: Preset, out_dir: str, jobs: int | None = None) -> str:
              f"{counts['failed']} failed, {counts['not started']} not started "
              f"({preset.token_budget:,} generated tokens a run; (n%) = part-way)"]
     if counts["finished"] < sum(counts.values()):
-        seconds, from_timed, unknown = remaining_seconds(states, preset.token_budget, jobs,
-                                                         compare_eta.timed_steps(out_dir))
-        lines.append(f"about {compare_eta.describe(seconds)} of training left at {jobs} at a time, from the finished "
+        seconds, summed, from_timed, unknown = remaining_seconds(states, preset.token_budget, jobs,
+                                                                 compare_eta.timed_steps(out_dir))
+        lines.append(f"about {compare_eta.describe(seconds)} of training left at {jobs} at a time "
+                     f"({compare_eta.describe(summed)} summed over the runs), from the finished "
                      "runs' own clocks, or the part-way ones' (evaluations not counted)"
                      + (f"; from the estimate made at the comparison's start: {', '.join(from_timed)}"
                         if from_timed else "")
