@@ -75,11 +75,11 @@ def remaining_seconds(states: dict[str, dict[int, dict[str, Any]]], budget: int,
                       ) -> tuple[float, float, list[str], list[str]]:
     """Seconds of *training* the unfinished runs still need at `jobs` at a time, and summed over the runs (the
     compute left, however many run at once; evaluations are not in a run's clock, so not here), each method
-    costed from its finished runs, or else from the steps its part-way
-    runs have logged (compare_eta.measured_timing; a part-way run counts its unfinished share of the budget,
-    a failed one all of it, since a resume retries it), or else from `timed`, the step the comparison timed
-    at its start (compare_eta.timed_steps); then the methods costed from `timed` ('name (where from)'), and
-    those with no cost."""
+    costed from its finished runs, or else from the steps its part-way runs have logged
+    (compare_eta.measured_timing; a part-way run counts its unfinished share of the budget, a failed one all of
+    it, since a resume retries it), or else from `timed`, the step the comparison timed at its start
+    (compare_eta.timed_steps); then the methods costed from `timed` ('name (where from)'), and those with no
+    cost."""
     total, from_timed, unknown, pending, timed = 0.0, [], [], 0, timed or {}
     for method, runs in states.items():
         timing = (compare_eta.measured_timing([st["result"] for st in runs.values() if st["state"] == "finished"])
