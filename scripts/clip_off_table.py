@@ -121,7 +121,7 @@ def markdown(table: list[dict[str, Any]]) -> str:
         update = f"{r['off_update']:.4f}" if r["off_update"] is not None else "—"
         lines.append(f"| {r['label']} | {','.join(map(str, r['seeds']))} | {r['on']:.3f} | {r['off']:.3f} | "
                      f"{100 * d['mean']:+.1f} {ci} | {holm} | {r['on_share']:.0%} / {r['off_share']:.0%} | "
-                     f"{r['on_norm']:.3g} / {r['off_norm']:.3g} | {update} |")
+                     f"{r['on_norm']:.2f} / {r['off_norm']:.2f} | {update} |")
     return "\n".join(lines)
 
 
