@@ -17,6 +17,7 @@ from credo.core.config import ConfigError
 from credo.credit.registry import parse_spec
 from credo.core.values import MCValues, step_differences
 from credo.credit.sc_grpo import weighted_group_rows
+from credo.lab.figures import save_figure
 
 METRICS = ("spearman", "pearson", "first_error_top1", "pairwise", "spearman_localisable",
            "first_error_top1_localisable", "pairwise_localisable", "tokens_scored_per_trace",
@@ -319,5 +320,5 @@ def plot_audit(report: dict[str, Any], path: str) -> None:
     if privileged:
         fig.text(0.01, 0.01, "† privileged: reads the reference solution, step labels or gold answer", fontsize=8)
     fig.tight_layout(rect=(0, 0.04 if privileged else 0, 1, 1))
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)

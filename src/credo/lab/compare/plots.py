@@ -11,6 +11,7 @@ import textwrap
 from typing import Any
 
 from credo.lab.compare.goals import privilege_mark
+from credo.lab.figures import save_figure
 
 
 def _mean_curve(entry: dict[str, Any],
@@ -90,5 +91,5 @@ def plot_curves(results: dict[str, Any], path: str, x: str = "tokens_generated")
     title = f"{split} greedy accuracy vs {label} (mean over seeds; band: min-max; grey: GRPO)"
     fig.suptitle(textwrap.fill(title, width=34 * cols), fontsize=11)  # a 3.2-inch panel holds ~36 characters
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
