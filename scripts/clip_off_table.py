@@ -39,7 +39,10 @@ def finished_runs(folder: str) -> list[dict[str, Any]]:
     runs = []
     root = os.path.join(folder, "runs")
     results = os.path.join(folder, "results.json")
-    specs = list(json.load(open(results))["methods"]) if os.path.isfile(results) else []
+    specs: list[str] = []
+    if os.path.isfile(results):
+        with open(results) as f:
+            specs = list(json.load(f)["methods"])
     for name in sorted(os.listdir(root)):
         run_dir = os.path.join(root, name)
         if not os.path.isfile(os.path.join(run_dir, "summary.json")):

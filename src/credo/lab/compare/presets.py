@@ -138,8 +138,9 @@ PRESETS = {
                            note="budget and learning rate: smollm2's (50k tokens, 2e-6 for full weights), not yet "
                                 "measured on 5-8 term chains or with LoRA",
                            needs_start="the skilled SmolLM2 start on 5-8 term chains: the adapter `credo sft "
-                                       "--config examples/smollm2/sft-long-skilled-lora.yaml --out DIR` (with "
-                                       "--set lora.r=16), or the full-weight one of examples/smollm2/sft-long.yaml "
+                                       "--config examples/smollm2/sft-long-skilled-lora.yaml --out DIR` (the "
+                                       "comparison then takes --set lora.r=16), or the full-weight one of "
+                                       "examples/smollm2/sft-long.yaml "
                                        "then sft-long-skilled.yaml (held-out greedy 0.39; its teacher reads its "
                                        "solution, its localisation is at chance)"),
     # for tests: a minute on a tiny model
