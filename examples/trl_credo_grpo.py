@@ -49,7 +49,7 @@ def main() -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from credo.policy.smollm import ALIASES, ensure_smollm2
         path = ensure_smollm2() if args.model in ALIASES else args.model
-        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     else:
         model, tokenizer = tiny_model_and_tokenizer()

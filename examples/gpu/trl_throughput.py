@@ -28,7 +28,7 @@ def model_and_tokenizer(args: argparse.Namespace):  # noqa: ANN201
         tokenizer = build_tokenizer()
         return tiny_llama(tokenizer), tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    return (AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.bfloat16, trust_remote_code=False),
+    return (AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16, trust_remote_code=False),
             AutoTokenizer.from_pretrained(args.model, trust_remote_code=False))
 
 

@@ -67,11 +67,14 @@ class CredoCreditWorkerMixin:
                                       "weights are adapters); train without actor_rollout_ref.model.lora_rank")
         if self._credo_module is None:
             from transformers import AutoModelForCausalLM
+
+            from credo.policy.hf import dtype_argument
             hf_config = self.actor.model_config.hf_config
             device = torch.device("cuda",
                                   torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
             with torch.device(device):
-                self._credo_module = AutoModelForCausalLM.from_config(hf_config, torch_dtype=self.credo_module_dtype)
+                self._credo_module = AutoModelForCausalLM.from_config(
+                    hf_config, **dtype_argument(self.credo_module_dtype))
             self._credo_module.eval().requires_grad_(False)
         state = self._credo_module.state_dict()
         updated = set()

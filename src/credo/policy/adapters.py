@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -84,7 +85,9 @@ def wrap_with_lora(model: torch.nn.Module, settings: LoraSettings, seed: int = 0
     config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                         target_modules=targets, task_type="CAUSAL_LM")
     training = model.training
-    with seeded_rng(seed + LORA_SEED_OFFSET, model):
+    with seeded_rng(seed + LORA_SEED_OFFSET, model), warnings.catch_warnings():
+        # peft asks the model `is_gradient_checkpointing`, which transformers 5 renamed: its notice is peft's
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         try:
             wrapped = get_peft_model(model, config)
         except ValueError as err:  # e.g. a target module the model does not have

@@ -52,6 +52,14 @@ def quiet_loading() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def dtype_argument(dtype: torch.dtype) -> dict[str, torch.dtype]:
+    """The keyword transformers' loaders take a weights dtype by: `dtype` from 4.56 (which warns on the older
+    `torch_dtype`), `torch_dtype` before it (a GPU machine may have an older transformers than credo pins)."""
+    import transformers
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
+
+
 class HFPolicy(CompletionScoring):
     """A transformers causal LM + tokenizer with the interface of credo.core.protocols.Policy."""
 
@@ -87,7 +95,7 @@ class HFPolicy(CompletionScoring):
         refuse_custom_code(path)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         with quiet_loading():
-            model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, trust_remote_code=False)
+            model = AutoModelForCausalLM.from_pretrained(path, **dtype_argument(dtype), trust_remote_code=False)
         return cls(model, tokenizer, device, chat, dtype=dtype, autocast=autocast)
 
     def add_lora(self, settings: LoraSettings, seed: int = 0, base: tuple[str, str] | None = None) -> None:
@@ -234,9 +242,9 @@ class HFPolicy(CompletionScoring):
                              position_ids=positions, cache=state["cache"], use_cache=True, logits_to_keep=1)
             logits = out.logits[:, -1]
             if rows is not None:
-                out.past_key_values.batch_select_indices(rows)
+                out.cache.batch_select_indices(rows)
                 logits, mask = logits[rows], mask[rows]
-            state["cache"], state["mask"] = out.past_key_values, full
+            state["cache"], state["mask"] = out.cache, full
             state["next"] = state["next"] + mask.long().sum(1)
             return logits
 
@@ -305,7 +313,7 @@ class HFPolicy(CompletionScoring):
         out = self._forward(input_ids=unique_ids, attention_mask=unique_mask.long(),
                             position_ids=self._positions(unique_mask),
                             cache=DynamicCache(), use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
+        cache = out.cache
         if cache is None:  # a model without a KV cache: read every row in full
             return None
         cache.batch_select_indices(inverse)

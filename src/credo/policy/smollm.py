@@ -37,9 +37,11 @@ def ensure_smollm2() -> str:
         raise FileNotFoundError(f"transformers reads GGUF files through the `gguf` package: {INSTALL_HINT}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from credo.policy.hf import dtype_argument
     folder, name = os.path.dirname(path), os.path.basename(path)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32,
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, **dtype_argument(torch.float32),
                                                  trust_remote_code=False)
     # the GGUF loader leaves a quantizer behind that blocks training and saving: drop it
     model.hf_quantizer = None
