@@ -23,7 +23,7 @@ RUNS = {"grpo-lr2e-6": "GRPO, lr 2e-6 (15-step SFT start)", "grpo-lr2e-5-collaps
 
 def curve(run_dir: str) -> tuple[list[int], list[float], tuple[int, float] | None]:
     """(steps, accuracy on the curve's 100 problems, (step, final accuracy on 300) if the run finished)."""
-    rows = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))  # committed as metrics.jsonl.gz
+    rows = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))  # committed as metrics.jsonl.xz
     points = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
     summary = os.path.join(run_dir, "summary.json")
     final = None

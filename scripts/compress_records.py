@@ -1,42 +1,43 @@
 """Stores the run logs under the given folders compressed, as `credo compare --export` writes them: each
-metrics.jsonl becomes metrics.jsonl.gz (gzip at level 9 with mtime 0, so the same log always gives the same bytes),
-which every credo command reads as it reads the plain file (credo.core.compressed). For a result committed from a
-folder that was not written by --export; the plain file is removed only once its compressed copy reads back
-byte for byte.
+metrics.jsonl, and each metrics.jsonl.gz an earlier export wrote, becomes metrics.jsonl.xz (credo.core.compressed:
+the same log always gives the same bytes), which every credo command reads as it reads the plain file. For a
+result committed from a folder that was not written by --export, or written before exports used xz; the older
+file is removed only once the new copy reads back byte for byte as it.
 
     python scripts/compress_records.py docs/results/NAME [...]
 """
 
 from __future__ import annotations
 
-import gzip
 import os
 import sys
 
-from credo.core.compressed import GZIP, gzip_bytes
+from credo.core.compressed import GZIP, XZ, read_record, record_bytes, unxz
 
 RECORD = "metrics.jsonl"
 
 
 def compress_tree(root: str) -> tuple[int, int, int]:
-    """(files, bytes before, bytes after) of compressing every RECORD under `root`."""
+    """(files, bytes before, bytes after) of storing every RECORD under `root` as RECORD.xz."""
     files = before = after = 0
     for folder, _, names in sorted(os.walk(root)):
-        if RECORD not in names:
+        older = [name for name in (RECORD, RECORD + GZIP) if name in names]
+        if not older:
             continue
         path = os.path.join(folder, RECORD)
-        with open(path, "rb") as f:
-            data = f.read()
-        if os.path.exists(path + GZIP):
-            sys.exit(f"{path}{GZIP} exists already: remove one of the two by hand")
-        packed = gzip_bytes(data)
-        with open(path + GZIP, "wb") as f:
+        if RECORD + XZ in names or len(older) > 1:
+            sys.exit(f"{path}: more than one copy of the log ({', '.join(sorted(older + [RECORD + XZ]))}): "
+                     "keep one by hand")
+        source = os.path.join(folder, older[0])
+        data = read_record(path)
+        packed = record_bytes(data)
+        with open(path + XZ, "wb") as f:
             f.write(packed)
-        with gzip.open(path + GZIP, "rb") as f:
-            if f.read() != data:
-                sys.exit(f"{path}{GZIP} does not read back as {path}; both kept")
-        os.remove(path)
-        files, before, after = files + 1, before + len(data), after + len(packed)
+        if unxz(path + XZ) != data:
+            sys.exit(f"{path}{XZ} does not read back as {source}; both kept")
+        stored = os.path.getsize(source)
+        os.remove(source)
+        files, before, after = files + 1, before + stored, after + len(packed)
     return files, before, after
 
 
@@ -50,7 +51,7 @@ def main(roots: list[str]) -> int:
             return 2
     for root in roots:
         files, before, after = compress_tree(root)
-        print(f"{root}: {files} {RECORD} compressed, {before:,} -> {after:,} bytes")
+        print(f"{root}: {files} {RECORD} stored as {RECORD}{XZ}, {before:,} -> {after:,} bytes")
     return 0
 
 

@@ -499,9 +499,9 @@ def test_an_exported_comparison_holds_only_finished_runs_records_and_resumes_wit
     assert "exported 1 finished run(s)" in said and "left out 1 part-way (rredcot-s0)" in said
     assert sorted(os.listdir(dest / "runs")) == ["grpo-s0"]
     assert sorted(os.listdir(dest / "runs" / "grpo-s0")) == [".credo-kind", "config.yaml",
-                                                             "metrics.jsonl.gz", "summary.json"]
-    import gzip  # the log is stored compressed, its content unchanged
-    assert (gzip.decompress((dest / "runs" / "grpo-s0" / "metrics.jsonl.gz").read_bytes())
+                                                             "metrics.jsonl.xz", "summary.json"]
+    import lzma  # the log is stored compressed, its content unchanged
+    assert (lzma.decompress((dest / "runs" / "grpo-s0" / "metrics.jsonl.xz").read_bytes())
             == (tmp_path / "a" / "runs" / "grpo-s0" / "metrics.jsonl").read_bytes())
     assert (dest / "report.md").read_text() == (tmp_path / "a" / "report.md").read_text()
     assert (dest / "estimate.json").read_text() == (tmp_path / "a" / "estimate.json").read_text()  # for --status

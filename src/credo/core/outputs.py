@@ -13,7 +13,7 @@ import tempfile
 import warnings
 from typing import Iterator
 
-from credo.core.compressed import GZIP, stored_path
+from credo.core.compressed import GZIP, XZ, stored_path
 from credo.core.config import UserError
 from credo.core.files import atomic_write_text, cache_root, is_within
 
@@ -26,8 +26,8 @@ _SIGNATURES = {"train": ("config.yaml", "metrics.jsonl"), "sft": ("sft_config.ya
 # files too, and is never taken for (or replaced as) a credo output by its file names alone
 # (tensorboard/, wandb/, mlruns/: the local stores of the trackers a run or comparison reports to)
 _TRACKER_DIRS = ("tensorboard", "wandb", "mlruns")
-_OWN_NAMES = {"train": ("config.yaml", "metrics.jsonl", "metrics.jsonl" + GZIP, "summary.json", "checkpoints", "final",
-                        "credit", *_TRACKER_DIRS),
+_OWN_NAMES = {"train": ("config.yaml", "metrics.jsonl", "metrics.jsonl" + XZ, "metrics.jsonl" + GZIP, "summary.json",
+                        "checkpoints", "final", "credit", *_TRACKER_DIRS),
               "audit": ("audit.json", "localisers.json", "audit.md", "audit.png", "audit.html"),
               "compare": ("results.json", "report.md", "*.png", "runs", "audit", "premises", "failure-*.txt",
                           ".credo-export", "estimate.json", *_TRACKER_DIRS),

@@ -3,7 +3,7 @@ a folder small enough to commit or copy to another machine; `credo compare --out
 flags (--preset/--methods/--seeds) resumes from it.
 
 A finished run is reused from its config.yaml, metrics.jsonl and summary.json alone (compare.run_one reads
-nothing else), so only those are copied, the log gzip-compressed (metrics.jsonl.gz, ~5x smaller; every reader of
+nothing else), so only those are copied, the log xz-compressed (metrics.jsonl.xz, ~6.5x smaller; every reader of
 a run takes it as it takes metrics.jsonl: credo.core.compressed): no weights, checkpoints or locks (a
 3.2M-parameter run's checkpoint is ~40 MB, its record ~20 kB). A part-way run is left out: it resumes only from
 its checkpoints, and its config and log without them would be refused as a run whose checkpoints were removed.
@@ -27,7 +27,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
-from credo.core.compressed import GZIP, gzip_bytes, read_record, stored_path
+from credo.core.compressed import XZ, read_record, record_bytes, stored_path
 from credo.core.config import UserError
 from credo.core.files import atomic_copy, atomic_directory, atomic_write_text, is_within
 from credo.core.outputs import KIND_MARKER, is_locked, run_kind
@@ -35,7 +35,7 @@ from credo.core.outputs import KIND_MARKER, is_locked, run_kind
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
 """What a finished run is reused from."""
 COMPRESSED_FILES = ("metrics.jsonl",)
-"""The run files an export stores gzip-compressed (name + .gz): the log is most of a run's record."""
+"""The run files an export stores xz-compressed (name + .xz): the log is most of a run's record."""
 REPORT_FILES = ("results.json", "report.md", "*.png", "failure-*.txt", "estimate.json")
 """A comparison's own files beside runs/ (its audit/ is copied too; premises/ goes with the runs)."""
 EXPORT_MARKER = ".credo-export"
@@ -140,14 +140,14 @@ def _present(run: str, name: str) -> bool:
 
 
 def _copy_run_file(source: str, folder: str) -> None:
-    """Copies the run file `source` into `folder`: a log gzip-compressed (from the plain file or an earlier
-    export's compressed copy), anything else as it is."""
+    """Copies the run file `source` into `folder`: a log xz-compressed (from the plain file or an earlier
+    export's compressed copy, .xz or .gz), anything else as it is."""
     name = os.path.basename(source)
     if name not in COMPRESSED_FILES:
         shutil.copyfile(source, os.path.join(folder, name))
         return
-    with open(os.path.join(folder, name + GZIP), "wb") as f:
-        f.write(gzip_bytes(read_record(source)))
+    with open(os.path.join(folder, name + XZ), "wb") as f:
+        f.write(record_bytes(read_record(source)))
 
 
 def describe(done: Exported, dest: str) -> str:
