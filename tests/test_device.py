@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import warnings
 
 import pytest
 import torch
@@ -290,3 +291,24 @@ def test_a_comparison_continues_only_on_the_device_its_runs_recorded(tmp_path, s
     check_reusable(plan, on["cpu"], saved_policy)
     with pytest.raises(ConfigError, match="device: 'cpu' -> 'cuda'.*pass --device cpu to continue it where it ran"):
         check_reusable(plan, on["cuda"], saved_policy)
+
+
+def test_bfloat16_mixed_warns_on_a_cpu_without_bfloat16_units_and_only_there(tmp_path, monkeypatch):
+    from credo.policy import device
+    avx2 = tmp_path / "avx2"
+    avx2.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu avx2\n")
+    amx = tmp_path / "amx"
+    amx.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    arm = tmp_path / "arm"
+    arm.write_text("Features\t: fp asimd bf16 i8mm\n")
+    assert device.cpu_has_bfloat16_units(str(avx2)) is False
+    assert device.cpu_has_bfloat16_units(str(amx)) is True and device.cpu_has_bfloat16_units(str(arm)) is True
+    assert device.cpu_has_bfloat16_units(str(tmp_path / "missing")) is None
+    for units, warns in ((False, True), (True, False), (None, False)):
+        monkeypatch.setattr(device, "cpu_has_bfloat16_units", lambda units=units: units)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert resolve_dtype("bfloat16-mixed", torch.device("cpu"), "train.dtype") == torch.float32
+            resolve_dtype("float32", torch.device("cpu"))
+        said = [str(w.message) for w in caught if issubclass(w.category, device.SlowBfloat16Warning)]
+        assert len(said) == int(warns) and all(s.startswith("train.dtype=bfloat16-mixed: ") for s in said)

@@ -64,9 +64,28 @@ def test_wrong_trace_is_coloured_negative_under_grpo(policy):
             spans.append(a)
     assert spans and all(float(a["data-credit"]) < 0 for a in spans)  # wrong trace in a mixed group
     for a in spans:
-        r, g, b = map(int, re.search(r"rgb\((\d+),(\d+),(\d+)\)", a["style"]).groups())
+        r, g, b = (int(h, 16) for h in re.search(r"#(..)(..)(..)", a["style"]).groups())
         assert r > b and r > g  # red: negative
     assert colour(0.0, 1.0) == (255, 255, 255) and colour(5.0, 1.0) == colour(1.0, 1.0)
+
+
+def test_a_shared_credit_is_written_once_per_segment_and_a_varying_one_per_token(policy):
+    from dataclasses import replace
+    page = page_of(policy, methods=("grpo",), with_reference=False)
+    seg = page.traces[1].segments[0]
+    n = len(seg.tokens)
+    varying = replace(seg, credit={"grpo": [-1.0 + 2.0 * i / max(n - 1, 1) for i in range(n)]})
+    trace = replace(page.traces[1], segments=[seg, varying])
+    tags = parse(render(replace(page, traces=[trace])))
+    divs = [i for i, (t, a) in enumerate(tags) if t == "div" and "data-step" in a]
+    shared, own = tags[divs[0] + 1:divs[1]], tags[divs[1] + 1:]
+    tokens = [a for t, a in shared if a.get("class") in ("t", "t nl")]
+    assert len(tokens) == n and not any("data-credit" in a for a in tokens)  # bare token spans
+    holders = [a for t, a in shared if "data-credit" in a]
+    assert len(holders) == 1 and float(holders[0]["data-credit"]) == float(f"{seg.credit['grpo'][0]:.4g}")
+    credited = [a for t, a in own if a.get("class") in ("t", "t nl")]
+    assert [float(a["data-credit"]) for a in credited] == [float(f"{v:.4g}") for v in varying.credit["grpo"]]
+    assert credited[0]["style"] == "background:#%02x%02x%02x" % colour(-1.0, page.scale)
 
 
 def test_cli_show_and_terminal(saved_policy, tmp_path, capsys):

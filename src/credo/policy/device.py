@@ -3,7 +3,9 @@
 `device` is 'auto' (CUDA when torch says it is available, else the CPU), 'cpu', 'cuda' (the current CUDA
 device) or 'cuda:N'; `dtype` is 'float32' (the default), 'bfloat16' (a Hugging Face model's weights in
 bfloat16, on a GPU) or 'bfloat16-mixed' (a Hugging Face model's weights and optimiser state in float32, its
-matrix products in bfloat16 under torch.autocast: on a CPU with AMX or AVX512-BF16 about twice as fast).
+matrix products in bfloat16 under torch.autocast: on a CPU with AMX or AVX512-BF16 about 1.5x as fast; on one
+without them, such as an AVX2-only CPU, torch falls back to slow bfloat16 kernels, over 10x slower than float32,
+and a warning says so).
 The format is checked when a config loads (`check_device_fields`, naming the field); whether the machine has
 that device is checked when a command starts (`resolve_device`), so `--help-config` and a config file written on
 one machine load on another. Random draws stay on credo's seeded CPU generators whatever the device (docs/gpu.md
@@ -13,6 +15,7 @@ says what is bit-identical across devices).
 from __future__ import annotations
 
 import re
+import warnings
 
 import torch
 
@@ -65,13 +68,40 @@ def resolve_device(device: str, field: str = "device") -> torch.device:
     return torch.device(device)
 
 
+class SlowBfloat16Warning(UserWarning):
+    """bfloat16-mixed asked for on a CPU without bfloat16 matrix units: it runs, many times slower than float32."""
+
+
+def cpu_has_bfloat16_units(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (x86: AVX512-BF16 or AMX-BF16; Arm: BF16), read
+    from `cpuinfo`'s flags; None where that file is missing or names no flags (not Linux: nothing is said)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    flags = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    if not flags:
+        return None
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
 def resolve_dtype(dtype: str, device: torch.device, field: str = "dtype") -> torch.dtype:
     """The weights' torch dtype of the setting `dtype`, on `device` (bfloat16 weights only on a GPU: a
-    ConfigError naming `field`; bfloat16-mixed keeps float32 weights, so runs anywhere)."""
+    ConfigError naming `field`; bfloat16-mixed keeps float32 weights, so runs anywhere, and warns on a CPU
+    without bfloat16 matrix units, where it is many times slower than float32)."""
     if dtype not in DTYPES:
         raise ConfigError(f"{field} must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if dtype == "bfloat16" and device.type == "cpu":
         raise ConfigError(f"{field}={dtype} needs a GPU, and the device is the CPU; on the CPU use float32 or {MIXED}")
+    if dtype == MIXED and device.type == "cpu" and cpu_has_bfloat16_units() is False:
+        warnings.warn(f"{field}={MIXED}: this CPU has no bfloat16 matrix units (AVX512-BF16, AMX or Arm BF16), so "
+                      "torch runs bfloat16 products in slow kernels, over 10x slower than float32 "
+                      "(bench/bf16_matmul.py measures it); float32 is faster here", SlowBfloat16Warning, stacklevel=2)
     return DTYPES[dtype]
 
 

@@ -5,7 +5,8 @@ Layout: a summary table (method, first-error top-1 on the shown traces, cost), a
 diverging colour scale of the page, then a grid with one row per trace and one column per method
 (plus the MC reference when present). In a cell each segment is a line: its step mark (✓ / ✗ from
 the step labels), then its tokens, each with a background colour for its credit (red negative, blue
-positive, white zero; |credit| >= page.scale is full colour). The labelled first error is outlined.
+positive, white zero; |credit| >= page.scale is full colour; tokens sharing a credit take it from one span around
+them). The labelled first error is outlined.
 Machine-readable attributes (data-trace, data-method, data-step, data-ok, data-first, data-credit)
 let tests check the rendered DOM.
 """
@@ -77,17 +78,28 @@ def _legend(scale: float) -> str:
             f"<span class='ref drop'>MC value drop ≥ {DROP}</span></div>")
 
 
+def _hex(rgb: tuple[int, int, int]) -> str:
+    return "#%02x%02x%02x" % rgb
+
+
 def _segment_line(trace: Any, k: int, seg: Any, label: str, scale: float) -> str:
+    """One segment's line. Tokens that share one credit (every segment-level method's) sit in one span holding
+    that credit and colour, each token a bare span: a third of the bytes of a coloured span per token."""
     mark = "" if seg.ok is None else ("<span class='mark ok'>✓</span>" if seg.ok else "<span class='mark bad'>✗</span>")
+    values = list(seg.credit[label])
+    shared = len(set(values)) == 1
     spans = []
-    for tok, value in zip(seg.tokens, seg.credit[label]):
-        r, g, b = colour(value, scale)
+    for tok, value in zip(seg.tokens, values):
         cls = "t nl" if tok in ("\n", "") else "t"
-        spans.append(f"<span class='{cls}' data-credit='{value:.4g}' style='background:rgb({r},{g},{b})'>"
-                     f"{html.escape(token_text(tok))}</span>")
+        own = "" if shared else f" data-credit='{value:.4g}' style='background:{_hex(colour(value, scale))}'"
+        spans.append(f"<span class='{cls}'{own}>{html.escape(token_text(tok))}</span>")
+    tokens = "".join(spans)
+    if shared and spans:
+        style = f"background:{_hex(colour(values[0], scale))}"
+        tokens = f"<span data-credit='{values[0]:.4g}' style='{style}'>{tokens}</span>"
     first = " first" if k == trace.first_error else ""
     ok = "" if seg.ok is None else f" data-ok='{int(seg.ok)}'"
-    return f"<div class='seg{first}' data-step='{k + 1}'{ok}>{mark or '<span class=mark></span>'}{''.join(spans)}</div>"
+    return f"<div class='seg{first}' data-step='{k + 1}'{ok}>{mark or '<span class=mark></span>'}{tokens}</div>"
 
 
 def _trace_rows(page: Any) -> str:
