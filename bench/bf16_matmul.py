@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     units = {True: "yes", False: "no", None: "unknown"}[cpu_has_bfloat16_units()]
     capability = torch.backends.cpu.get_cpu_capability()
     write("bf16_matmul", rows, f"bfloat16 matrix units (AVX512-BF16, AMX or Arm BF16): {units}; "
-                               f"{torch.get_num_threads()} threads, capability {capability}")
+                               f"torch threads: {torch.get_num_threads()}; capability {capability}")
     return 0
 
 

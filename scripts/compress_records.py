@@ -13,6 +13,7 @@ import os
 import sys
 
 from credo.core.compressed import GZIP, XZ, read_record, record_bytes, unxz
+from credo.core.files import atomic_write_with
 
 RECORD = "metrics.jsonl"
 
@@ -25,14 +26,18 @@ def compress_tree(root: str) -> tuple[int, int, int]:
         if not older:
             continue
         path = os.path.join(folder, RECORD)
-        if RECORD + XZ in names or len(older) > 1:
-            sys.exit(f"{path}: more than one copy of the log ({', '.join(sorted(older + [RECORD + XZ]))}): "
-                     "keep one by hand")
+        copies = [name for name in (RECORD, RECORD + XZ, RECORD + GZIP) if name in names]
+        if len(copies) > 1:
+            sys.exit(f"{path}: more than one copy of the log ({', '.join(copies)}): keep one by hand")
         source = os.path.join(folder, older[0])
         data = read_record(path)
         packed = record_bytes(data)
-        with open(path + XZ, "wb") as f:
-            f.write(packed)
+
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                f.write(packed)
+
+        atomic_write_with(path + XZ, write)  # the copy appears whole, or not at all
         if unxz(path + XZ) != data:
             sys.exit(f"{path}{XZ} does not read back as {source}; both kept")
         stored = os.path.getsize(source)

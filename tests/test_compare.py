@@ -509,6 +509,15 @@ def test_an_exported_comparison_holds_only_finished_runs_records_and_resumes_wit
     # again: the same run is kept as it is
     assert main(["compare", "--out", str(tmp_path / "a"), "--export", str(dest)]) == 0
     assert "exported 0 finished run(s) to" in capsys.readouterr().out
+    # an earlier export's gzip copy of the same log is the same run: kept as it is (and read on resume, below)
+    import gzip
+    log = dest / "runs" / "grpo-s0" / "metrics.jsonl.xz"
+    log.with_suffix(".gz").write_bytes(gzip.compress(lzma.decompress(log.read_bytes()), mtime=0))
+    log.unlink()
+    assert main(["compare", "--out", str(tmp_path / "a"), "--export", str(dest)]) == 0
+    assert "exported 0 finished run(s) to" in capsys.readouterr().out
+    assert sorted(os.listdir(dest / "runs" / "grpo-s0")) == [".credo-kind", "config.yaml", "metrics.jsonl.gz",
+                                                             "summary.json"]
     # another comparison's different run under the same name is refused, and nothing is written
     other = tmp_path / "other"
     shutil.copytree(tmp_path / "a", other)

@@ -60,10 +60,11 @@ def test_a_damaged_compressed_log_is_one_line_naming_it(tmp_path):
         read_jsonl(str(tmp_path / "metrics.jsonl"))
 
 
-def test_a_run_holding_a_compressed_log_is_a_training_run(tmp_path):
+@pytest.mark.parametrize("name", ["metrics.jsonl.xz", "metrics.jsonl.gz"])
+def test_a_run_holding_a_compressed_log_is_a_training_run(tmp_path, name):
     (tmp_path / "config.yaml").write_text("seed: 0\n")
     (tmp_path / "summary.json").write_text("{}\n")
-    (tmp_path / "metrics.jsonl.xz").write_bytes(record_bytes(TEXT))
+    (tmp_path / name).write_bytes(record_bytes(TEXT) if name.endswith(".xz") else gzip.compress(TEXT, mtime=0))
     assert run_kind(str(tmp_path)) == "train"
     (tmp_path / "notes.txt").write_text("mine")  # a user's file: no longer recognised by its names alone
     assert run_kind(str(tmp_path)) is None

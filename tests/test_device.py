@@ -306,9 +306,11 @@ def test_bfloat16_mixed_warns_on_a_cpu_without_bfloat16_units_and_only_there(tmp
     assert device.cpu_has_bfloat16_units(str(tmp_path / "missing")) is None
     for units, warns in ((False, True), (True, False), (None, False)):
         monkeypatch.setattr(device, "cpu_has_bfloat16_units", lambda units=units: units)
+        monkeypatch.setattr(device, "_WARNED", set())
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             assert resolve_dtype("bfloat16-mixed", torch.device("cpu"), "train.dtype") == torch.float32
+            resolve_dtype("bfloat16-mixed", torch.device("cpu"), "compare.dtype")  # once a process: not again
             resolve_dtype("float32", torch.device("cpu"))
         said = [str(w.message) for w in caught if issubclass(w.category, device.SlowBfloat16Warning)]
         assert len(said) == int(warns) and all(s.startswith("train.dtype=bfloat16-mixed: ") for s in said)

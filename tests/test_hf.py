@@ -224,30 +224,31 @@ def test_a_preallocated_layer_reorders_repeats_and_crops_its_buffers_not_only_it
         layer.offload()
 
 
-
 def test_a_model_loads_and_samples_without_transformers_deprecation_warnings(hf_dir, monkeypatch):
     """credo passes the weights' dtype by the keyword the installed transformers takes (`dtype` on the pinned 5.x,
     which warns on `torch_dtype`; `torch_dtype` on a 4.x before 4.56, an older GPU machine's) and reads a forward's
-    KV cache as `cache` (5.x warns on `past_key_values`); peft's wrapping is quiet too."""
+    KV cache as `cache` (5.x warns on `past_key_values`); peft's wrapping is quiet too. Every transformers logger's
+    warning_once (set on the logging.Logger class) and every Python warning is recorded."""
+    import logging
     import warnings
 
     import transformers
-    from transformers import configuration_utils, modeling_utils
-    from transformers.utils import generic
 
     from credo.policy.adapters import LoraSettings
-    from credo.policy.hf import HFPolicy, dtype_argument
-    messages = []
-    for module in (configuration_utils, modeling_utils, generic):
-        monkeypatch.setattr(module.logger, "warning_once", lambda message, *a, **k: messages.append(str(message)))
-    policy = HFPolicy.from_pretrained(hf_dir)
-    ids, mask = policy.encode_prompts(["2 + 3 =", "2 + 3 =", "4 - 1 ="])  # a shared prompt and another
-    out = policy.sample(ids, mask, SamplingConfig(max_new_tokens=4), torch.Generator().manual_seed(0))
-    assert policy.shared_prompt_logits(ids, mask, out.completion_ids, out.completion_mask) is not None
-    assert not [m for m in messages if "deprecated" in m]
-    with warnings.catch_warnings():  # peft's question to the model that transformers 5 renamed stays quiet
-        warnings.simplefilter("error", FutureWarning)
+    from credo.policy.device import dtype_argument
+    from credo.policy.hf import HFPolicy
+    said = []
+    monkeypatch.setattr(logging.Logger, "warning_once", lambda self, message, *a, **k: said.append(str(message)),
+                        raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        policy = HFPolicy.from_pretrained(hf_dir)
+        ids, mask = policy.encode_prompts(["2 + 3 =", "2 + 3 =", "4 - 1 ="])  # a shared prompt and another
+        out = policy.sample(ids, mask, SamplingConfig(max_new_tokens=4), torch.Generator().manual_seed(0))
+        assert policy.shared_prompt_logits(ids, mask, out.completion_ids, out.completion_mask) is not None
         policy.add_lora(LoraSettings(r=2, alpha=4))
+    said += [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))]
+    assert not [m for m in said if "deprecated" in m], said
     assert dtype_argument(torch.bfloat16) == {"dtype": torch.bfloat16}
     monkeypatch.setattr(transformers, "__version__", "4.55.2")
     assert dtype_argument(torch.bfloat16) == {"torch_dtype": torch.bfloat16}

@@ -86,6 +86,10 @@ def test_a_shared_credit_is_written_once_per_segment_and_a_varying_one_per_token
     credited = [a for t, a in own if a.get("class") in ("t", "t nl")]
     assert [float(a["data-credit"]) for a in credited] == [float(f"{v:.4g}") for v in varying.credit["grpo"]]
     assert credited[0]["style"] == "background:#%02x%02x%02x" % colour(-1.0, page.scale)
+    text = render(replace(page, traces=[trace]))  # the shared credit's span holds the segment's token spans
+    shared_colour = "#%02x%02x%02x" % colour(seg.credit["grpo"][0], page.scale)
+    assert (f"<span class='c' data-credit='{seg.credit['grpo'][0]:.4g}' style='background:{shared_colour}'>"
+            f"<span class='t") in text
 
 
 def test_cli_show_and_terminal(saved_policy, tmp_path, capsys):

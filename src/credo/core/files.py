@@ -86,7 +86,8 @@ def atomic_write_json(path: str, obj: Any) -> None:
 
 
 def read_jsonl(path: str, drop_torn_tail: bool = False, fields: dict | None = None) -> list[dict]:
-    """Rows of a JSONL file, or of its compressed copy `path.gz` (credo.core.compressed). A line that is not JSON
+    """Rows of a JSONL file, or of its compressed copy `path.xz` (or an earlier export's `path.gz`;
+    credo.core.compressed). A line that is not JSON
     is an error naming it, except, with `drop_torn_tail`, an unterminated last line (a write cut short by a kill
     or a full disk). With `fields` (credo.core.records), each row is a JSON object whose numbers among them are
     checked."""

@@ -68,7 +68,7 @@ class CredoCreditWorkerMixin:
         if self._credo_module is None:
             from transformers import AutoModelForCausalLM
 
-            from credo.policy.hf import dtype_argument
+            from credo.policy.device import dtype_argument
             hf_config = self.actor.model_config.hf_config
             device = torch.device("cuda",
                                   torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

@@ -72,6 +72,10 @@ class SlowBfloat16Warning(UserWarning):
     """bfloat16-mixed asked for on a CPU without bfloat16 matrix units: it runs, many times slower than float32."""
 
 
+_WARNED: set[str] = set()
+"""The dtype settings this process has warned about."""
+
+
 def cpu_has_bfloat16_units(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
     """Whether this CPU multiplies bfloat16 matrices in hardware (x86: AVX512-BF16 or AMX-BF16; Arm: BF16), read
     from `cpuinfo`'s flags; None where that file is missing or names no flags (not Linux: nothing is said)."""
@@ -98,11 +102,20 @@ def resolve_dtype(dtype: str, device: torch.device, field: str = "dtype") -> tor
         raise ConfigError(f"{field} must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if dtype == "bfloat16" and device.type == "cpu":
         raise ConfigError(f"{field}={dtype} needs a GPU, and the device is the CPU; on the CPU use float32 or {MIXED}")
-    if dtype == MIXED and device.type == "cpu" and cpu_has_bfloat16_units() is False:
+    if dtype == MIXED and device.type == "cpu" and MIXED not in _WARNED and cpu_has_bfloat16_units() is False:
+        _WARNED.add(MIXED)  # once a process, however many of a command's steps resolve the setting
         warnings.warn(f"{field}={MIXED}: this CPU has no bfloat16 matrix units (AVX512-BF16, AMX or Arm BF16), so "
                       "torch runs bfloat16 products in slow kernels, over 10x slower than float32 "
                       "(bench/bf16_matmul.py measures it); float32 is faster here", SlowBfloat16Warning, stacklevel=2)
     return DTYPES[dtype]
+
+
+def dtype_argument(dtype: torch.dtype) -> dict[str, torch.dtype]:
+    """The keyword transformers' loaders take a weights dtype by: `dtype` from 4.56 (which warns on the older
+    `torch_dtype`), `torch_dtype` before it (a GPU machine may have an older transformers than credo pins)."""
+    import transformers
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
 
 
 def device_name(device: torch.device) -> str:

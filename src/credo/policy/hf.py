@@ -29,6 +29,7 @@ from credo.core.files import atomic_directory
 from credo.core.state_io import CorruptStateError
 from credo.policy.adapters import (LoraSettings, adapter_meta, is_lora, load_adapter_weights, save_adapter,
                                    wrap_with_lora)
+from credo.policy.device import dtype_argument
 from credo.policy.hf_folder import refuse_custom_code, refuse_pickled_weights
 
 
@@ -50,14 +51,6 @@ def quiet_loading() -> Iterator[None]:
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
-
-
-def dtype_argument(dtype: torch.dtype) -> dict[str, torch.dtype]:
-    """The keyword transformers' loaders take a weights dtype by: `dtype` from 4.56 (which warns on the older
-    `torch_dtype`), `torch_dtype` before it (a GPU machine may have an older transformers than credo pins)."""
-    import transformers
-    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
-    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
 
 
 class HFPolicy(CompletionScoring):

@@ -38,7 +38,7 @@ def ensure_smollm2() -> str:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from credo.policy.hf import dtype_argument
+    from credo.policy.device import dtype_argument
     folder, name = os.path.dirname(path), os.path.basename(path)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, **dtype_argument(torch.float32),

@@ -3,8 +3,8 @@ a folder small enough to commit or copy to another machine; `credo compare --out
 flags (--preset/--methods/--seeds) resumes from it.
 
 A finished run is reused from its config.yaml, metrics.jsonl and summary.json alone (compare.run_one reads
-nothing else), so only those are copied, the log xz-compressed (metrics.jsonl.xz, ~6.5x smaller; every reader of
-a run takes it as it takes metrics.jsonl: credo.core.compressed): no weights, checkpoints or locks (a
+nothing else), so only those are copied, the log xz-compressed (metrics.jsonl.xz; every reader of a run takes it as
+it takes metrics.jsonl: credo.core.compressed): no weights, checkpoints or locks (a
 3.2M-parameter run's checkpoint is ~40 MB, its record ~20 kB). A part-way run is left out: it resumes only from
 its checkpoints, and its config and log without them would be refused as a run whose checkpoints were removed.
 OUT is only read, so this is safe beside the running comparison (a run's summary.json is its last file, written

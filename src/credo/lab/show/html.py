@@ -39,7 +39,7 @@ table.summary td:first-child,table.summary th:first-child{text-align:left}
      white-space:pre;padding:0 2px;border:2px solid transparent}
 .seg.first{border-color:#111;border-radius:3px}
 .mark{display:inline-block;width:1.2em;font-weight:700}
-.ref.drop{color:#c0392b;font-weight:700} .t{padding:1px 0} .t.nl{color:#999} .ref{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;color:#444}
+.ref.drop{color:#c0392b;font-weight:700} .t,.c{padding:1px 0} .t.nl{color:#999} .ref{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;color:#444}
 """  # noqa: E501  (the stylesheet is written into the page as it stands)
 
 
@@ -86,17 +86,16 @@ def _segment_line(trace: Any, k: int, seg: Any, label: str, scale: float) -> str
     """One segment's line. Tokens that share one credit (every segment-level method's) sit in one span holding
     that credit and colour, each token a bare span: a third of the bytes of a coloured span per token."""
     mark = "" if seg.ok is None else ("<span class='mark ok'>✓</span>" if seg.ok else "<span class='mark bad'>✗</span>")
-    values = list(seg.credit[label])
-    shared = len(set(values)) == 1
+    shown = [(f"{value:.4g}", _hex(colour(value, scale))) for value in seg.credit[label]]  # (credit, colour)
+    shared = len(set(shown)) == 1
     spans = []
-    for tok, value in zip(seg.tokens, values):
+    for tok, (credit, rgb) in zip(seg.tokens, shown):
         cls = "t nl" if tok in ("\n", "") else "t"
-        own = "" if shared else f" data-credit='{value:.4g}' style='background:{_hex(colour(value, scale))}'"
+        own = "" if shared else f" data-credit='{credit}' style='background:{rgb}'"
         spans.append(f"<span class='{cls}'{own}>{html.escape(token_text(tok))}</span>")
     tokens = "".join(spans)
     if shared and spans:
-        style = f"background:{_hex(colour(values[0], scale))}"
-        tokens = f"<span data-credit='{values[0]:.4g}' style='{style}'>{tokens}</span>"
+        tokens = f"<span class='c' data-credit='{shown[0][0]}' style='background:{shown[0][1]}'>{tokens}</span>"
     first = " first" if k == trace.first_error else ""
     ok = "" if seg.ok is None else f" data-ok='{int(seg.ok)}'"
     return f"<div class='seg{first}' data-step='{k + 1}'{ok}>{mark or '<span class=mark></span>'}{tokens}</div>"
