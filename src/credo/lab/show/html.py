@@ -84,7 +84,7 @@ def _hex(rgb: tuple[int, int, int]) -> str:
 
 def _segment_line(trace: Any, k: int, seg: Any, label: str, scale: float) -> str:
     """One segment's line. Tokens that share one credit (every segment-level method's) sit in one span holding
-    that credit and colour, each token a bare span: a third of the bytes of a coloured span per token."""
+    that credit and colour, each token a bare span: about a quarter of the bytes of a coloured span per token."""
     mark = "" if seg.ok is None else ("<span class='mark ok'>✓</span>" if seg.ok else "<span class='mark bad'>✗</span>")
     shown = [(f"{value:.4g}", _hex(colour(value, scale))) for value in seg.credit[label]]  # (credit, colour)
     shared = len(set(shown)) == 1
