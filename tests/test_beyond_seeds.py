@@ -383,6 +383,7 @@ def test_each_new_estimator_trains_two_steps_deterministically(saved_policy, tmp
     assert len(steps) == 2 and all(math.isfinite(row["advantage_abs_mean"]) for row in steps)
 
 
+@pytest.mark.slow
 def test_credo_compare_runs_the_new_estimators(saved_policy, tmp_path):
     from credo.lab.compare.run import compare
     results = compare("smoke", str(tmp_path / "cmp"), methods=("tempo", "entropy_mask:q=0.5"), start=saved_policy,

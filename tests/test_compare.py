@@ -2,6 +2,8 @@ import json
 import os
 import shutil
 
+import pytest
+
 from credo.core.outputs import run_kind
 from credo.lab.compare.run import compare
 from credo.lab.compare.goals import BEST, CONTROLS, SC, SRPO
@@ -73,6 +75,7 @@ def test_a_failing_method_is_reported_and_the_rest_still_runs(saved_policy, tmp_
     assert "failed" not in open(os.path.join(out, "report.md")).read()
 
 
+@pytest.mark.slow
 def test_parallel_jobs_give_the_same_runs_as_one_job(saved_policy, tmp_path):
     """--jobs 2 runs each training in a one-thread worker; with one thread here too, every curve must match."""
     import torch
@@ -470,6 +473,7 @@ def test_report_only_rebuilds_a_committed_comparison(tmp_path):
                                                          for r in e["seeds"].values())
 
 
+@pytest.mark.slow
 def test_a_run_directory_from_another_budget_is_refused_not_mixed_in(saved_policy, tmp_path):
     import pytest
     out = str(tmp_path / "cmp")
@@ -579,6 +583,7 @@ def test_export_never_writes_into_a_live_run(saved_policy, tmp_path, capsys):
     assert not (dest / "runs" / "grpo-s0" / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_runs_from_the_default_start_record_no_path_to_it_and_old_absolute_paths_still_match(tmp_path, monkeypatch):
     """A run's config.yaml says start: '' for the task's default start (the shipped arith SFT start), so a
     comparison moved to another checkout still matches; a run from before, naming this checkout's path to
@@ -744,6 +749,7 @@ def test_audit_n_zero_skips_the_start_audit_and_nothing_else(saved_policy, tmp_p
     assert os.path.exists(os.path.join(out, "report.md"))
 
 
+@pytest.mark.slow
 def test_a_comparison_measures_the_premises_on_its_start_and_each_final_policy_once(tmp_path, monkeypatch):
     """premise_n > 0: the teacher check for sc_grpo, the localisation check for srpo:localiser=prompt, nothing
     for grpo; each measurement kept in premises/, read back (not measured again) by a rerun; a report section."""

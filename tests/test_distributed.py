@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import torch
 from safetensors.torch import load_file
 
@@ -18,6 +20,7 @@ def launch(n, out, start, port):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(saved_policy, tmp_path):
     launch(1, str(tmp_path / "one"), saved_policy, 29511)
     launch(2, str(tmp_path / "two"), saved_policy, 29512)

@@ -48,6 +48,7 @@ def test_the_acceptance_dry_run_passes_every_check_and_writes_only_under_its_out
     assert f"summary (full): {len(CHECKS)} passed" in open(os.path.join(results, "full.txt")).read()
 
 
+@pytest.mark.slow
 def test_the_smoke_dry_run_checks_placement_dtype_throughput_credit_and_one_step_of_each_backend(tmp_path):
     printed, out = dry_run(tmp_path, "--smoke")
     lines = printed.splitlines()

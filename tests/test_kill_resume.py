@@ -60,6 +60,7 @@ def check_kill_resume(start: str, tmp_path, method: str, extra: list[str], steps
         json.load(open(os.path.join(reference, "summary.json")))["final_accuracy"]
 
 
+@pytest.mark.slow
 def test_grpo_killed_at_a_random_point_resumes_bit_identical(saved_policy, tmp_path):
     check_kill_resume(saved_policy, tmp_path, "grpo", [], steps=4, kills=1,
                       seed=int(os.environ.get("CREDO_KILL_SEED", "0")))

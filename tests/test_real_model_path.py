@@ -140,6 +140,7 @@ def test_eta_arithmetic():
     assert [format_seconds(s) for s in (45, 200, 3900)] == ["45s", "3m20s", "1h05m"]
 
 
+@pytest.mark.slow
 def test_a_run_with_the_eta_bar_is_the_same_run_as_one_without(tmp_path):
     from credo.train.trainer import Trainer
     config = load_train_config(overrides=["steps=2", "prompts_per_step=2", "group_size=2", "eval_n=4",

@@ -55,6 +55,22 @@ def test_gym_task_splits_disjoint_and_scorer(tmp_path):
         make_task("gym:no_such_dataset")
 
 
+def test_gym_validation_split_is_a_fixed_sequence_apart_from_held_out_and_training_draws():
+    options = {"min_terms": 5, "max_terms": 8, "min_digits": 1, "max_digits": 1}
+    task = make_task("gym:chain_sum", options)
+    validation = task.validation_problems(300)
+    keys = [p.key for p in validation]
+    assert len(set(keys)) == 300
+    assert not set(keys) & {p.key for p in task.heldout_problems(1000)}
+    again = make_task("gym:chain_sum", options)
+    assert [p.key for p in again.validation_problems(100)] == keys[:100]  # the same on every machine, prefixes agree
+    again.train_exclude = frozenset(keys)
+    drawn = again.train_problems(3000, torch.Generator().manual_seed(0))
+    assert len(drawn) == 3000 and not {p.key for p in drawn} & set(keys)
+    tiny = make_task("gym:chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
+    assert len(tiny.validation_problems(500)) < 500  # at most 200 one-digit pairs: as many as the options leave
+
+
 def test_jsonl_solution_field_becomes_the_reference_solution(tmp_path):
     path = write(tmp_path, ['{"question": "2+3*4?", "answer": "14", "solution": "3*4=12\\n\\n2+12=14"}',
                             '{"question": "1+1?", "answer": "2", "solution": "1+1=2\\nso \\\\boxed{2}"}',

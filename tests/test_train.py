@@ -134,8 +134,9 @@ def test_a_run_on_the_validation_split_evaluates_there_and_never_trains_on_it(sa
     assert "eval_split: validation" in dump_yaml(config)
     assert "eval_split" not in dump_yaml(load_train_config(None, [f"start={saved_policy}"]))  # old records unchanged
     with pytest.raises(ConfigError, match=r"^train\.eval_split=validation needs a task with a validation split"):
-        Trainer(load_train_config(None, ["task=gym:chain_sum", "eval_split=validation", f"start={saved_policy}"]),
-                str(tmp_path / "gym"), progress=False)
+        jsonl = os.path.join(os.path.dirname(__file__), "data", "jsonl", "long_arith.jsonl")
+        Trainer(load_train_config(None, [f"task=jsonl:{jsonl}", "eval_split=validation", f"start={saved_policy}"]),
+                str(tmp_path / "jsonl"), progress=False)
 
 
 def test_fused_adamw_is_opt_in_and_moves_the_weights_as_the_default_loop_does(saved_policy, tmp_path):

@@ -73,6 +73,7 @@ def test_verls_loader_registers_credos_estimators_and_they_equal_verls_grpo(tmp_
     assert "credo: verl plugin" not in result.stderr
 
 
+@pytest.mark.slow
 def test_with_verls_plugins_off_the_estimators_are_unknown(tmp_path):
     result = run_with_plugin(tmp_path, "verl_plugins_on = False" + SAME_AS_VERL, plugins="none")
     assert result.returncode != 0 and "Unknown advantage estimator simply: credo_grpo" in result.stderr
@@ -91,6 +92,7 @@ print("the others:", core_algos.get_adv_estimator_fn("credo_rloo").__name__ if "
 """
 
 
+@pytest.mark.slow
 def test_a_failed_registration_is_one_loud_line_naming_the_estimator(tmp_path):
     result = run_with_plugin(tmp_path, CONFLICT, plugins="none")
     assert result.returncode == 0, result.stderr[-3000:]  # verl swallows the plugin's error; the run goes on

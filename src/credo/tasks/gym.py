@@ -1,7 +1,8 @@
 """`gym:<name>`: any reasoning-gym dataset, scored by its own verifier, answers in <answer> tags.
 
-Train and held-out problems come from different generator seeds; a training problem whose question
-also occurs among the first `heldout_size` held-out problems is dropped, so the splits are disjoint.
+Train, validation and held-out problems come from different generator seeds; a training or validation problem
+whose question also occurs among the first `heldout_size` held-out problems is dropped, so the splits are disjoint,
+and a run on the validation split (train.eval_split=validation) never trains on its validation problems.
 Dataset options (e.g. min_terms, max_digits for chain_sum) pass straight to reasoning-gym, except credo's own
 `step_labels`: true labels each line of a running-sum solution of a +/- chain (chain_sum, and basic_arithmetic's
 +/- problems) right or wrong, as `arith` does, and cuts completions into lines, so the audit can score credit
@@ -20,6 +21,9 @@ from credo.core.protocols import Problem, StepTruth
 from credo.tasks.base import HELDOUT_SEED, INTEGER, running_sum_truth
 from credo.tasks.chat import FreeFormTask
 
+# reasoning-gym seeds its item i with `seed + i`, so sequences whose seeds lie closer than their lengths share items
+# (which the held-out filter would then drop): the validation sequence starts a long way past the held-out one
+VALIDATION_SEED = HELDOUT_SEED + 100_000_000
 
 STEP_LINE = re.compile(r"^\s*(-?\d+)\s*([+-])\s*(-?\d+)\s*=\s*(-?\d+)\s*$")
 
@@ -85,6 +89,8 @@ class GymTask(FreeFormTask):
             raise ConfigError(f"task gym:{name} with options {self.options}: {err}") from None
         self.heldout_size = heldout_size
         self._heldout: list[Problem] = []
+        self._validation: list[Problem] = []
+        self.train_exclude: frozenset[str] = frozenset()  # keys training never draws (a run on its validation split)
         if step_labels:
             sample = self._problems(HELDOUT_SEED, 1)[0]
             if running_sum_solution(self.expression(sample)) is None:
@@ -113,8 +119,27 @@ class GymTask(FreeFormTask):
             self._heldout = self._problems(HELDOUT_SEED, max(n, self.heldout_size))
         return self._heldout[:n]
 
+    def validation_problems(self, n: int) -> list[Problem]:
+        """The first n distinct problems of a fixed sequence (VALIDATION_SEED, the same on every machine) that are
+        not held out: what a run that chooses between methods or settings evaluates on; fewer when the options
+        leave fewer."""
+        if len(self._validation) < n:
+            held = {p.key for p in self.heldout_problems(self.heldout_size)}
+            size = n
+            while True:
+                out, seen = [], set()
+                for p in self._problems(VALIDATION_SEED, size):
+                    if p.key not in held and p.key not in seen:
+                        seen.add(p.key)
+                        out.append(p)
+                if len(out) >= n or size >= 64 * n:  # a small problem space: as many as it has
+                    break
+                size *= 2
+            self._validation = out
+        return self._validation[:n]
+
     def train_problems(self, n: int, generator: torch.Generator) -> list[Problem]:
-        held = {p.key for p in self.heldout_problems(self.heldout_size)}
+        held = {p.key for p in self.heldout_problems(self.heldout_size)} | self.train_exclude
         out: list[Problem] = []
         draws = 0
         while len(out) < n:
@@ -123,7 +148,7 @@ class GymTask(FreeFormTask):
             draws += 1
             if draws >= 100 and not out:  # every problem the options allow is held out: it would loop for ever
                 raise UserError(f"task gym:{self.dataset_name}: 100 draws of {n} problems found none outside the "
-                                "held-out split (its options leave too few distinct problems)")
+                                "held-out and validation splits (its options leave too few distinct problems)")
         return out[:n]
 
     def extract_answer(self, completion: str) -> str | None:

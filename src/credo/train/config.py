@@ -106,8 +106,8 @@ class TrainConfig:
     """Held-out problems of the final evaluation (0: none)."""
     eval_split: str = field(default="heldout", metadata={"omit_default": True})
     """Where the curve and the final evaluation are measured: 'heldout' (the test set), or 'validation', a fixed
-    set of training-split problems that this run then never trains on (arith tasks), for choosing between methods
-    or settings without looking at the held-out set (the selection rule of docs/methods.md). Left out of
+    set of training-split problems that this run then never trains on (arith and gym: tasks), for choosing between
+    methods or settings without looking at the held-out set (the selection rule of docs/methods.md). Left out of
     config.yaml at its default."""
     credit_log_every: int = field(default=10, metadata={"omit_default": True})
     """Every this many steps, credit_log_rows rows of the batch with their per-token credit and its

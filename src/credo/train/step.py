@@ -288,8 +288,8 @@ def validation_split(task: Any, config: TrainConfig) -> list:
     """Every problem a run on the validation split evaluates on (the most either evaluation asks for), which its
     training draws then skip; a task without one is a ConfigError naming train.eval_split."""
     if not hasattr(task, "validation_problems"):
-        raise ConfigError(f"train.eval_split=validation needs a task with a validation split (arith, arith-long); "
-                          f"task {task.name!r} has none")
+        raise ConfigError("train.eval_split=validation needs a task with a validation split (arith, arith-long, "
+                          f"gym:<name>); task {task.name!r} has none")
     return task.validation_problems(max(config.eval_n, config.final_eval_n))
 
 

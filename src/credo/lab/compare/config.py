@@ -60,7 +60,7 @@ class CompareConfig:
     (default false: one after another, as one training keeps a GPU busy)."""
     eval_split: str = "heldout"
     """Where every run's curve and final accuracy are measured: 'heldout' (the test set) or 'validation', a fixed
-    set of training-split problems the runs never train on (train.eval_split; arith tasks): for choosing a
+    set of training-split problems the runs never train on (train.eval_split; arith and gym: tasks): for choosing a
     method or a setting, after which the choice alone is judged on the held-out set."""
     audit_n: int | None = None
     """Traces of the credit audit of the start, run after the trainings, instead of the preset's (0 skips it;
