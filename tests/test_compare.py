@@ -740,6 +740,7 @@ def test_a_comparison_on_the_validation_split_evaluates_there_and_says_so(saved_
     assert "final: the first 8 validation problems." in report
 
 
+@pytest.mark.slow
 def test_audit_n_zero_skips_the_start_audit_and_nothing_else(saved_policy, tmp_path):
     """The smoke preset audits its start (audit_n=8); audit_n=0 trains and reports the same runs without it."""
     out = str(tmp_path / "no-audit")

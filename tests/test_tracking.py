@@ -223,6 +223,7 @@ def test_trackio_store_holds_the_rows_and_config(tracked_run):
     assert config["lr"] == yaml.safe_load(open(os.path.join(run, "config.yaml")))["lr"]
 
 
+@pytest.mark.slow
 def test_compare_logs_each_run_to_its_own_tracker_run_grouped_by_the_comparison(saved_policy, tmp_path):
     pytest.importorskip("mlflow")
     out = str(tmp_path / "cmp-a")
