@@ -61,7 +61,7 @@ def test_reset_localisers_run_through_the_hf_backend(hf_policy, gym_task, locali
     probe = Probe(hf_policy, gym_task, SamplingConfig(max_new_tokens=6), torch.Generator().manual_seed(0))
     seg = probe.segment(r, "keyword_entropy")
     rows = [i for i in range(r.batch_size) if not bool(r.correct[i])]
-    picks = localise(localiser, r, rows, probe, seg, random.Random(0))
+    picks = localise(localiser, r, rows, probe, seg, random.Random(0), prompt_max_new_tokens=16)
     counts = [int((seg[i] >= 0).sum() and seg[i].max() + 1) for i in rows]
     assert all(0 <= k < max(n, 1) for k, n in zip(picks, counts))
 
