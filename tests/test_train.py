@@ -164,3 +164,39 @@ def test_each_step_records_the_size_of_its_update_after_adam(saved_policy, tmp_p
     after = trainer.policy.model.state_dict()
     moved = float(sum(((after[k] - before[k]).double() ** 2).sum() for k in before) ** 0.5)
     assert moved > 0 and abs(row["update_norm"] - moved) <= 1e-6 * moved
+
+
+def test_a_mini_batch_without_signal_skips_its_forward_and_backward_and_changes_nothing(saved_policy, tmp_path,
+                                                                                          monkeypatch):
+    """Steps 3 and 4 given all-zero credit: the update takes their zero gradients without a forward or a
+    backward, and AdamW still steps (its momentum moves the weights), exactly as the backward would."""
+    from dataclasses import replace
+    from credo.train.step import TrainerStep
+    assign, decide = TrainerStep.assign_credit, TrainerStep.without_signal
+
+    def zero_on_steps_3_and_4(self, rollouts):
+        credit = assign(self, rollouts)
+        return replace(credit, advantages=torch.zeros_like(credit.advantages)) if self.step in (2, 3) else credit
+
+    decisions = []
+
+    def recorded(self, *args):
+        decisions.append(decide(self, *args))
+        return decisions[-1]
+
+    monkeypatch.setattr(TrainerStep, "assign_credit", zero_on_steps_3_and_4)
+    runs = {}
+    for name, skip in (("skipping", recorded), ("computing", lambda self, *args: False)):
+        monkeypatch.setattr(TrainerStep, "without_signal", skip)
+        config = load_train_config(None, ["method=grpo", f"start={saved_policy}", "steps=5", "epochs=1",
+                                          "minibatches=1", *TRAIN_FAST])
+        trainer = Trainer(config, str(tmp_path / name), progress=False)
+        trainer.train()
+        runs[name] = (strip_time(trainer.log.rows()), load_policy(str(tmp_path / name / "final")).model.state_dict())
+    assert decisions == [False, False, True, True, False]  # step 1's backward shows which weights the loss reaches
+    rows, weights = runs["skipping"]
+    assert rows == runs["computing"][0]
+    assert all(torch.equal(weights[k], runs["computing"][1][k]) for k in weights)
+    update_rows = [r for r in rows if "grad_norm" in r]
+    assert [r["grad_norm"] == 0 for r in update_rows] == [False, False, True, True, False]
+    assert all(r["update_norm"] > 0 for r in update_rows)  # AdamW stepped on the steps without signal too

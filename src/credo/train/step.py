@@ -206,15 +206,21 @@ class TrainerStep:
                 if idx.numel() == 0:
                     continue
                 mb = rollouts.select(idx)
-                logprobs, _ = self.policy.score(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask)
-                old = logprobs.detach() if self.on_policy else mb.old_logprobs
-                loss, s = policy_loss(logprobs, old, credit.advantages[idx], mask[idx], c.loss,
-                                      norm_length=c.sampling.max_new_tokens,
-                                      weights=credit.weights[idx] if credit.weights is not None else None,
-                                      ref_logprobs=mb.ref_logprobs)
-                self.optimizer.zero_grad(set_to_none=True)
-                (loss * scale).backward()
                 trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.without_signal(credit.advantages[idx], mask[idx], trainable):
+                    loss, s = torch.zeros(()), {"clip_frac": 0.0, "kl": 0.0,
+                                             "clipped": torch.zeros(mask[idx].shape, dtype=torch.bool)}
+                else:
+                    logprobs, _ = self.policy.score(mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
+                                                    mb.completion_mask)
+                    old = logprobs.detach() if self.on_policy else mb.old_logprobs
+                    loss, s = policy_loss(logprobs, old, credit.advantages[idx], mask[idx], c.loss,
+                                          norm_length=c.sampling.max_new_tokens,
+                                          weights=credit.weights[idx] if credit.weights is not None else None,
+                                          ref_logprobs=mb.ref_logprobs)
+                    (loss * scale).backward()
+                    self.reached = [p.grad is not None for p in trainable]
                 if self.dp is not None:
                     self.dp.average_gradients(trainable)
                 grad_norm = torch.nn.utils.clip_grad_norm_(trainable, c.grad_clip)
@@ -229,6 +235,24 @@ class TrainerStep:
                 self.clipped[idx] = s["clipped"].cpu()
                 n_updates += 1
         return n_updates
+
+    def without_signal(self, advantages: torch.Tensor, mask: torch.Tensor, trainable: list[torch.Tensor]) -> bool:
+        """Whether a mini-batch's gradient is zero without computing it, and if so its zero gradients set.
+
+        advantages[b, T] and mask[b, T] (the tokens that get gradient) of the mini-batch. Zero when the update is
+        on-policy (every ratio is 1, nothing is clipped), in one process, without a KL term, and every advantage
+        on its tokens is zero (for GRPO: a batch whose groups are all right or all wrong). The parameters the loss
+        reaches (recorded at this process's last backward; before any, the backward runs) then get zero
+        gradients, as a backward gives them, and AdamW steps as after one (its moments decay, weight decay
+        acts): the same weights and metrics, without the forward and backward."""
+        reached = getattr(self, "reached", None)
+        if (reached is None or len(reached) != len(trainable) or not self.on_policy or self.dp is not None
+                or self.config.loss.kl_coef > 0 or bool((advantages[mask] != 0).any())):
+            return False
+        for parameter, gets_gradient in zip(trainable, reached):
+            if gets_gradient:
+                parameter.grad = torch.zeros_like(parameter)
+        return True
 
     def keep_credit(self, rollouts: Rollouts, credit: Credit) -> None:
         """The credit log (credo.train.credit_log): this step's credit parts for the trackers (`credit_parts`, when
