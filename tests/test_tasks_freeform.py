@@ -56,7 +56,8 @@ def test_gym_task_splits_disjoint_and_scorer(tmp_path):
 
 
 def test_gym_validation_split_is_a_fixed_sequence_apart_from_held_out_and_training_draws():
-    options = {"min_terms": 5, "max_terms": 8, "min_digits": 1, "max_digits": 1}
+    # three one-digit terms: a space small enough that unfiltered draws would meet the held-out and validation sets
+    options = {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1}
     task = make_task("gym:chain_sum", options)
     validation = task.validation_problems(300)
     keys = [p.key for p in validation]
@@ -64,11 +65,14 @@ def test_gym_validation_split_is_a_fixed_sequence_apart_from_held_out_and_traini
     assert not set(keys) & {p.key for p in task.heldout_problems(1000)}
     again = make_task("gym:chain_sum", options)
     assert [p.key for p in again.validation_problems(100)] == keys[:100]  # the same on every machine, prefixes agree
+    assert [p.key for p in again.validation_problems(300)] == keys
     again.train_exclude = frozenset(keys)
     drawn = again.train_problems(3000, torch.Generator().manual_seed(0))
     assert len(drawn) == 3000 and not {p.key for p in drawn} & set(keys)
     tiny = make_task("gym:chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
-    assert len(tiny.validation_problems(500)) < 500  # at most 200 one-digit pairs: as many as the options leave
+    held = {p.key for p in tiny.heldout_problems(1000)}
+    few = {p.key for p in tiny.validation_problems(5000)}
+    assert few and not few & held and len(few) < 5000  # as many as the options leave outside the held-out set
 
 
 def test_jsonl_solution_field_becomes_the_reference_solution(tmp_path):

@@ -1,3 +1,4 @@
+import json
 import os
 
 import pytest
@@ -195,8 +196,25 @@ def test_a_mini_batch_without_signal_skips_its_forward_and_backward_and_changes_
         runs[name] = (strip_time(trainer.log.rows()), load_policy(str(tmp_path / name / "final")).model.state_dict())
     assert decisions == [False, False, True, True, False]  # step 1's backward shows which weights the loss reaches
     rows, weights = runs["skipping"]
-    assert rows == runs["computing"][0]
+    assert json.dumps(rows) == json.dumps(runs["computing"][0])  # -0.0 would show here
     assert all(torch.equal(weights[k], runs["computing"][1][k]) for k in weights)
     update_rows = [r for r in rows if "grad_norm" in r]
     assert [r["grad_norm"] == 0 for r in update_rows] == [False, False, True, True, False]
     assert all(r["update_norm"] > 0 for r in update_rows)  # AdamW stepped on the steps without signal too
+    monkeypatch.setattr(TrainerStep, "without_signal", recorded)
+    for where, settings in (("two-epochs", ["epochs=2"]), ("kl", ["epochs=1", "minibatches=1", "loss.kl_coef=0.1"])):
+        decisions.clear()  # off-policy ratios (clipping) or a KL term: the gradient is not zero, nothing is skipped
+        Trainer(load_train_config(None, ["method=grpo", f"start={saved_policy}", "steps=4", *TRAIN_FAST, *settings]),
+                str(tmp_path / where), progress=False).train()
+        assert decisions and not any(decisions)
+
+
+def test_a_model_that_draws_dropout_is_seen_by_its_modules_or_its_config():
+    from types import SimpleNamespace
+    from credo.train.step import draws_dropout
+    assert not draws_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.0)))
+    assert draws_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)))
+    quiet, noisy = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    quiet.config = SimpleNamespace(attention_dropout=0.0, resid_pdrop=0, classifier_dropout=None, use_cache=True)
+    noisy.config = SimpleNamespace(attention_dropout=0.0, resid_pdrop=0.1)
+    assert not draws_dropout(quiet) and draws_dropout(noisy)

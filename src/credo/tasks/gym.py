@@ -22,8 +22,11 @@ from credo.tasks.base import HELDOUT_SEED, INTEGER, running_sum_truth
 from credo.tasks.chat import FreeFormTask
 
 # reasoning-gym seeds its item i with `seed + i`, so sequences whose seeds lie closer than their lengths share items
-# (which the held-out filter would then drop): the validation sequence starts a long way past the held-out one
-VALIDATION_SEED = HELDOUT_SEED + 100_000_000
+# (which the held-out filter would then drop): the validation sequence starts a long way past the held-out one,
+# and is drawn in chunks of a fixed size (a few datasets shuffle items across a whole dataset, so the same n must
+# not depend on how many were asked for)
+GYM_VALIDATION_SEED = HELDOUT_SEED + 100_000_000
+VALIDATION_CHUNK, VALIDATION_CHUNKS = 1000, 64
 
 STEP_LINE = re.compile(r"^\s*(-?\d+)\s*([+-])\s*(-?\d+)\s*=\s*(-?\d+)\s*$")
 
@@ -90,6 +93,7 @@ class GymTask(FreeFormTask):
         self.heldout_size = heldout_size
         self._heldout: list[Problem] = []
         self._validation: list[Problem] = []
+        self._validation_chunks = 0  # chunks of the validation sequence read so far
         self.train_exclude: frozenset[str] = frozenset()  # keys training never draws (a run on its validation split)
         if step_labels:
             sample = self._problems(HELDOUT_SEED, 1)[0]
@@ -120,23 +124,22 @@ class GymTask(FreeFormTask):
         return self._heldout[:n]
 
     def validation_problems(self, n: int) -> list[Problem]:
-        """The first n distinct problems of a fixed sequence (VALIDATION_SEED, the same on every machine) that are
-        not held out: what a run that chooses between methods or settings evaluates on; fewer when the options
-        leave fewer."""
-        if len(self._validation) < n:
-            held = {p.key for p in self.heldout_problems(self.heldout_size)}
-            size = n
-            while True:
-                out, seen = [], set()
-                for p in self._problems(VALIDATION_SEED, size):
-                    if p.key not in held and p.key not in seen:
-                        seen.add(p.key)
-                        out.append(p)
-                if len(out) >= n or size >= 64 * n:  # a small problem space: as many as it has
-                    break
-                size *= 2
-            self._validation = out
-        return self._validation[:n]
+        """The first n distinct problems of a fixed sequence (GYM_VALIDATION_SEED, read in chunks of a fixed size:
+        the same on every machine, whatever n) that are not held out: what a run that chooses between methods or
+        settings evaluates on; fewer when the options leave fewer."""
+        held = {p.key for p in self.heldout_problems(self.heldout_size)}
+        seen = {p.key for p in self._validation}
+        while len(self._validation) < n and self._validation_chunks < VALIDATION_CHUNKS:
+            chunk = self._problems(GYM_VALIDATION_SEED + self._validation_chunks * VALIDATION_CHUNK, VALIDATION_CHUNK)
+            self._validation_chunks += 1
+            for p in chunk:
+                if p.key not in held and p.key not in seen:
+                    seen.add(p.key)
+                    self._validation.append(p)
+        if not self._validation:
+            raise UserError(f"task gym:{self.dataset_name}: its options leave no problems outside the held-out split "
+                            "to validate on (widen them)")
+        return self._validation[:n]  # fewer than n when the options leave fewer
 
     def train_problems(self, n: int, generator: torch.Generator) -> list[Problem]:
         held = {p.key for p in self.heldout_problems(self.heldout_size)} | self.train_exclude

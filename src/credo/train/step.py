@@ -50,6 +50,8 @@ class TrainerStep:
     `plan`: the run's plan, with `config` as credo.train.plan.plan_run returned them both (None: `config` is
     planned here, e.g. one built in code); `policy`: a loaded policy to train instead of `config.start` (tests)."""
 
+    skip_without_signal = True  # a mini-batch whose gradient is zero skips its forward and backward (without_signal)
+
     def __init__(self, config: TrainConfig, run_dir: str, policy: Policy | None = None, progress: bool = True,
                  plan: Plan | None = None) -> None:
         self.run_dir, self.progress = run_dir, progress
@@ -208,7 +210,8 @@ class TrainerStep:
                 mb = rollouts.select(idx)
                 trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
                 self.optimizer.zero_grad(set_to_none=True)
-                if self.without_signal(credit.advantages[idx], mask[idx], trainable):
+                weights = credit.weights[idx] if credit.weights is not None else None
+                if self.without_signal(credit.advantages[idx], weights, mask[idx], trainable):
                     loss, s = torch.zeros(()), {"clip_frac": 0.0, "kl": 0.0,
                                              "clipped": torch.zeros(mask[idx].shape, dtype=torch.bool)}
                 else:
@@ -217,8 +220,7 @@ class TrainerStep:
                     old = logprobs.detach() if self.on_policy else mb.old_logprobs
                     loss, s = policy_loss(logprobs, old, credit.advantages[idx], mask[idx], c.loss,
                                           norm_length=c.sampling.max_new_tokens,
-                                          weights=credit.weights[idx] if credit.weights is not None else None,
-                                          ref_logprobs=mb.ref_logprobs)
+                                          weights=weights, ref_logprobs=mb.ref_logprobs)
                     (loss * scale).backward()
                     self.reached = [p.grad is not None for p in trainable]
                 if self.dp is not None:
@@ -236,22 +238,27 @@ class TrainerStep:
                 n_updates += 1
         return n_updates
 
-    def without_signal(self, advantages: torch.Tensor, mask: torch.Tensor, trainable: list[torch.Tensor]) -> bool:
+    def without_signal(self, advantages: torch.Tensor, weights: torch.Tensor | None, mask: torch.Tensor,
+                       trainable: list[torch.Tensor]) -> bool:
         """Whether a mini-batch's gradient is zero without computing it, and if so its zero gradients set.
 
-        advantages[b, T] and mask[b, T] (the tokens that get gradient) of the mini-batch. Zero when the update is
-        on-policy (every ratio is 1, nothing is clipped), in one process, without a KL term, and every advantage
-        on its tokens is zero (for GRPO: a batch whose groups are all right or all wrong). The parameters the loss
-        reaches (recorded at this process's last backward; before any, the backward runs) then get zero
-        gradients, as a backward gives them, and AdamW steps as after one (its moments decay, weight decay
-        acts): the same weights and metrics, without the forward and backward."""
-        reached = getattr(self, "reached", None)
-        if (reached is None or len(reached) != len(trainable) or not self.on_policy or self.dp is not None
-                or self.config.loss.kl_coef > 0 or bool((advantages[mask] != 0).any())):
+        advantages[b, T], weights[b, T] (or None) and mask[b, T] (the tokens that get gradient) of the mini-batch.
+        Zero when the update is on-policy (every ratio is 1, nothing is clipped), in one process, without a KL
+        term, the model draws no dropout of its own, every advantage and weight is finite and every advantage on
+        the masked tokens is zero (for GRPO: a batch whose groups are all right or all wrong). Every trainable
+        weight then gets a zero gradient, as a backward gives it (only once this process's last backward reached
+        them all), and AdamW steps as after one (its moments decay, weight decay acts): the same weights and
+        metrics, without the forward and backward. Not checked on such a step: the forward's own finiteness
+        (found at the next step with signal). A subclass whose loss adds a term sets skip_without_signal False."""
+        if (not self.skip_without_signal or not all(getattr(self, "reached", None) or [False])
+                or len(self.reached) != len(trainable) or not self.on_policy or self.dp is not None
+                or self.config.loss.kl_coef > 0 or draws_dropout(self.policy.model)):
             return False
-        for parameter, gets_gradient in zip(trainable, reached):
-            if gets_gradient:
-                parameter.grad = torch.zeros_like(parameter)
+        finite = bool(torch.isfinite(advantages).all()) and (weights is None or bool(torch.isfinite(weights).all()))
+        if not finite or bool(((advantages != 0) & mask.bool()).any()):
+            return False
+        for parameter in trainable:
+            parameter.grad = torch.zeros_like(parameter)
         return True
 
     def keep_credit(self, rollouts: Rollouts, credit: Credit) -> None:
@@ -327,6 +334,17 @@ def reference_of(policy: Policy) -> object:
 
 class TrainingDiverged(UserError):
     """Training produced a non-finite loss or gradient; the message names the step and the last good checkpoint."""
+
+
+def draws_dropout(model: torch.nn.Module) -> bool:
+    """Whether a forward of `model` in training mode draws random numbers: a dropout module with p > 0, or a
+    dropout rate above 0 in its config (attention_dropout, hidden_dropout_prob, resid_pdrop, ...)."""
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    rates = vars(config) if config is not None and hasattr(config, "__dict__") else {}
+    return any(("dropout" in key or key.endswith("pdrop")) and isinstance(rate, (int, float))
+               and not isinstance(rate, bool) and rate > 0 for key, rate in rates.items())
 
 
 def update_norm(parameters: list[torch.Tensor], before: list[torch.Tensor]) -> float:
