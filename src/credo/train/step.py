@@ -80,6 +80,7 @@ class TrainerStep:
                                            fused=config.fused_adamw or None)
         self.streams = RandomStreams.seeded(config.seed)
         self.step, self.tokens_generated, self.tokens_scored, self.seconds = 0, 0, 0, 0.0
+        self.reached: list[bool] = []  # which trainable weights the last backward gave a gradient (without_signal)
         self.dp = self.data_parallel()
         # batch-wide statistics (RREDCoT's z, SC-GRPO's quantile) over every rank's rows, as one process sees them
         gather = None
@@ -250,7 +251,7 @@ class TrainerStep:
         them all), and AdamW steps as after one (its moments decay, weight decay acts): the same weights and
         metrics, without the forward and backward. Not checked on such a step: the forward's own finiteness
         (found at the next step with signal). A subclass whose loss adds a term sets skip_without_signal False."""
-        if (not self.skip_without_signal or not all(getattr(self, "reached", None) or [False])
+        if (not self.skip_without_signal or not self.reached or not all(self.reached)
                 or len(self.reached) != len(trainable) or not self.on_policy or self.dp is not None
                 or self.config.loss.kl_coef > 0 or draws_dropout(self.policy.model)):
             return False
