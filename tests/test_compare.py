@@ -417,6 +417,43 @@ def test_a_resumed_comparison_costs_a_method_from_its_finished_runs_not_from_a_t
     assert timed == [] and out["eval_seconds"] == 3.0 and out["runs"] == 1
 
 
+def test_a_resumed_comparison_costs_a_method_from_its_part_way_runs_and_reuses_the_recorded_evaluation(
+        monkeypatch, tmp_path, saved_policy):
+    """rredcot-s0 is part-way (4 steps, 12 s of its own clock, 400 tokens) and grpo-s0 finished: neither is timed
+    again; rredcot costs 3 s and 100 tokens a step, 'from part-way runs'. With an evaluation recorded by an earlier
+    start for the same number of problems, none is timed either; for another number of problems it is."""
+    import json
+    import credo.lab.compare.eta as eta
+    from credo.lab.compare.presets import resolve_preset
+    preset = resolve_preset("smoke", ("grpo", "rredcot"), (0, 1), None, None)
+    plan = [(m, s, str(tmp_path / "runs" / f"{m}-s{s}")) for s in (0, 1) for m in ("grpo", "rredcot")]
+    for name, steps, finished in (("grpo-s0", 10, True), ("rredcot-s0", 4, False)):
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        per = (150, 2.0) if finished else (100, 3.0)
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "tokens_generated": per[0] * i,
+                                                               "seconds": per[1] * i}) + "\n"
+                                                   for i in range(1, steps + 1)))
+        if finished:
+            (run / "summary.json").write_text(json.dumps({"step": 10, "tokens_generated": 1500, "seconds": 20.0,
+                                                          "final_accuracy": 0.5}))
+    timed, evaluated = [], []
+    monkeypatch.setattr(eta, "time_methods", lambda specs, *a, **k: (timed.extend(specs) or {}, 1.0))
+    monkeypatch.setattr(eta, "time_evaluation", lambda config, threads=None: evaluated.append(1) or 5.0)
+    out = eta.estimate_wall_time(plan, preset, saved_policy, jobs=1)
+    assert timed == [] and evaluated == [1] and out["eval_seconds"] == 5.0 and out["eval_n"] == preset.eval_n
+    rredcot = out["per_method"]["rredcot"]
+    assert (rredcot["from"], rredcot["seconds_per_step"], rredcot["tokens_per_step"]) == ("part-way runs", 3.0, 100)
+    assert out["per_method"]["grpo"]["from"] == "finished runs"
+    eta.keep_estimate(str(tmp_path), out)
+    assert eta.recorded_eval_seconds(str(tmp_path), preset.eval_n) == 5.0
+    assert eta.recorded_eval_seconds(str(tmp_path), preset.eval_n + 1) == 0.0  # another evaluation: timed again
+    assert eta.recorded_eval_seconds(str(tmp_path / "elsewhere"), preset.eval_n) == 0.0
+    evaluated.clear()
+    again = eta.estimate_wall_time(plan, preset, saved_policy, jobs=1, eval_seconds=5.0)
+    assert evaluated == [] and again["seconds"] == out["seconds"]
+
+
 def test_over_an_hour_needs_yes_or_a_yes_at_the_terminal():
     import pytest
     from credo.lab.compare.eta import confirm

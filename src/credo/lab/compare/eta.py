@@ -2,11 +2,12 @@
 
 Before training, `credo compare` times one training step of each method (from the comparison's own
 config: same start, task, budget and schedule) and one curve evaluation, in a scratch directory it removes
-afterwards; those steps are discarded, never reused by the runs. A method that already has finished runs in
-the comparison (a resumed one) is not timed: its finished runs' own clocks (stalled steps left out) give its
-seconds and generated tokens per step: whole runs, with their drift in completion length and two jobs
-sharing the cores, say what its remaining runs will cost better than one first step timed alone. The
-estimate of a run is
+afterwards; those steps are discarded, never reused by the runs. A method that already has finished or
+part-way runs in the comparison (a resumed one) is not timed: their own clocks (stalled steps left out; finished
+runs rather than part-way ones) give its seconds and generated tokens per step: runs, with their drift in
+completion length and two jobs sharing the cores, say what its remaining runs will cost better than one first
+step timed alone; and a resumed comparison whose evaluation an earlier start timed (estimate.json, same number of
+problems) does not time it again. The estimate of a run is
 
     steps = ceil(remaining budget / generated tokens of the timed step)
     seconds = steps x seconds of the timed step + evaluations x seconds of one evaluation
@@ -41,7 +42,7 @@ from credo.core.files import atomic_write_json
 from credo.core.records import COUNT, SECONDS, number
 from credo.lab.audit.premises import premises_of
 from credo.lab.compare.presets import Preset, run_config
-from credo.lab.compare.runs import progress_of, run_result
+from credo.lab.compare.runs import clock_so_far, progress_of, run_result
 from credo.tasks import make_task
 from credo.train.trainer import Trainer
 
@@ -174,12 +175,12 @@ def run_seconds(timing: Timing, tokens_left: int, eval_every_tokens: int, eval_s
 
 def estimate(pending: list[tuple[str, int]], timings: dict[str, Timing], eval_seconds: float, *,
              eval_every_tokens: int, final_eval_ratio: float, jobs: int,
-             measured: frozenset[str] = frozenset()) -> dict[str, Any]:
+             measured: dict[str, str] | None = None) -> dict[str, Any]:
     """{seconds, jobs, runs, per_method: {spec: {seconds_per_step, tokens_per_step, run_seconds, from}}, untimed}
     for the (spec, tokens left) runs still to do; seconds is the wall-clock estimate with `jobs` at once;
-    untimed: the methods whose timing step failed (left out of the estimate); measured: the specs whose
-    Timing came from finished runs (`from` says which)."""
-    total = 0.0
+    untimed: the methods whose timing step failed (left out of the estimate); measured: {spec: where its Timing
+    came from ('finished runs', 'part-way runs')} for those not timed (`from` says which)."""
+    total, measured = 0.0, measured or {}
     per_method: dict[str, Any] = {}
     untimed = sorted({spec for spec, _ in pending if spec not in timings})
     for spec, tokens_left in pending:
@@ -190,7 +191,7 @@ def estimate(pending: list[tuple[str, int]], timings: dict[str, Timing], eval_se
         total += seconds
         per_method.setdefault(spec, {"seconds_per_step": round(t.seconds_per_step, 4),
                                      "tokens_per_step": t.tokens_per_step, "run_seconds": 0.0,
-                                     "from": "finished runs" if spec in measured else "one timed step"})
+                                     "from": measured.get(spec, "one timed step")})
         per_method[spec]["run_seconds"] = round(per_method[spec]["run_seconds"] + seconds, 1)
     parallel = max(1, min(jobs, len(pending)))
     return {"seconds": total / parallel, "jobs": jobs, "runs": len(pending), "eval_seconds": round(eval_seconds, 3),
@@ -219,32 +220,64 @@ def confirm(estimate_seconds: float, *, yes: bool, interactive: bool, ask: Calla
     raise ConfigError(f"estimated wall time {describe(estimate_seconds)} is over an hour: pass --yes to start it")
 
 
-def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
-                       progress: bool = False) -> dict[str, Any]:
-    """Estimates the wall time of the runs still to do (estimate): a method with finished runs in `plan`
-    is costed from their own clocks, every other one by timing one step of it."""
+def recorded_eval_seconds(out_dir: str, eval_n: int) -> float:
+    """Seconds of one curve evaluation of eval_n problems as an earlier start of the comparison in out_dir timed
+    it (its ESTIMATE_FILE); 0.0 where there is none, or it was of another number of problems."""
+    path = os.path.join(out_dir, ESTIMATE_FILE)
+    if not os.path.isfile(path):
+        return 0.0
+    _read_per_method(out_dir)  # a malformed file is refused, naming it
+    with open(path) as f:
+        recorded = json.load(f)
+    if recorded.get("eval_n") != eval_n:
+        return 0.0
+    return number(recorded.get("eval_seconds", 0.0), "eval_seconds", SECONDS)
+
+
+def measured_timings(plan: list[tuple[str, int, str]]) -> dict[str, tuple[Timing, str]]:
+    """{spec: (Timing, 'finished runs' | 'part-way runs')}: each method's cost per step from its finished runs'
+    clocks, or else from the steps its part-way runs have logged (a resumed comparison's runs say what a step of
+    the method costs better than one step timed alone); specs with neither are left out."""
     finished: dict[str, list[dict[str, Any]]] = {}
+    part_way: dict[str, list[dict[str, Any]]] = {}
     for spec, _, run_dir in plan:
         if os.path.exists(os.path.join(run_dir, "summary.json")):
             finished.setdefault(spec, []).append(run_result(run_dir))
+        elif (clock := clock_so_far(os.path.join(run_dir, "metrics.jsonl"))) is not None:
+            part_way.setdefault(spec, []).append(clock)
+    timings: dict[str, tuple[Timing, str]] = {}
+    for source, runs_of in (("part-way runs", part_way), ("finished runs", finished)):  # finished ones win
+        for spec, runs in runs_of.items():
+            if (timing := measured_timing(runs)) is not None:
+                timings[spec] = (timing, source)
+    return timings
+
+
+def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
+                       progress: bool = False, eval_seconds: float = 0.0) -> dict[str, Any]:
+    """Estimates the wall time of the runs still to do (estimate): a method with finished or part-way runs in
+    `plan` is costed from their own clocks (measured_timings), every other one by timing one step of it.
+    eval_seconds: one curve evaluation as already timed (recorded_eval_seconds), else 0.0 to time it."""
     pending = [(spec, seed, preset.token_budget - progress_of(run_dir, preset.token_budget)[0])
                for spec, seed, run_dir in plan if not os.path.exists(os.path.join(run_dir, "summary.json"))]
-    measured = {spec: measured_timing(runs) for spec, runs in finished.items()}
-    measured = {spec: timing for spec, timing in measured.items() if timing is not None}
+    measured = measured_timings(plan)
     first_seed: dict[str, int] = {}
     for spec, seed, _ in pending:
         if spec not in measured:
             first_seed.setdefault(spec, seed)
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
-    timings, eval_seconds = (time_methods(list(first_seed.items()), lambda m, s: run_config(m, s, preset, start),
-                                          threads, progress) if first_seed else ({}, 0.0))
-    if (pending or preset.audit_n > 0 or preset.premise_n > 0) and not first_seed:  # no step to time: evaluation
+    timings, timed_eval = (time_methods(list(first_seed.items()), lambda m, s: run_config(m, s, preset, start),
+                                        threads, progress) if first_seed else ({}, 0.0))
+    eval_seconds = eval_seconds or timed_eval
+    needs_eval = pending or preset.audit_n > 0 or preset.premise_n > 0
+    if needs_eval and not eval_seconds:  # no step was timed and no evaluation recorded: time one
         eval_seconds = time_evaluation(run_config(preset.methods[0], preset.seeds[0], preset, start), threads)
-    out = estimate([(spec, left) for spec, _, left in pending], {**timings, **measured}, eval_seconds,
+    out = estimate([(spec, left) for spec, _, left in pending],
+                   {**timings, **{spec: timing for spec, (timing, _) in measured.items()}}, eval_seconds,
                    eval_every_tokens=preset.eval_every_tokens, final_eval_ratio=preset.final_eval_n / preset.eval_n,
-                   jobs=jobs, measured=frozenset(measured))
+                   jobs=jobs, measured={spec: source for spec, (_, source) in measured.items()})
     after = after_training_seconds(preset, eval_seconds)
-    return {**out, **after, "seconds": out["seconds"] + sum(after.values())}
+    return {**out, **after, "eval_n": preset.eval_n, "seconds": out["seconds"] + sum(after.values())}
 
 
 STEPS_UNKNOWN = 4

@@ -138,7 +138,8 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     results = new_results(preset_name, command, preset, start or default or f"the default start of {preset.task}",
                           placed, protocol(preset, start, jobs))
     began = time.time()
-    results["estimate"] = estimate_wall_time(plan, preset, start, jobs, progress)  # the audit and premises too
+    results["estimate"] = estimate_wall_time(plan, preset, start, jobs, progress,  # the audit and premises too
+                                             compare_eta.recorded_eval_seconds(out_dir, preset.eval_n))
     if confirm is not None:
         confirm(results["estimate"]["seconds"])
     elif progress:

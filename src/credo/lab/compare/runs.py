@@ -13,7 +13,7 @@ import yaml
 
 from credo.lab.compare.presets import run_dir_name
 from credo.lab.compare.stats import clipping, stalled_seconds
-from credo.core.files import MetricsLog
+from credo.core.files import MetricsLog, read_jsonl
 from credo.core.records import METRICS_FIELDS, SUMMARY_FIELDS, checked_record, read_record
 from credo.train.config import TrainConfig
 from credo.train.shaping import OVERLONG_FIT_PROBLEMS
@@ -95,6 +95,19 @@ def run_overlong(config: dict[str, Any], summary: dict[str, Any]) -> dict[str, A
 def run_grad_clip(config: dict[str, Any]) -> float:
     """The gradient-norm clip a run trained with, from its recorded config (TrainConfig's default where absent)."""
     return float(config.get("grad_clip", TrainConfig.grad_clip))
+
+
+def clock_so_far(metrics_path: str) -> dict[str, Any] | None:
+    """{steps, seconds, tokens_generated} a part-way run has logged (stalled steps left out), shaped like a
+    run_result for compare_eta.measured_timing; None before its first step or without a log."""
+    if not os.path.exists(metrics_path):
+        return None
+    rows = [r for r in read_jsonl(metrics_path, True, METRICS_FIELDS) if r.get("step", 0) > 0 and "seconds" in r]
+    if not rows:
+        return None
+    clock = [float(r["seconds"]) for r in rows]
+    return {"steps": int(rows[-1]["step"]), "seconds": clock[-1] - stalled_seconds(clock)[0],
+            "tokens_generated": int(rows[-1].get("tokens_generated", 0))}
 
 
 def progress_of(run_dir: str, budget: int) -> tuple[int, int]:

@@ -16,13 +16,11 @@ import os
 from typing import Any
 
 from credo.lab.compare import eta as compare_eta
-from credo.lab.compare.runs import failure_path, progress_of, run_result
+from credo.lab.compare.runs import clock_so_far, failure_path, progress_of, run_result
 from credo.lab.compare.presets import Preset, run_dir_name
 from credo.lab.compare.goals import points
-from credo.lab.compare.stats import paired, paired_deltas, stalled_seconds
+from credo.lab.compare.stats import paired, paired_deltas
 from credo.core.config import ConfigError
-from credo.core.files import read_jsonl
-from credo.core.records import METRICS_FIELDS
 from credo.train.config import config_from_run
 
 
@@ -36,19 +34,8 @@ def run_state(run_dir: str, budget: int, failure_file: str) -> dict[str, Any]:
                                              os.path.getmtime(metrics) > os.path.getmtime(failure_file)):
         return {"state": "failed"}  # (a failed run that a resumed comparison is retrying is part-way)
     if step > 0:
-        return {"state": "part-way", "tokens": tokens, "step": step, "clock": _clock_so_far(metrics)}
+        return {"state": "part-way", "tokens": tokens, "step": step, "clock": clock_so_far(metrics)}
     return {"state": "not started"}
-
-
-def _clock_so_far(metrics_path: str) -> dict[str, Any] | None:
-    """{steps, seconds, tokens_generated} a part-way run has logged (stalled steps left out), shaped like a
-    run_result for compare_eta.measured_timing; None before its first step."""
-    rows = [r for r in read_jsonl(metrics_path, True, METRICS_FIELDS) if r.get("step", 0) > 0 and "seconds" in r]
-    if not rows:
-        return None
-    clock = [float(r["seconds"]) for r in rows]
-    return {"steps": int(rows[-1]["step"]), "seconds": clock[-1] - stalled_seconds(clock)[0],
-            "tokens_generated": int(rows[-1].get("tokens_generated", 0))}
 
 
 def check_plan(preset: Preset, out_dir: str) -> None:
