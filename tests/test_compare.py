@@ -352,6 +352,9 @@ def test_every_method_of_every_preset_makes_its_run_config():
     assert run_config("srpo:localiser=prompt", 0, skilled, "start").reset.localiser == "prompt"
     assert run_config("srpo:localiser=value", 0, skilled, "start").reset.localiser == "value"
     assert run_config("rredcot:include_reference=false", 0, skilled, "start").credit["include_reference"] is False
+    # checkpoints every 50 steps, unless the preset's training settings say otherwise (SmolLM2's slow steps)
+    assert run_config("grpo", 0, skilled, "start").checkpoint_every == 50
+    assert run_config("grpo", 0, PRESETS["smollm2-long"], "start").checkpoint_every == 10
 
 
 def test_an_unavailable_task_is_one_line_before_any_training(monkeypatch, tmp_path, saved_policy):

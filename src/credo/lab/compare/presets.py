@@ -133,7 +133,8 @@ PRESETS = {
                            final_eval_n=300, audit_n=0, premise_n=32, task="gym:chain_sum",
                            # step_labels: the localisation premise check needs each trace's first wrong line
                            train={"task_options": {"min_terms": 5, "max_terms": 8, "min_digits": 1,
-                                                   "max_digits": 1, "step_labels": True}},
+                                                   "max_digits": 1, "step_labels": True},
+                                  "checkpoint_every": 10},  # ~5 minutes of CPU steps; an adapter's is ~60 MB
                            schedule={"epochs": 1, "minibatches": 1, "lr": 2e-6}, jobs=2,
                            note="budget and learning rate: smollm2's (50k tokens, 2e-6 for full weights), not yet "
                                 "measured on 5-8 term chains or with LoRA",
@@ -185,10 +186,12 @@ def run_plan(spec: str, seed: int, preset: Preset, start: str,
         reset = {**preset.train.get("reset", {}), "localiser": options.pop("localiser")}
     credit = {**preset.train.get("credit", {}), **{k: parse_yaml_value(v, f"method {spec} option {k}")
                                                    for k, v in options.items()}}
-    overrides = {**preset.train, "method": name, "seed": seed, "start": start, "task": preset.task,
-                 "steps": 1_000_000, "max_generated_tokens": preset.token_budget,
+    # checkpoints every 50 steps unless the preset says otherwise (a tiny-GPT step takes a second; a SmolLM2
+    # step tens of seconds, whose preset checkpoints more often so a stopped grid loses minutes, not half an hour)
+    overrides = {"checkpoint_every": 50, **preset.train, "method": name, "seed": seed, "start": start,
+                 "task": preset.task, "steps": 1_000_000, "max_generated_tokens": preset.token_budget,
                  "eval_every_tokens": preset.eval_every_tokens, "eval_n": preset.eval_n,
-                 "final_eval_n": preset.final_eval_n, "checkpoint_every": 50, "report_to": list(report_to)}
+                 "final_eval_n": preset.final_eval_n, "report_to": list(report_to)}
     if credit:
         overrides["credit"] = credit
     if reset:
