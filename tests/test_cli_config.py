@@ -180,3 +180,25 @@ def test_an_unknown_method_is_one_line_before_out_is_touched(argv, expect, tmp_p
     err = capsys.readouterr().err.strip()
     assert err.startswith(expect) and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+def test_eval_reads_the_split_it_is_asked_for(monkeypatch, capsys, tmp_path):
+    """--split validation evaluates on the task's validation problems (disjoint from the held-out ones); a task
+    without a validation split is one line naming it."""
+    import credo.train.evaluate as evaluate_module
+    from credo.tasks import make_task
+    from credo.train.evaluate import EvalResult
+    seen = []
+    monkeypatch.setattr(evaluate_module, "evaluate", lambda policy, task, problems, **kw: seen.append(
+        [p.prompt for p in problems]) or EvalResult(accuracy=0.5, n=len(problems)))
+    assert main(["eval", "--split", "validation", "--n", "6", "--quiet"]) == 0
+    assert main(["eval", "--n", "6", "--quiet"]) == 0
+    task = make_task("arith")
+    assert seen == [[p.prompt for p in task.validation_problems(6)], [p.prompt for p in task.heldout_problems(6)]]
+    assert not set(seen[0]) & {p.prompt for p in task.heldout_problems(1000)}
+    data = tmp_path / "t.jsonl"
+    data.write_text("".join(f'{{"question": "{i}+1?", "answer": "{i + 1}"}}\n' for i in range(40)))
+    capsys.readouterr()
+    assert main(["eval", "--task", f"jsonl:{data}", "--split", "validation", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--split validation needs a task with a validation split" in err[0]

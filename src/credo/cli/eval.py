@@ -1,4 +1,4 @@
-"""`credo eval`: the held-out accuracy of a checkpoint (greedy; with --k, avg@k and pass@k)."""
+"""`credo eval`: the held-out (or validation) accuracy of a checkpoint (greedy; with --k, avg@k and pass@k)."""
 
 from __future__ import annotations
 
@@ -24,16 +24,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
                               f"task_options.{key} (--set task_options.{item})")
     config = load_config(EvalConfig, args.config, args.set, prefix="eval.", flags=flag_values(args, {
         "checkpoint": "checkpoint", "task": "task", "n": "n", "k": "k", "max_new_tokens": "max_new_tokens",
-        "seed": "seed", "device": "device"}))
+        "seed": "seed", "device": "device", "split": "split"}))
     if args.help_config:
         return show_config(config, "eval")
     task = make_task(config.task, config.task_options, prefix="eval.task_options.")
+    if config.split == "validation" and not hasattr(task, "validation_problems"):
+        raise ConfigError(f"eval --split validation needs a task with a validation split (arith, arith-long, "
+                          f"gym:<name>); task {task.name!r} has none")
     device = resolve_device(config.device, "eval.device")
     dtype = resolve_dtype(config.dtype, device, "eval.dtype")
     checkpoint = resolve_checkpoint(config.checkpoint, "eval.checkpoint", task=config.task, progress=not args.quiet)
     policy = bind_task(load_policy(checkpoint, device=device, dtype=dtype, autocast=autocast_dtype(config.dtype)),
                        task, check_as="eval.checkpoint", max_new_tokens=config.max_new_tokens)
-    result = evaluate(policy, task, task.heldout_problems(config.n), k=config.k, max_new_tokens=config.max_new_tokens,
+    problems = task.validation_problems(config.n) if config.split == "validation" else task.heldout_problems(config.n)
+    result = evaluate(policy, task, problems, k=config.k, max_new_tokens=config.max_new_tokens,
                       seed=config.seed, progress=not args.quiet)
     print(json.dumps(result.as_dict()))
     print(f"accuracy={result.accuracy:.4f}")
@@ -48,7 +52,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", help="task name (default arith; arith-long, gym:<dataset>, jsonl:<path>); "
                    "the default --checkpoint is this task's SFT start")
     add_config_options(p, "EvalConfig", "--set task_options.digits=3")
-    p.add_argument("--n", type=int, help="held-out problems (default 500)")
+    p.add_argument("--n", type=int, help="problems of the split (default 500)")
+    p.add_argument("--split", choices=("heldout", "validation"),
+                   help="heldout (default: the test set) or validation (where settings are chosen)")
     p.add_argument("--k", type=int, help="also report avg@k and pass@k from k samples at temperature 1 (default 0)")
     p.add_argument("--max-new-tokens", type=int, help="generation limit per completion (default 96)")
     p.add_argument("--seed", type=int, help="seed for the sampled (avg@k) completions (default 0)")

@@ -1,4 +1,4 @@
-"""Held-out evaluation: greedy accuracy, and avg@k / pass@k from k samples per problem."""
+"""Evaluation on held-out (or validation) problems: greedy accuracy, and avg@k / pass@k from k samples per problem."""
 
 from __future__ import annotations
 
@@ -24,7 +24,10 @@ class EvalConfig:
     task_options: dict = field(default_factory=dict)
     """The task's own options (e.g. digits for arith)."""
     n: int = 500
-    """Held-out problems."""
+    """Problems of the split to evaluate on."""
+    split: str = "heldout"
+    """'heldout' (the test set every report reads) or 'validation' (a task's validation split, where runs with
+    train.eval_split=validation chose their settings: arith, arith-long, gym:<name>)."""
     k: int = 0
     """> 0 also reports avg@k and pass@k from k samples per problem at temperature 1."""
     max_new_tokens: int = 96
@@ -39,6 +42,8 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         check_device_fields(self.device, self.dtype, "eval.")
+        check(self.split in ("heldout", "validation"), f"eval --split must be 'heldout' or 'validation', "
+                                                       f"got {self.split!r}")
         for flag, value, low in (("--n", self.n, 1), ("--k", self.k, 0), ("--max-new-tokens", self.max_new_tokens, 1)):
             check(value >= low, f"eval {flag} must be >= {low}, got {value}")
         check_in(self.n, 1, MAX_HELD_OUT, "eval --n")
