@@ -338,7 +338,11 @@ def strip_time(rows):
 
 # --- `credo train` in a subprocess (kill -9, resume) ------------------------------------------------------
 
-SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+def subprocess_env() -> dict[str, str]:
+    """The environment of a `credo` subprocess: this test's (its isolated CREDO_CACHE included), one thread."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 SUBPROCESS_SETTINGS = ["eval_n=2", "final_eval_n=4", "eval_every=2", "checkpoint_every=1", "keep_checkpoints=2",
                        "prompts_per_step=2", "group_size=3", "sampling.max_new_tokens=12", "lr=1e-3"]
 
@@ -362,7 +366,7 @@ def steps_logged(run_dir: str) -> int:
 def resume_run(run_dir: str) -> None:
     """`credo train --resume run_dir` in a subprocess; asserts it exits 0."""
     done = subprocess.run([sys.executable, "-m", "credo.cli", "train", "--resume", run_dir, "--quiet"],
-                          env=SUBPROCESS_ENV, capture_output=True, text=True)
+                          env=subprocess_env(), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
 
 

@@ -185,6 +185,7 @@ def test_an_unknown_method_is_one_line_before_out_is_touched(argv, expect, tmp_p
 def test_eval_reads_the_split_it_is_asked_for(monkeypatch, capsys, tmp_path):
     """--split validation evaluates on the task's validation problems (disjoint from the held-out ones); a task
     without a validation split is one line naming it."""
+    import json
     import credo.train.evaluate as evaluate_module
     from credo.tasks import make_task
     from credo.train.evaluate import EvalResult
@@ -192,7 +193,9 @@ def test_eval_reads_the_split_it_is_asked_for(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(evaluate_module, "evaluate", lambda policy, task, problems, **kw: seen.append(
         [p.prompt for p in problems]) or EvalResult(accuracy=0.5, n=len(problems)))
     assert main(["eval", "--split", "validation", "--n", "6", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["split"] == "validation"
     assert main(["eval", "--n", "6", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["split"] == "heldout"
     task = make_task("arith")
     assert seen == [[p.prompt for p in task.validation_problems(6)], [p.prompt for p in task.heldout_problems(6)]]
     assert not set(seen[0]) & {p.prompt for p in task.heldout_problems(1000)}

@@ -357,6 +357,26 @@ def test_every_method_of_every_preset_makes_its_run_config():
     assert run_config("grpo", 0, PRESETS["smollm2-long"], "start").checkpoint_every == 10
 
 
+def test_a_finished_run_is_reused_whatever_its_checkpoint_interval_but_a_part_way_one_is_not(tmp_path, saved_policy):
+    """How often a finished run checkpointed does not change its result: a preset that now checkpoints more often
+    reuses it; a part-way run resumes from the checkpoints it made, so there the change is refused in one line."""
+    from dataclasses import replace
+    from credo.core.config import ConfigError, dump_yaml
+    from credo.lab.compare.presets import PRESETS, check_reusable, run_config
+    before = replace(PRESETS["smoke"], train={**PRESETS["smoke"].train, "checkpoint_every": 50})
+    now = replace(before, train={**before.train, "checkpoint_every": 10})
+    run = tmp_path / "runs" / "grpo-s0"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(dump_yaml(run_config("grpo", 0, before, saved_policy)))
+    plan = [("grpo", 0, str(run))]
+    with pytest.raises(ConfigError, match=r"grpo-s0 was made with a different config \(checkpoint_every: 50 -> 10\)"):
+        check_reusable(plan, now, saved_policy)
+    (run / "summary.json").write_text("{}")
+    check_reusable(plan, now, saved_policy)
+    with pytest.raises(ConfigError, match=r"lr: "):  # a finished run's training settings still count
+        check_reusable(plan, replace(now, schedule={**now.schedule, "lr": 1e-3}), saved_policy)
+
+
 def test_an_unavailable_task_is_one_line_before_any_training(monkeypatch, tmp_path, saved_policy):
     import pytest
     from dataclasses import replace
@@ -449,12 +469,26 @@ def test_a_resumed_comparison_costs_a_method_from_its_part_way_runs_and_reuses_t
     assert (rredcot["from"], rredcot["seconds_per_step"], rredcot["tokens_per_step"]) == ("part-way runs", 3.0, 100)
     assert out["per_method"]["grpo"]["from"] == "finished runs"
     eta.keep_estimate(str(tmp_path), out)
-    assert eta.recorded_eval_seconds(str(tmp_path), preset.eval_n) == 5.0
-    assert eta.recorded_eval_seconds(str(tmp_path), preset.eval_n + 1) == 0.0  # another evaluation: timed again
-    assert eta.recorded_eval_seconds(str(tmp_path / "elsewhere"), preset.eval_n) == 0.0
+    assert eta.recorded_eval_seconds(str(tmp_path), preset.eval_n, 1) == 5.0
+    assert eta.recorded_eval_seconds(str(tmp_path), preset.eval_n + 1, 1) == 0.0  # another evaluation: timed again
+    assert eta.recorded_eval_seconds(str(tmp_path), preset.eval_n, 2) == 0.0  # other threads per job: too
+    assert eta.recorded_eval_seconds(str(tmp_path / "elsewhere"), preset.eval_n, 1) == 0.0
     evaluated.clear()
     again = eta.estimate_wall_time(plan, preset, saved_policy, jobs=1, eval_seconds=5.0)
     assert evaluated == [] and again["seconds"] == out["seconds"]
+    # a method that must be timed is timed without its evaluation when one is recorded
+    given = []
+    monkeypatch.setattr(eta, "time_methods", lambda specs, *a, **k: (given.append(k.get("eval_seconds")) or
+                                                                     ({s: eta.Timing(1.0, 10) for s, _ in specs},
+                                                                      k.get("eval_seconds") or 1.0)))
+    (tmp_path / "runs" / "rredcot-s0" / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    damaged = eta.estimate_wall_time(plan, preset, saved_policy, jobs=1, eval_seconds=5.0)
+    assert given == [5.0] and damaged["eval_seconds"] == 5.0 and damaged["per_method"]["rredcot"]["from"] == (
+        "one timed step")  # a damaged log is not a clock: the method is timed, and the resume names the file
+    (tmp_path / "estimate.json").write_text(json.dumps({**out, "eval_seconds": "x"}))
+    from credo.core.config import UserError
+    with pytest.raises(UserError, match=r"estimate\.json: eval_seconds"):
+        eta.recorded_eval_seconds(str(tmp_path), preset.eval_n, 1)
 
 
 def test_over_an_hour_needs_yes_or_a_yes_at_the_terminal():

@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from builders import SUBPROCESS_ENV, logged_metrics, resume_run, steps_logged, train_command
+from builders import subprocess_env, logged_metrics, resume_run, steps_logged, train_command
 from credo.policy import load_policy
 
 FAMILY = {  # one method per family, with its cheapest settings
@@ -30,7 +30,7 @@ FAMILY = {  # one method per family, with its cheapest settings
 def kill_at_random_point(argv: list[str], run_dir: str, steps: int, rng: random.Random) -> int:
     """Start `argv`, wait until a random step is logged, kill -9 after a random extra delay. -> that step."""
     target = rng.randint(1, steps - 1)
-    process = subprocess.Popen(argv, env=SUBPROCESS_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(argv, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while steps_logged(run_dir) < target and process.poll() is None and time.time() < deadline:
         time.sleep(0.01)
@@ -45,7 +45,7 @@ def check_kill_resume(start: str, tmp_path, method: str, extra: list[str], steps
     rng = random.Random(seed)
     reference, killed = str(tmp_path / "reference"), str(tmp_path / "killed")
     done = subprocess.run(train_command(start, reference, method, steps, extra),
-                          env=SUBPROCESS_ENV, capture_output=True, text=True)
+                          env=subprocess_env(), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     argv = train_command(start, killed, method, steps, extra)
     for _ in range(kills):

@@ -24,7 +24,7 @@ from credo.train.interrupts import Interrupted, signals_raise
 from credo.policy import load_policy
 from credo.core.outputs import is_locked
 from credo.train.trainer import Trainer
-from builders import SUBPROCESS_ENV, TRUST_FAST_SET, logged_metrics, resume_run, steps_logged, train_command
+from builders import subprocess_env, TRUST_FAST_SET, logged_metrics, resume_run, steps_logged, train_command
 
 
 
@@ -225,9 +225,9 @@ def test_ctrl_c_at_a_random_moment_of_a_train_process_resumes_bit_identical(tmp_
     rng = random.Random(int(os.environ.get("CREDO_KILL_SEED", "0")))
     reference, run = str(tmp_path / "reference"), str(tmp_path / "run")
     done = subprocess.run(train_command(saved_policy, reference, "grpo", 6, []),
-                          env=SUBPROCESS_ENV, capture_output=True, text=True)
+                          env=subprocess_env(), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    process = subprocess.Popen(train_command(saved_policy, run, "grpo", 6, []), env=SUBPROCESS_ENV,
+    process = subprocess.Popen(train_command(saved_policy, run, "grpo", 6, []), env=subprocess_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     target, deadline = rng.randint(2, 5), time.time() + 300
     while steps_logged(run) < target and process.poll() is None and time.time() < deadline:

@@ -39,7 +39,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     problems = task.validation_problems(config.n) if config.split == "validation" else task.heldout_problems(config.n)
     result = evaluate(policy, task, problems, k=config.k, max_new_tokens=config.max_new_tokens,
                       seed=config.seed, progress=not args.quiet)
-    print(json.dumps(result.as_dict()))
+    print(json.dumps({**result.as_dict(), "split": config.split}))
     print(f"accuracy={result.accuracy:.4f}")
     return 0
 

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from credo.core.config import ConfigError
+from credo.core.config import ConfigError, UserError
 from credo.core.files import atomic_write_json
 from credo.core.records import COUNT, SECONDS, number
 from credo.lab.audit.premises import premises_of
@@ -61,8 +61,8 @@ class Timing:
 
 
 def measured_timing(runs: list[dict[str, Any]]) -> Timing | None:
-    """A method's cost per step from its finished runs (compare.run_result dicts): their own clocks, stalled
-    steps left out, over their steps; None without a finished run."""
+    """A method's cost per step from its runs (compare.run_result dicts, or runs.clock_so_far ones of part-way
+    runs): their own clocks, stalled steps left out, over their steps; None without a run or a step."""
     steps = sum(r["steps"] for r in runs)
     if not runs or steps <= 0:
         return None
@@ -87,8 +87,8 @@ def _read_per_method(out_dir: str) -> dict[str, dict[str, Any]]:
 
 
 def timed_steps(out_dir: str) -> dict[str, tuple[Timing, str]]:
-    """{spec: (Timing, where it came from: 'one timed step' or 'finished runs')} kept in a comparison's
-    ESTIMATE_FILE."""
+    """{spec: (Timing, where it came from: 'one timed step', 'finished runs' or 'part-way runs')} kept in a
+    comparison's ESTIMATE_FILE."""
     return {spec: (_timing(t), str(t.get("from", ""))) for spec, t in _read_per_method(out_dir).items()}
 
 
@@ -131,18 +131,19 @@ def time_evaluation(config: Any, threads: int | None = None) -> float:
 
 
 def time_methods(specs: list[tuple[str, int]], config_for: Callable[[str, int], Any],
-                 threads: int | None = None, progress: bool = False) -> tuple[dict[str, Timing], float]:
+                 threads: int | None = None, progress: bool = False,
+                 eval_seconds: float = 0.0) -> tuple[dict[str, Timing], float]:
     """({spec: Timing} of one step of each (spec, seed), seconds of one curve evaluation); a method whose
     step fails has no Timing (its runs fail the same way and are reported as failures). The trainers
     live in a temporary directory, removed afterwards (nothing is written to the comparison's own).
-    threads: torch threads while timing (those a worker process of the comparison gets)."""
+    threads: torch threads while timing (those a worker process of the comparison gets); eval_seconds: an
+    evaluation already timed (then none is timed again)."""
 
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     scratch = tempfile.mkdtemp(prefix="credo-timing-")
     timings: dict[str, Timing] = {}
-    eval_seconds = 0.0
     try:
         for i, (spec, seed) in enumerate(tqdm(specs, desc="timing one step of each method", disable=not progress,
                                               dynamic_ncols=True)):
@@ -220,18 +221,20 @@ def confirm(estimate_seconds: float, *, yes: bool, interactive: bool, ask: Calla
     raise ConfigError(f"estimated wall time {describe(estimate_seconds)} is over an hour: pass --yes to start it")
 
 
-def recorded_eval_seconds(out_dir: str, eval_n: int) -> float:
+def recorded_eval_seconds(out_dir: str, eval_n: int, jobs: int) -> float:
     """Seconds of one curve evaluation of eval_n problems as an earlier start of the comparison in out_dir timed
-    it (its ESTIMATE_FILE); 0.0 where there is none, or it was of another number of problems."""
+    it (its ESTIMATE_FILE) with as many jobs (so as many threads each); 0.0 where there is none, or it was of
+    another number of problems or jobs. (Another start or task would be another comparison: its runs are
+    refused by compare's reuse check.)"""
     path = os.path.join(out_dir, ESTIMATE_FILE)
     if not os.path.isfile(path):
         return 0.0
     _read_per_method(out_dir)  # a malformed file is refused, naming it
     with open(path) as f:
         recorded = json.load(f)
-    if recorded.get("eval_n") != eval_n:
+    if recorded.get("eval_n") != eval_n or recorded.get("jobs") != jobs:
         return 0.0
-    return number(recorded.get("eval_seconds", 0.0), "eval_seconds", SECONDS)
+    return number(recorded.get("eval_seconds", 0.0), f"{path}: eval_seconds", SECONDS)
 
 
 def measured_timings(plan: list[tuple[str, int, str]]) -> dict[str, tuple[Timing, str]]:
@@ -243,8 +246,13 @@ def measured_timings(plan: list[tuple[str, int, str]]) -> dict[str, tuple[Timing
     for spec, _, run_dir in plan:
         if os.path.exists(os.path.join(run_dir, "summary.json")):
             finished.setdefault(spec, []).append(run_result(run_dir))
-        elif (clock := clock_so_far(os.path.join(run_dir, "metrics.jsonl"))) is not None:
-            part_way.setdefault(spec, []).append(clock)
+        else:
+            try:
+                clock = clock_so_far(os.path.join(run_dir, "metrics.jsonl"))
+            except UserError:  # a damaged log: the run's own resume names it; here the method is timed instead
+                clock = None
+            if clock is not None:
+                part_way.setdefault(spec, []).append(clock)
     timings: dict[str, tuple[Timing, str]] = {}
     for source, runs_of in (("part-way runs", part_way), ("finished runs", finished)):  # finished ones win
         for spec, runs in runs_of.items():
@@ -266,9 +274,9 @@ def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: 
         if spec not in measured:
             first_seed.setdefault(spec, seed)
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
-    timings, timed_eval = (time_methods(list(first_seed.items()), lambda m, s: run_config(m, s, preset, start),
-                                        threads, progress) if first_seed else ({}, 0.0))
-    eval_seconds = eval_seconds or timed_eval
+    timings, eval_seconds = (time_methods(list(first_seed.items()), lambda m, s: run_config(m, s, preset, start),
+                                          threads, progress, eval_seconds=eval_seconds)
+                             if first_seed else ({}, eval_seconds))
     needs_eval = pending or preset.audit_n > 0 or preset.premise_n > 0
     if needs_eval and not eval_seconds:  # no step was timed and no evaluation recorded: time one
         eval_seconds = time_evaluation(run_config(preset.methods[0], preset.seeds[0], preset, start), threads)

@@ -255,11 +255,13 @@ def check_reusable(plan: list[tuple[str, int, str]], preset: Preset, start: str)
         for recorded in (old, new):  # the default start named by a path (another checkout's, the cache's) is ''
             if is_default_start(recorded.get("start", ""), preset.task):
                 recorded["start"] = ""
-        # where a run reports to is not what it trains: a comparison may add or drop trackers and reuse its runs
-        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k != "report_to")
+        # where a run reports to is not what it trains: a comparison may add or drop trackers and reuse its runs;
+        # nor is how often a finished run checkpointed (a part-way one resumes from checkpoints it made)
+        done = os.path.exists(os.path.join(run_dir, "summary.json"))  # removing it would train it again
+        ignored = ("report_to", "checkpoint_every", "keep_checkpoints") if done else ("report_to",)
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in ignored)
         if changed:
             moved = f"pass --device {old['device']} to continue it where it ran, " if "device" in changed else ""
-            done = os.path.exists(os.path.join(run_dir, "summary.json"))  # removing it would train it again
             then = ("it finished: `credo compare --report-only` rebuilds the report from it as it is, or choose a new "
                     "--out" if done else "choose a new --out or remove that run directory")
             raise ConfigError(f"{run_dir} was made with a different config "
