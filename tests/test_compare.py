@@ -355,6 +355,8 @@ def test_every_method_of_every_preset_makes_its_run_config():
     # checkpoints every 50 steps, unless the preset's training settings say otherwise (SmolLM2's slow steps)
     assert run_config("grpo", 0, skilled, "start").checkpoint_every == 50
     assert run_config("grpo", 0, PRESETS["smollm2-long"], "start").checkpoint_every == 10
+    # room for every worked solution of its 5-8 term chains (83 tokens at most), as its start was evaluated
+    assert run_config("grpo", 0, PRESETS["smollm2-long"], "start").sampling.max_new_tokens == 96
 
 
 def test_a_finished_run_is_reused_whatever_its_checkpoint_interval_but_a_part_way_one_is_not(tmp_path, saved_policy):
@@ -489,6 +491,15 @@ def test_a_resumed_comparison_costs_a_method_from_its_part_way_runs_and_reuses_t
     from credo.core.config import UserError
     with pytest.raises(UserError, match=r"estimate\.json: eval_seconds"):
         eta.recorded_eval_seconds(str(tmp_path), preset.eval_n, 1)
+    # the steps an earlier start timed (same jobs) are not timed again; with other jobs they are
+    (tmp_path / "estimate.json").write_text(json.dumps(damaged))
+    recorded = eta.recorded_steps(str(tmp_path), 1)
+    assert recorded["rredcot"] == (eta.Timing(1.0, 10), "one timed step") and eta.recorded_steps(str(tmp_path), 2) == {}
+    given.clear()
+    monkeypatch.setattr(eta, "time_methods", lambda specs, *a, **k: (given.extend(specs) or {}, 1.0))
+    resumed = eta.estimate_wall_time(plan, preset, saved_policy, jobs=1, eval_seconds=5.0, recorded=recorded)
+    assert given == [] and resumed["per_method"]["rredcot"]["from"] == "one timed step"
+    assert resumed["per_method"]["rredcot"]["seconds_per_step"] == 1.0
 
 
 def test_over_an_hour_needs_yes_or_a_yes_at_the_terminal():

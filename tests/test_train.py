@@ -105,6 +105,32 @@ def test_dapo_fits_its_overlong_buffer_beyond_every_worked_solution_of_the_task(
     assert overlong_buffer_for_task(task, encode, longest - 3, 16)[0] == 0  # no room at all: the penalty is off
 
 
+def test_dapo_fits_its_overlong_buffer_to_a_gym_tasks_worked_solutions_and_refuses_a_task_without(tmp_path):
+    """On a `gym:` task the worked solution is its reference completion (the running sums and the answer line):
+    the longest of them bounds the buffer as on arith. A task with no worked solution cannot be fitted: one line
+    naming train.overlong_fit_task."""
+    import pytest
+    import torch
+    from builders import CHAIN_SUM_OPTIONS
+    from credo.core.config import ConfigError
+    from credo.tasks import make_task
+    from credo.train.shaping import overlong_buffer_for_task
+    def encode(texts):  # one token a character, plus EOS
+        return torch.nn.utils.rnn.pad_sequence([torch.ones(len(t) + 1) for t in texts], batch_first=True)
+    task = make_task("gym:chain_sum", CHAIN_SUM_OPTIONS)
+    problems = task.train_problems(256, torch.Generator().manual_seed(0))
+    solutions = ["".join(task.reference_solution(p)) for p in problems]
+    assert all(text.endswith(f"\n<answer>{p.answer}</answer>") and " = " in text.split("\n")[0]
+               for p, text in zip(problems, solutions))  # the running sums, then the answer line
+    longest = max(len(text) + 1 for text in solutions)
+    assert overlong_buffer_for_task(task, encode, longest + 40, 16) == (16, longest)
+    assert overlong_buffer_for_task(task, encode, longest + 5, 16) == (5, longest)
+    data = tmp_path / "bare.jsonl"
+    data.write_text("".join(f'{{"question": "{i}+1?", "answer": "{i + 1}"}}\n' for i in range(40)))
+    with pytest.raises(ConfigError, match=r"^train\.overlong_fit_task .* has none"):
+        overlong_buffer_for_task(make_task(f"jsonl:{data}"), encode, 64, 16)
+
+
 def test_a_dapo_run_records_the_buffer_it_fitted_and_the_longest_worked_solution(saved_policy, tmp_path):
     fitted = Trainer(dapo_config(saved_policy, "steps=1", "overlong_fit_task=true", "sampling.max_new_tokens=64"),
                      str(tmp_path / "fit"), progress=False)

@@ -7,6 +7,8 @@ from typing import Any, Callable
 
 import torch
 
+from credo.core.config import ConfigError
+
 OVERLONG_FIT_PROBLEMS = 256  # training problems whose worked solutions bound the penalised region
 
 
@@ -15,9 +17,18 @@ def overlong_buffer_for_task(task: Any, encode: Callable[[list[str]], torch.Tens
     """(buffer used, longest worked solution): the largest buffer <= `buffer` whose penalised region, the last
     `buffer` of `max_new_tokens` tokens, no worked solution of OVERLONG_FIT_PROBLEMS training problems reaches.
     The problems come from a generator of their own (seed 0), so the run's own problem stream is untouched.
+    A worked solution is the task's reference completion (`reference_solution`'s pieces joined: on `arith` the
+    solution lines, on a `gym:` or `jsonl:` task the worked solution with its answer line); problems without
+    one are skipped, and a task with none is a ConfigError naming train.overlong_fit_task.
     `encode` maps texts to a [N, L] completion mask (the policy's tokens, EOS included)."""
     problems = task.train_problems(OVERLONG_FIT_PROBLEMS, torch.Generator().manual_seed(0))
-    longest = int(encode([task.solution(p) for p in problems]).sum(dim=1).max())
+    reference = getattr(task, "reference_solution", lambda problem: None)
+    solutions = ["".join(pieces) for pieces in map(reference, problems) if pieces]
+    if not solutions:
+        raise ConfigError(f"train.overlong_fit_task fits DAPO's overlong buffer to the task's worked solutions, "
+                          f"and task {getattr(task, 'name', task)!r} has none: set train.overlong_fit_task=false "
+                          "(the buffer is then train.overlong_buffer as set)")
+    longest = int(encode(solutions).sum(dim=1).max())
     return max(0, min(buffer, max_new_tokens - longest)), longest
 
 

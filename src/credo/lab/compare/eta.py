@@ -6,8 +6,8 @@ afterwards; those steps are discarded, never reused by the runs. A method that a
 part-way runs in the comparison (a resumed one) is not timed: their own clocks (stalled steps left out; finished
 runs rather than part-way ones) give its seconds and generated tokens per step: runs, with their drift in
 completion length and two jobs sharing the cores, say what its remaining runs will cost better than one first
-step timed alone; and a resumed comparison whose evaluation an earlier start timed (estimate.json, same number of
-problems) does not time it again. The estimate of a run is
+step timed alone. Nor does a resumed comparison time again what an earlier start of it timed with as many jobs
+(estimate.json: each method's step, and the evaluation of as many problems). The estimate of a run is
 
     steps = ceil(remaining budget / generated tokens of the timed step)
     seconds = steps x seconds of the timed step + evaluations x seconds of one evaluation
@@ -237,6 +237,18 @@ def recorded_eval_seconds(out_dir: str, eval_n: int, jobs: int) -> float:
     return number(recorded.get("eval_seconds", 0.0), f"{path}: eval_seconds", SECONDS)
 
 
+def recorded_steps(out_dir: str, jobs: int) -> dict[str, tuple[Timing, str]]:
+    """timed_steps of an earlier start of the comparison in out_dir made with as many jobs (so as many threads
+    each); {} where there is none or it ran another number of jobs. A resumed comparison then times no method
+    again that it has timed once (a step of a SmolLM2 method on a CPU takes up to a minute)."""
+    path = os.path.join(out_dir, ESTIMATE_FILE)
+    if not os.path.isfile(path):
+        return {}
+    steps = timed_steps(out_dir)  # a malformed file is refused, naming it
+    with open(path) as f:
+        return steps if json.load(f).get("jobs") == jobs else {}
+
+
 def measured_timings(plan: list[tuple[str, int, str]]) -> dict[str, tuple[Timing, str]]:
     """{spec: (Timing, 'finished runs' | 'part-way runs')}: each method's cost per step from its finished runs'
     clocks, or else from the steps its part-way runs have logged (a resumed comparison's runs say what a step of
@@ -262,13 +274,15 @@ def measured_timings(plan: list[tuple[str, int, str]]) -> dict[str, tuple[Timing
 
 
 def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
-                       progress: bool = False, eval_seconds: float = 0.0) -> dict[str, Any]:
+                       progress: bool = False, eval_seconds: float = 0.0,
+                       recorded: dict[str, tuple[Timing, str]] | None = None) -> dict[str, Any]:
     """Estimates the wall time of the runs still to do (estimate): a method with finished or part-way runs in
-    `plan` is costed from their own clocks (measured_timings), every other one by timing one step of it.
+    `plan` is costed from their own clocks (measured_timings), else from what an earlier start of the comparison
+    recorded (`recorded`: recorded_steps), else by timing one step of it.
     eval_seconds: one curve evaluation as already timed (recorded_eval_seconds), else 0.0 to time it."""
     pending = [(spec, seed, preset.token_budget - progress_of(run_dir, preset.token_budget)[0])
                for spec, seed, run_dir in plan if not os.path.exists(os.path.join(run_dir, "summary.json"))]
-    measured = measured_timings(plan)
+    measured = {**(recorded or {}), **measured_timings(plan)}
     first_seed: dict[str, int] = {}
     for spec, seed, _ in pending:
         if spec not in measured:

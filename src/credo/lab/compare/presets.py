@@ -134,6 +134,9 @@ PRESETS = {
                            # step_labels: the localisation premise check needs each trace's first wrong line
                            train={"task_options": {"min_terms": 5, "max_terms": 8, "min_digits": 1,
                                                    "max_digits": 1, "step_labels": True},
+                                  # 96: the start's own evaluation and audit; at the CPU default of 64 the worked
+                                  # solutions of 30% of the problems (nearly every 8-term chain) do not fit
+                                  "sampling": {"max_new_tokens": 96},
                                   "checkpoint_every": 10},  # ~5 minutes of CPU steps; an adapter's is ~60 MB
                            # lr and budget: GRPO's on the adapter start, chosen on the validation split
                            # (docs/results/smollm2-long/README.md): 6e-5 beat 2e-5 (0.377 vs 0.343 on 300

@@ -139,7 +139,8 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
                           placed, protocol(preset, start, jobs))
     began = time.time()
     results["estimate"] = estimate_wall_time(plan, preset, start, jobs, progress,  # the audit and premises too
-                                             compare_eta.recorded_eval_seconds(out_dir, preset.eval_n, jobs))
+                                             compare_eta.recorded_eval_seconds(out_dir, preset.eval_n, jobs),
+                                             compare_eta.recorded_steps(out_dir, jobs))
     if confirm is not None:
         confirm(results["estimate"]["seconds"])
     elif progress:
