@@ -542,6 +542,42 @@ def test_the_cli_refuses_a_long_comparison_without_yes_before_training(monkeypat
     assert not os.path.exists(out)  # refused before anything was written
 
 
+def test_a_resumed_comparisons_bar_starts_at_the_tokens_its_runs_already_hold(monkeypatch, tmp_path):
+    """A finished run counts its whole budget and a part-way one its logged tokens before anything trains, so the
+    bar's rate and ETA measure only what this invocation trains (they jumped to thousands of tokens a second)."""
+    import credo.lab.compare.grid as grid
+    from credo.lab.compare.presets import resolve_preset
+    preset = resolve_preset("smoke", ("grpo",), (0, 1, 2), None, None)
+    budget, runs = preset.token_budget, tmp_path / "runs"
+    plan = [("grpo", s, str(runs / f"grpo-s{s}")) for s in (0, 1, 2)]
+    (runs / "grpo-s0").mkdir(parents=True)
+    (runs / "grpo-s0" / "summary.json").write_text("{}")
+    (runs / "grpo-s1").mkdir()
+    (runs / "grpo-s1" / "metrics.jsonl").write_text(json.dumps({"step": 2, "tokens_generated": 300}) + "\n")
+
+    class Bar:
+        def __init__(self, *args, initial=0, **kwargs):
+            self.n, self.updates = initial, []
+        def update(self, n):
+            self.updates.append(n)
+            self.n += n
+        def set_description(self, text):
+            pass
+        def close(self):
+            bars.append(self)
+    bars = []
+    def run_one(method, seed, preset, start, run_dir, on_step, report_to=()):
+        if seed:  # the part-way run logs 450, the new one 150, then each finishes
+            on_step(None, {"tokens_generated": 450 if seed == 1 else 150, "step": 3})
+        return {}
+    monkeypatch.setattr(grid, "tqdm", Bar)
+    monkeypatch.setattr(grid, "run_one", run_one)
+    grid.train_all(plan, preset, "", jobs=1, progress=False)
+    bar = bars[0]
+    assert bar.n - sum(bar.updates) == budget + 300  # where it started
+    assert bar.updates == [0, 150, budget - 450, 150, budget - 150] and bar.n == 3 * budget
+
+
 def test_report_only_rebuilds_a_committed_comparison(tmp_path):
     """compare-long (the 520k-token check) predates the recorded protocol: its report still rebuilds."""
     import shutil

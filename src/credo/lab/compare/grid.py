@@ -38,11 +38,20 @@ def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on
     return run_result(run_dir)
 
 
+def tokens_done(run_dir: str, budget: int) -> int:
+    """Generated tokens a run of the plan already holds: the whole budget when it finished, its log's count when
+    part-way, 0 before it starts. The progress bar starts there, so that a resumed comparison's rate and ETA
+    count only what this invocation trains."""
+    if os.path.exists(os.path.join(run_dir, "summary.json")):
+        return budget
+    return progress_of(run_dir, budget)[0]
+
+
 def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm,
                 report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
     outcomes = []
     for method, seed, run_dir in plan:
-        state = {"tokens": 0}
+        state = {"tokens": tokens_done(run_dir, preset.token_budget)}  # already counted in the bar's start
 
         def on_step(trainer: Trainer, row: dict, method: str = method, seed: int = seed, state: dict = state) -> None:
             bar.update(min(row["tokens_generated"], preset.token_budget) - state["tokens"])
@@ -99,7 +108,8 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
     it; the runs already going are waited for (on that disk they fail at their next write), then it raises."""
     threads = max(1, (os.cpu_count() or 1) // jobs)
     outcomes: dict[int, tuple[Any, str | None]] = {}
-    shown, queued, stop, broken = 0, list(enumerate(plan))[::-1], None, []  # popped from the end: plan order
+    before = [tokens_done(run_dir, preset.token_budget) for _, _, run_dir in plan]  # the bar's start
+    shown, queued, stop, broken = sum(before), list(enumerate(plan))[::-1], None, []  # popped from the end: plan order
     futures: dict[Any, int] = {}
     workers = TaskWorkers()  # where each task says which worker process runs it
     with _executor(jobs, workers) as pool, workers_stopped_on_interrupt():  # no worker trains on, holding its lock
@@ -137,7 +147,8 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
                     pending |= submit_next()
             started = sorted((futures[f], *progress_of(plan[futures[f]][2], preset.token_budget)) for f in pending)
             started = [row for row in started if row[1] > 0]  # queued runs have no log yet
-            now = preset.token_budget * len(outcomes) + sum(tokens for _, tokens, _ in started)
+            now = (sum(before) + sum(preset.token_budget - before[i] for i in outcomes)
+                   + sum(tokens - before[i] for i, tokens, _ in started))
             bar.update(now - shown)
             shown = now
             running = ", ".join(f"{plan[i][0]} seed {plan[i][1]} step {step}" for i, _, step in started[:jobs])
@@ -154,7 +165,7 @@ def train_all(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs
     """(result, None) or (None, traceback) of each run of `plan`, under one progress bar (closed even when a
     full disk stops the grid, so the error is not printed onto the bar's line)."""
     bar = tqdm(total=len(plan) * preset.token_budget, unit="tok", unit_scale=True, disable=not progress,
-               dynamic_ncols=True)
+               dynamic_ncols=True, initial=sum(tokens_done(run_dir, preset.token_budget) for _, _, run_dir in plan))
     try:
         if jobs <= 1:
             return _run_serial(plan, preset, start, bar, report_to)
