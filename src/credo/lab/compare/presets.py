@@ -129,7 +129,10 @@ PRESETS = {
     "smollm2-long": Preset(methods=("grpo", "dr_grpo", "dapo", "rredcot", "rredcot:include_reference=false",
                                     "shuffled:of=rredcot", "sc_grpo", "shuffled:of=sc_grpo:level=token",
                                     "srpo:localiser=prompt", "rrpo", "ibpo", CREDO_METHOD),
-                           seeds=(0, 1, 2), token_budget=150_000, eval_every_tokens=37_500, eval_n=100,
+                           # 75k, not the 150k where GRPO's validation curve levelled: a run must finish within
+                           # one working session of a 2-core CPU (~2.9 h; the slowest method's run at 75k is ~2.5 h)
+                           # because only what is committed survives a change of machine, and a checkpoint does not
+                           seeds=(0, 1, 2), token_budget=75_000, eval_every_tokens=18_750, eval_n=100,
                            final_eval_n=300, audit_n=0, premise_n=32, task="gym:chain_sum",
                            # step_labels: the localisation premise check needs each trace's first wrong line
                            train={"task_options": {"min_terms": 5, "max_terms": 8, "min_digits": 1,
@@ -138,11 +141,12 @@ PRESETS = {
                                   # solutions of 30% of the problems (nearly every 8-term chain) do not fit
                                   "sampling": {"max_new_tokens": 96},
                                   "checkpoint_every": 10},  # ~5 minutes of CPU steps; an adapter's is ~60 MB
-                           # lr and budget: GRPO's on the adapter start, chosen on the validation split
+                           # lr: GRPO's on the adapter start, chosen on the validation split
                            # (docs/results/smollm2-long/README.md): 6e-5 beat 2e-5 (0.377 vs 0.343 on 300
-                           # problems; start 0.283) and still climbed at 150k tokens, the most a CPU affords
+                           # problems at 150k tokens; start 0.283; at 75k 0.40 vs 0.37 on the 100-problem curve)
                            schedule={"epochs": 1, "minibatches": 1, "lr": 6e-5}, jobs=2,
-                           note="budget and learning rate measured on GRPO with LoRA rank 16 (validation split); "
+                           note="learning rate measured on GRPO with LoRA rank 16 (validation split); budget half "
+                                "the 150k where its curve levelled, so that a run fits one session of a 2-core CPU: "
                                 "GRPO still climbs at this budget",
                            needs_start="the skilled SmolLM2 start on 5-8 term chains: the adapter `credo sft "
                                        "--config examples/smollm2/sft-long-skilled-lora.yaml --out DIR` (the "
