@@ -938,6 +938,35 @@ def test_a_comparison_measures_the_premises_on_its_start_and_each_final_policy_o
             in open(os.path.join(moved, "report.md")).read())
 
 
+def test_a_runs_premises_are_kept_as_it_finishes_so_an_export_before_the_end_carries_them(tmp_path, monkeypatch,
+                                                                                         capsys, saved_policy):
+    """A grid spread over machines exports each run as it finishes, without its weights: the run's own premise
+    checks must be measured then, on its final policy, not only at the comparison's end; a method that rests on
+    no premise measures nothing, and a failing check does not fail the run."""
+    from dataclasses import replace
+    from credo.lab.audit.reference import checkpoint_digest
+    from credo.lab.compare import grid
+    from credo.lab.compare.presets import PRESETS
+    preset = replace(PRESETS["smoke"], premise_n=8, methods=("grpo", "sc_grpo"))
+    start = saved_policy
+    runs = tmp_path / "cmp" / "runs"
+    result = grid.run_one("sc_grpo", 0, preset, start, str(runs / "sc_grpo-s0"), None)
+    assert result["final_accuracy"] is not None
+    with open(tmp_path / "cmp" / "premises" / "sc_grpo-s0.json") as f:
+        kept = json.load(f)
+    assert kept["key"]["weights"] == checkpoint_digest(str(runs / "sc_grpo-s0" / "final"))
+    assert kept["key"]["teacher"] is True and "teacher" in kept["result"]
+    grid.run_one("grpo", 0, preset, start, str(runs / "grpo-s0"), None)
+    assert os.listdir(tmp_path / "cmp" / "premises") == ["sc_grpo-s0.json"]
+
+    def broken(*args):
+        raise ValueError("no teacher today")
+    monkeypatch.setattr(grid, "premises_of_finished_run", broken)
+    again = grid.run_one("sc_grpo", 0, preset, start, str(runs / "sc_grpo-s0"), None)  # finished: reused
+    assert again == result
+    assert "premise checks of" in capsys.readouterr().err
+
+
 def test_the_curves_name_the_set_they_were_measured_on(tmp_path):
     """A comparison on the validation split must not label its curves held-out (the selection runs are)."""
     from credo.lab.compare.plots import eval_set, plot_curves

@@ -18,6 +18,7 @@ from credo.core.config import UserError
 from credo.core.disk_errors import DiskError, as_disk_error, is_disk_error
 from credo.integrations.trackers import TrackingPlace
 from credo.integrations.tracking import TrackerError
+from credo.lab.compare.premises import premises_of_finished_run
 from credo.lab.compare.presets import Preset, run_plan
 from credo.lab.compare.runs import progress_of, run_result
 from credo.train.interrupts import (TaskWorkers, run_announced, worker_started, worker_task,
@@ -27,14 +28,22 @@ from credo.train.trainer import Trainer
 
 def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on_step: Any,
             report_to: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Trains (or resumes) one run of the comparison, unless it finished earlier; its result as results.json
-    records it. report_to: the trackers it logs to, as a tracker run of its own named after its directory and
-    grouped by the comparison (the stores under the comparison's --out: credo.integrations.tracking)."""
+    """Trains (or resumes) one run of the comparison, unless it finished earlier, and measures its premise checks
+    (premises_of_finished_run); its result as results.json records it. report_to: the trackers it logs to, as a
+    tracker run of its own named after its directory and grouped by the comparison (the stores under the
+    comparison's --out: credo.integrations.tracking)."""
     if not os.path.exists(os.path.join(run_dir, "summary.json")):  # else finished earlier: reuse (resumable)
         out_dir = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))  # <out>/runs/<run>
         place = TrackingPlace(root=out_dir, run_name=os.path.basename(run_dir), group=os.path.basename(out_dir))
         config, plan = run_plan(method, seed, preset, start, report_to)
         Trainer(config, run_dir, progress=False, on_step=on_step, tracking=place, plan=plan).train()
+    try:  # now, while its weights are here: an export carries the checks, never the weights
+        premises_of_finished_run(method, seed, preset, start, run_dir)
+    except Exception as err:  # noqa: BLE001 (the comparison's end measures it again and reports a failure)
+        if is_disk_error(err):
+            raise
+        print(f"credo compare: the premise checks of {run_dir} failed ({type(err).__name__}: {err}); the "
+              "comparison measures them again at its end", file=sys.stderr, flush=True)
     return run_result(run_dir)
 
 

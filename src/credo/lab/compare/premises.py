@@ -47,37 +47,67 @@ def premises_at_end(plan: list[tuple[str, int, str]], preset: Preset, start: str
 
 def _premises(plan: list[tuple[str, int, str]], preset: Preset, start: str, out_dir: str, device: torch.device,
               progress: bool, dtype: str) -> dict[str, Any]:
-    needs = {m: premises_of(m) for m in preset.methods}
-    needs = {m: (teacher, loc) for m, (teacher, loc) in needs.items() if teacher or loc}
+    needs = _needs(preset)
     if not needs:
         return {}
+    checks = _checks(preset, out_dir, device, dtype, progress)
+    teacher = any(t for t, _ in needs.values())
+    localisers = sorted({loc for _, loc in needs.values() if loc})
+    sampling = run_config(plan[0][0], preset.seeds[0], preset, start).sampling
+    out: dict[str, Any] = {"traces": len(checks.problems) * GROUP,
+                           "split": "validation" if checks.validation else "held-out", "methods": {}}
+    checkpoint = resolve_checkpoint(start, "compare.start", task=preset.task, progress=progress)
+    out["start"] = checks.measured("start", checkpoint, sampling, 0, teacher, localisers)
+    for method, seed, run_dir in plan:
+        if method not in needs or not os.path.isfile(os.path.join(run_dir, "summary.json")):
+            continue
+        result = _run_measured(checks, needs[method], method, seed, run_dir, preset, start)
+        if result is None:  # an exported record, measured nowhere this folder knows of
+            out.setdefault("without_weights", []).append(run_dir_name(method, seed))
+        else:
+            out["methods"].setdefault(method, {})[str(seed)] = result
+    return out
+
+
+def premises_of_finished_run(method: str, seed: int, preset: Preset, start: str, run_dir: str) -> None:
+    """The premise checks of one finished run's final policy, measured as soon as it finishes and kept in
+    <out>/premises/<run>.json (nothing when premise_n is 0 or the method rests on no premise). An export made
+    before the whole comparison ends then carries them, although the weights they were measured on stay behind;
+    the comparison's end reads them back (premises_at_end). A failure here is left to that end, which reports it."""
+    needs = _needs(preset)
+    if preset.premise_n <= 0 or method not in needs:
+        return
+    out_dir = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))  # <out>/runs/<run>
+    device = torch.device(preset.train.get("device", "cpu"))
+    checks = _checks(preset, out_dir, device, preset.train.get("dtype", "float32"), progress=False)
+    _run_measured(checks, needs[method], method, seed, run_dir, preset, start)
+
+
+def _needs(preset: Preset) -> dict[str, tuple[bool, str | None]]:
+    """{method: (teacher, localiser)} of the preset's methods that rest on a premise."""
+    needs = {m: premises_of(m) for m in preset.methods}
+    return {m: (teacher, loc) for m, (teacher, loc) in needs.items() if teacher or loc}
+
+
+def _checks(preset: Preset, out_dir: str, device: torch.device, dtype: str, progress: bool) -> "PremiseChecks":
+    """The comparison's premise checks: premise_n // GROUP problems of the split its runs evaluate on."""
     task = make_task(preset.task, preset.train.get("task_options", {}), prefix="compare.task_options.")
     validation = preset.train.get("eval_split") == "validation"  # the held-out set is then never read
     n = max(preset.premise_n // GROUP, 1)
     problems = task.validation_problems(n) if validation else task.heldout_problems(n)
     folder = os.path.join(out_dir, "premises")
     os.makedirs(folder, exist_ok=True)
-    checks = PremiseChecks(task, problems, validation, folder, device, dtype, progress)
-    teacher = any(t for t, _ in needs.values())
-    localisers = sorted({loc for _, loc in needs.values() if loc})
-    sampling = run_config(plan[0][0], preset.seeds[0], preset, start).sampling
-    out: dict[str, Any] = {"traces": len(problems) * GROUP, "split": "validation" if validation else "held-out",
-                           "methods": {}}
-    checkpoint = resolve_checkpoint(start, "compare.start", task=preset.task, progress=progress)
-    out["start"] = checks.measured("start", checkpoint, sampling, 0, teacher, localisers)
-    for method, seed, run_dir in plan:
-        if method not in needs or not os.path.isfile(os.path.join(run_dir, "summary.json")):
-            continue
-        final = os.path.join(run_dir, "final")
-        own_teacher, own_localiser = needs[method]
-        result = checks.measured(run_dir_name(method, seed), final if os.path.isdir(final) else None,
-                                 run_config(method, seed, preset, start).sampling, seed, own_teacher,
-                                 [own_localiser] if own_localiser else [])
-        if result is None:  # an exported record, measured nowhere this folder knows of
-            out.setdefault("without_weights", []).append(run_dir_name(method, seed))
-        else:
-            out["methods"].setdefault(method, {})[str(seed)] = result
-    return out
+    return PremiseChecks(task, problems, validation, folder, device, dtype, progress)
+
+
+def _run_measured(checks: "PremiseChecks", need: tuple[bool, str | None], method: str, seed: int, run_dir: str,
+                  preset: Preset, start: str) -> dict | None:
+    """One finished run's checks: kept, or measured on its final/ weights; None for a record without them."""
+    final = os.path.join(run_dir, "final")
+    teacher, localiser = need
+    return checks.measured(run_dir_name(method, seed), final if os.path.isdir(final) else None,
+                           run_config(method, seed, preset, start).sampling, seed, teacher,
+                           [localiser] if localiser else [])
 
 
 @dataclass(frozen=True)
