@@ -42,7 +42,7 @@ from credo.core.files import atomic_write_json
 from credo.core.records import COUNT, SECONDS, number
 from credo.lab.audit.premises import premises_of
 from credo.lab.compare.presets import Preset, run_config
-from credo.lab.compare.runs import clock_so_far, progress_of, run_result
+from credo.lab.compare.runs import clock_so_far, run_result, tokens_done
 from credo.tasks import make_task
 from credo.train.trainer import Trainer
 
@@ -68,6 +68,15 @@ def measured_timing(runs: list[dict[str, Any]]) -> Timing | None:
         return None
     return Timing(sum(r["seconds"] for r in runs) / steps,
                   max(int(sum(r["tokens_generated"] for r in runs) / steps), 1))
+
+
+def timing_from_runs(finished: list[dict[str, Any]], part_way: list[dict[str, Any]]) -> tuple[Timing, str] | None:
+    """(Timing, 'finished runs' | 'part-way runs'): a method's cost per step from its finished runs' clocks, or
+    else from the steps its part-way runs have logged (runs.clock_so_far); None with neither."""
+    for source, runs in (("finished runs", finished), ("part-way runs", part_way)):
+        if (timing := measured_timing(runs)) is not None:
+            return timing, source
+    return None
 
 
 def _read_per_method(out_dir: str) -> dict[str, dict[str, Any]]:
@@ -265,12 +274,9 @@ def measured_timings(plan: list[tuple[str, int, str]]) -> dict[str, tuple[Timing
                 clock = None
             if clock is not None:
                 part_way.setdefault(spec, []).append(clock)
-    timings: dict[str, tuple[Timing, str]] = {}
-    for source, runs_of in (("part-way runs", part_way), ("finished runs", finished)):  # finished ones win
-        for spec, runs in runs_of.items():
-            if (timing := measured_timing(runs)) is not None:
-                timings[spec] = (timing, source)
-    return timings
+    timings = {spec: timing_from_runs(finished.get(spec, []), part_way.get(spec, []))
+               for spec in {*finished, *part_way}}
+    return {spec: timing for spec, timing in timings.items() if timing is not None}
 
 
 def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
@@ -280,7 +286,7 @@ def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: 
     `plan` is costed from their own clocks (measured_timings), else from what an earlier start of the comparison
     recorded (`recorded`: recorded_steps), else by timing one step of it.
     eval_seconds: one curve evaluation as already timed (recorded_eval_seconds), else 0.0 to time it."""
-    pending = [(spec, seed, preset.token_budget - progress_of(run_dir, preset.token_budget)[0])
+    pending = [(spec, seed, preset.token_budget - tokens_done(run_dir, preset.token_budget))
                for spec, seed, run_dir in plan if not os.path.exists(os.path.join(run_dir, "summary.json"))]
     measured = {**(recorded or {}), **measured_timings(plan)}
     first_seed: dict[str, int] = {}

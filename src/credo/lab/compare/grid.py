@@ -20,7 +20,7 @@ from credo.integrations.trackers import TrackingPlace
 from credo.integrations.tracking import TrackerError
 from credo.lab.compare.premises import premises_of_finished_run
 from credo.lab.compare.presets import Preset, run_plan
-from credo.lab.compare.runs import progress_of, run_result
+from credo.lab.compare.runs import progress_of, run_result, tokens_done
 from credo.train.interrupts import (TaskWorkers, run_announced, worker_started, worker_task,
                                     workers_stopped_on_interrupt)
 from credo.train.trainer import Trainer
@@ -45,15 +45,6 @@ def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on
         print(f"credo compare: the premise checks of {run_dir} failed ({type(err).__name__}: {err}); the "
               "comparison measures them again at its end", file=sys.stderr, flush=True)
     return run_result(run_dir)
-
-
-def tokens_done(run_dir: str, budget: int) -> int:
-    """Generated tokens a run of the plan already holds: the whole budget when it finished, its log's count when
-    part-way, 0 before it starts. The progress bar starts there, so that a resumed comparison's rate and ETA
-    count only what this invocation trains."""
-    if os.path.exists(os.path.join(run_dir, "summary.json")):
-        return budget
-    return progress_of(run_dir, budget)[0]
 
 
 def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm,

@@ -124,3 +124,11 @@ def progress_of(run_dir: str, budget: int) -> tuple[int, int]:
         except ValueError:
             continue  # a line being written (or a damaged one: the run's own reads name it)
     return 0, 0
+
+
+def tokens_done(run_dir: str, budget: int) -> int:
+    """Generated tokens a run already holds: the whole budget when it finished, its log's count when part-way, 0
+    before it starts (what a resumed comparison's progress bar starts at and its estimate leaves out)."""
+    if os.path.exists(os.path.join(run_dir, "summary.json")):
+        return budget
+    return progress_of(run_dir, budget)[0]

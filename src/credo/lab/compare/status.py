@@ -63,14 +63,15 @@ def remaining_seconds(states: dict[str, dict[int, dict[str, Any]]], budget: int,
     """Seconds of *training* the unfinished runs still need at `jobs` at a time, and summed over the runs (the
     compute left, however many run at once; evaluations are not in a run's clock, so not here), each method
     costed from its finished runs, or else from the steps its part-way runs have logged
-    (compare_eta.measured_timing; a part-way run counts its unfinished share of the budget, a failed one all of
+    (compare_eta.timing_from_runs; a part-way run counts its unfinished share of the budget, a failed one all of
     it, since a resume retries it), or else from `timed`, the step the comparison timed at its start
     (compare_eta.timed_steps); then the methods costed from `timed` ('name (where from)'), and those with no
     cost."""
     total, from_timed, unknown, pending, timed = 0.0, [], [], 0, timed or {}
     for method, runs in states.items():
-        timing = (compare_eta.measured_timing([st["result"] for st in runs.values() if st["state"] == "finished"])
-                  or compare_eta.measured_timing([st["clock"] for st in runs.values() if st.get("clock")]))
+        measured = compare_eta.timing_from_runs([st["result"] for st in runs.values() if st["state"] == "finished"],
+                                                [st["clock"] for st in runs.values() if st.get("clock")])
+        timing = measured[0] if measured else None
         left = [budget - st.get("tokens", 0) for st in runs.values() if st["state"] != "finished"]
         pending += len(left)
         if left and timing is None and method in timed:
