@@ -1,4 +1,5 @@
-"""Each run records the credo that trained it; a comparison whose runs name two versions says so."""
+"""Each run records the credo and the hardware that trained it; a comparison whose runs name two of either says
+so."""
 
 import json
 import os
@@ -8,7 +9,7 @@ import subprocess
 import pytest
 
 from credo.train import provenance
-from credo.lab.compare.report import commit_lines, report, summarise
+from credo.lab.compare.report import commit_lines, machine_lines, report, summarise
 from credo.train.trainer import Trainer
 from builders import dapo_config
 
@@ -72,7 +73,38 @@ def test_a_run_records_the_commit_read_when_its_trainer_was_built_not_when_it_fi
     summary = json.load(open(tmp_path / "r" / "summary.json"))
     assert summary["credo_commit"] == "a" * 40
     from credo.lab.compare.runs import run_result
+    from credo.policy.device import hardware
+    import torch
+    assert summary["machine"] == hardware(torch.device("cpu")) and "torch " + torch.__version__ in summary["machine"]
     assert run_result(str(tmp_path / "r"))["commit"] == "a" * 40
+    assert run_result(str(tmp_path / "r"))["machine"] == summary["machine"]
+
+
+def test_the_hardware_a_run_records_names_the_cpus_widest_vector_unit_and_its_threads(tmp_path, monkeypatch):
+    """AVX2 and AVX-512 kernels round float32 sums differently: a run's record must tell the two apart."""
+    import torch
+    from credo.policy.device import hardware
+    cpuinfo = tmp_path / "cpuinfo"
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    assert hardware(torch.device("cpu"), str(cpuinfo)) == f"AMD EPYC (AVX2), 1 thread, torch {torch.__version__}"
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: avx2 avx512f avx512_bf16\n")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert hardware(torch.device("cpu"), str(cpuinfo)).startswith("AMD EPYC (AVX-512, BF16), 2 threads, torch ")
+    assert hardware(torch.device("cpu"), str(tmp_path / "absent")).startswith("cpu, 2 threads")
+
+
+def test_report_notes_runs_on_more_than_one_kind_of_hardware():
+    one, other = "AMD EPYC (AVX2), 1 thread, torch 2.13.0+cpu", "AMD EPYC (AVX-512, BF16), 1 thread, torch 2.13.0+cpu"
+    results = _results([None, None, None])
+    assert machine_lines(results) == []
+    seeds = results["methods"]["grpo"]["seeds"]
+    seeds["0"]["machine"], seeds["1"]["machine"], seeds["2"]["machine"] = one, one, other
+    line = machine_lines(results)[0]
+    assert line.startswith("**Runs trained on 2 kinds of hardware**")
+    assert f"{one} (2 runs); {other} (1 run)" in line and "do not compare" in line
+    summarise(results)
+    assert line in report(results)
 
 
 def _results(commits):

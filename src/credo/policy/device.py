@@ -79,19 +79,43 @@ _WARNED: set[str] = set()
 def cpu_has_bfloat16_units(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
     """Whether this CPU multiplies bfloat16 matrices in hardware (x86: AVX512-BF16 or AMX-BF16; Arm: BF16), read
     from `cpuinfo`'s flags; None where that file is missing or names no flags (not Linux: nothing is said)."""
+    flags = _cpu_fields(cpuinfo)[1]
+    if not flags:
+        return None
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def _cpu_fields(cpuinfo: str) -> tuple[str, set[str]]:
+    """(model name, flags) of the first CPU `cpuinfo` lists; ('', set()) where it is missing."""
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:
             text = f.read()
     except OSError:
-        return None
-    flags = set()
+        return "", set()
+    model, flags = "", set()
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
+        if key.strip() in ("model name", "Model name") and not model:
+            model = value.strip()
+        elif key.strip() in ("flags", "Features"):
             flags.update(value.split())
-    if not flags:
-        return None
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    return model, flags
+
+
+def hardware(device: torch.device, cpuinfo: str = "/proc/cpuinfo") -> str:
+    """What a run's numbers were computed on, as its summary records it: the GPU's name, or the CPU's model, its
+    widest vector unit and its threads (float32 sums are rounded differently by AVX2 and AVX-512 kernels and by
+    another number of threads, so the same seed gives the same run only on the same hardware), and torch's
+    version, e.g. 'AMD EPYC (AVX-512, BF16), 1 thread, torch 2.13.0+cpu'."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    model, flags = _cpu_fields(cpuinfo)
+    units = ("AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags
+             else "SVE" if "sve" in flags else "NEON" if "asimd" in flags else "")
+    units += ", BF16" if flags & {"avx512_bf16", "amx_bf16", "bf16"} else ""
+    threads = torch.get_num_threads()
+    return (f"{model or device.type}{f' ({units})' if units else ''}, {threads} thread{'s' if threads > 1 else ''}, "
+            f"torch {torch.__version__}")
 
 
 def resolve_dtype(dtype: str, device: torch.device, field: str = "dtype") -> torch.dtype:

@@ -31,6 +31,7 @@ from credo.core.protocols import Policy
 from credo.train.config import TrainConfig
 from credo.train.eta import format_seconds, seconds_left, steps_ahead
 from credo.train.evaluate import evaluate
+from credo.policy.device import hardware
 from credo.train.provenance import loaded_commit
 from credo.train.resume_checks import check_restartable, check_resumable, update_config_yaml
 from credo.train.plan import Plan
@@ -131,7 +132,7 @@ class Trainer(TrainerStep):
     def finish(self) -> dict[str, Any]:
         """The final evaluation, weights and summary.json."""
         final = {"step": self.step, "tokens_generated": self.tokens_generated, "seconds": round(self.seconds, 3),
-                 "credo_commit": loaded_commit()}
+                 "credo_commit": loaded_commit(), "machine": hardware(self.policy.device)}
         if self.config.final_eval_n > 0:
             final["final_accuracy"] = self.evaluate(self.config.final_eval_n)
             final["final_eval_n"] = self.eval_size  # the task may hold fewer than asked for

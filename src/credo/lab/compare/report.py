@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from typing import Any
 
 from credo.train import methods as method_registry
@@ -288,7 +289,7 @@ def report(results: dict[str, Any]) -> str:
              + (f" (estimated {describe(estimate)} before it started)" if estimate else "") + run_clocks(results), "",
              *([f"Command: `{results['command']}`", ""] if results.get("command") else []),
              *([f"Note: {results['note']}", ""] if results.get("note") else []),
-             *commit_lines(results), *protocol_lines(results), "",
+             *commit_lines(results), *machine_lines(results), *protocol_lines(results), "",
              f"## At equal generated tokens ({results['token_budget']:,} per run)", "", *main_table(results), "",
              *strongest_baseline_lines(results), *equal_updates_lines(results), *controls_lines(results),
              *unequal_lines(results, lambda m: shown_name(results, m)),
@@ -313,6 +314,20 @@ def commit_lines(results: dict[str, Any]) -> list[str]:
                        for c, n in sorted(counts.items(), key=lambda kv: -kv[1]))
     return [f"**Runs trained by {len(counts)} versions of credo**: {listed}. A change between them that touched "
             "training makes this table compare different programs; check `git diff` between them.", ""]
+
+
+def machine_lines(results: dict[str, Any]) -> list[str]:
+    """A note when the runs were trained on more than one kind of hardware (each run's summary.json records
+    credo.policy.device.hardware): each run's numbers are its machine's, so accuracies differ as other seeds would,
+    but seconds a step measured on different machines do not compare."""
+    counts = Counter(seed.get("machine", "not recorded") for entry in results["methods"].values()
+                     for seed in entry["seeds"].values())
+    if len(counts) < 2:
+        return []
+    listed = "; ".join(f"{m} ({n} run{'s' if n > 1 else ''})" for m, n in counts.most_common())
+    return [f"**Runs trained on {len(counts)} kinds of hardware**: {listed}. Float32 sums round differently on "
+            "each, so a seed's run is its machine's (accuracies vary as between seeds); the clocks (seconds a step, "
+            "step-time ratios) of runs on different hardware do not compare.", ""]
 
 
 def run_clocks(results: dict[str, Any]) -> str:

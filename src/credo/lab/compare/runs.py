@@ -61,7 +61,8 @@ def run_result(run_dir: str) -> dict[str, Any]:
             "tokens_scored": steps[-1].get("tokens_scored", 0) if steps else 0,
             **(clipping(norms, run_grad_clip(config)) if norms else {}), **run_overlong(config, summary),
             **({"update_norm_median": statistics.median(updates)} if updates else {}),
-            **({"commit": summary["credo_commit"]} if "credo_commit" in summary else {})}
+            **({"commit": summary["credo_commit"]} if "credo_commit" in summary else {}),
+            **({"machine": summary["machine"]} if isinstance(summary.get("machine"), str) else {})}
 
 
 def recorded_config(run_dir: str) -> dict[str, Any]:
