@@ -543,8 +543,9 @@ def test_the_cli_refuses_a_long_comparison_without_yes_before_training(monkeypat
 
 
 def test_a_resumed_comparisons_bar_starts_at_the_tokens_its_runs_already_hold(monkeypatch, tmp_path):
-    """A finished run counts its whole budget and a part-way one its logged tokens before anything trains, so the
-    bar's rate and ETA measure only what this invocation trains (they jumped to thousands of tokens a second)."""
+    """A finished run counts its whole budget and a part-way one the tokens of its newest checkpoint (where it
+    resumes: its log's later steps are trained again) before anything trains, so the bar's rate and ETA measure
+    only what this invocation trains (they jumped to thousands of tokens a second, then went backwards)."""
     import credo.lab.compare.grid as grid
     from credo.lab.compare.presets import resolve_preset
     preset = resolve_preset("smoke", ("grpo",), (0, 1, 2), None, None)
@@ -553,7 +554,11 @@ def test_a_resumed_comparisons_bar_starts_at_the_tokens_its_runs_already_hold(mo
     (runs / "grpo-s0").mkdir(parents=True)
     (runs / "grpo-s0" / "summary.json").write_text("{}")
     (runs / "grpo-s1").mkdir()
-    (runs / "grpo-s1" / "metrics.jsonl").write_text(json.dumps({"step": 2, "tokens_generated": 300}) + "\n")
+    (runs / "grpo-s1" / "metrics.jsonl").write_text(json.dumps({"step": 2, "tokens_generated": 300}) + "\n"
+                                                    + json.dumps({"step": 3, "tokens_generated": 420}) + "\n")
+    assert grid.tokens_done(str(runs / "grpo-s1"), budget) == 0  # no checkpoint: it starts again
+    (runs / "grpo-s1" / "checkpoints" / "step-000002").mkdir(parents=True)
+    assert grid.tokens_done(str(runs / "grpo-s1"), budget) == 300
 
     class Bar:
         def __init__(self, *args, initial=0, **kwargs):

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
 from credo.lab.compare.presets import run_dir_name
 from credo.lab.compare.stats import clipping, stalled_seconds
-from credo.core.files import MetricsLog, read_jsonl
+from credo.core.files import MetricsLog, last_checkpoint, read_jsonl
 from credo.core.records import METRICS_FIELDS, SUMMARY_FIELDS, checked_record, read_record
 from credo.train.config import TrainConfig
 from credo.train.shaping import OVERLONG_FIT_PROBLEMS
@@ -113,23 +113,37 @@ def clock_so_far(metrics_path: str) -> dict[str, Any] | None:
 
 def progress_of(run_dir: str, budget: int) -> tuple[int, int]:
     """(generated tokens, step) of a run in another process, read from its metrics log."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return 0, 0
-    with open(path, "rb") as f:
-        lines = f.read().splitlines()
-    for line in reversed(lines):
-        try:
-            row = checked_record(json.loads(line), path, METRICS_FIELDS)
-            return min(int(row.get("tokens_generated", 0)), budget), int(row.get("step", 0))
-        except ValueError:
-            continue  # a line being written (or a damaged one: the run's own reads name it)
+    for row in _rows_newest_first(run_dir):
+        return min(int(row.get("tokens_generated", 0)), budget), int(row.get("step", 0))
     return 0, 0
 
 
 def tokens_done(run_dir: str, budget: int) -> int:
-    """Generated tokens a run already holds: the whole budget when it finished, its log's count when part-way, 0
-    before it starts (what a resumed comparison's progress bar starts at and its estimate leaves out)."""
+    """Generated tokens a run already holds: the whole budget when it finished; when part-way, those of its newest
+    checkpoint, which is where a resume goes on from (the steps its log holds beyond it are trained again); 0
+    without one. What a resumed comparison's progress bar starts at and its estimate leaves out."""
     if os.path.exists(os.path.join(run_dir, "summary.json")):
         return budget
-    return progress_of(run_dir, budget)[0]
+    checkpoint = last_checkpoint(run_dir)
+    if checkpoint is None:
+        return 0
+    step = int(os.path.basename(checkpoint)[len("step-"):])
+    for row in _rows_newest_first(run_dir):
+        if row.get("step") == step:
+            return min(int(row.get("tokens_generated", 0)), budget)
+    return 0
+
+
+def _rows_newest_first(run_dir: str) -> Iterator[dict[str, Any]]:
+    """The rows of a run's metrics log, last first, skipping a line being written (or a damaged one: the run's own
+    reads name it); none without a log."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return
+    with open(path, "rb") as f:
+        lines = f.read().splitlines()
+    for line in reversed(lines):
+        try:
+            yield checked_record(json.loads(line), path, METRICS_FIELDS)
+        except ValueError:
+            continue
