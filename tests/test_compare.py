@@ -581,6 +581,19 @@ def test_a_resumed_comparisons_bar_starts_at_the_tokens_its_runs_already_hold(mo
     bar = bars[0]
     assert bar.n - sum(bar.updates) == budget + 300  # where it started
     assert bar.updates == [0, 150, budget - 450, 150, budget - 150] and bar.n == 3 * budget
+    # with workers: a resumed run's stale rows beyond its checkpoint count only once its trainer has cut the log
+    log = runs / "grpo-s1" / "metrics.jsonl"
+    parallel, since = Bar(initial=budget + 300), os.path.getmtime(log) + 1  # handed to a worker after the log
+    shown = grid._show(parallel, budget + 300, plan, preset, [budget, 300, 0], {}, {1: since})
+    assert shown == budget + 300 and parallel.updates == [0]  # 420 logged, not counted: no jump forward...
+    log.write_text(json.dumps({"step": 2, "tokens_generated": 300}) + "\n")  # ...the trainer cuts it back...
+    os.utime(log, (since + 1, since + 1))
+    assert grid._show(parallel, shown, plan, preset, [budget, 300, 0], {}, {1: since}) == budget + 300
+    with open(log, "a") as f:  # ...and from then on its steps count
+        f.write(json.dumps({"step": 3, "tokens_generated": 440}) + "\n")
+    os.utime(log, (since + 2, since + 2))
+    assert grid._show(parallel, shown, plan, preset, [budget, 300, 0], {}, {1: since}) == budget + 440
+    assert parallel.updates == [0, 0, 140]
 
 
 def test_report_only_rebuilds_a_committed_comparison(tmp_path):
@@ -952,17 +965,40 @@ def test_a_runs_premises_are_kept_as_it_finishes_so_an_export_before_the_end_car
     from credo.lab.audit.reference import checkpoint_digest
     from credo.lab.compare import grid
     from credo.lab.compare.presets import PRESETS
+    from credo.lab.compare import premises as premise_checks
+    from credo.lab.compare.export import describe, export
     preset = replace(PRESETS["smoke"], premise_n=8, methods=("grpo", "sc_grpo"))
     start = saved_policy
     runs = tmp_path / "cmp" / "runs"
+    pending = tmp_path / "cmp" / "premises" / "sc_grpo-s0.pending"
+    real_trainer, seen = grid.Trainer, []
+
+    def trainer(*args, **kwargs):  # the marker is there before summary.json can be
+        seen.append(pending.exists())
+        return real_trainer(*args, **kwargs)
+    monkeypatch.setattr(grid, "Trainer", trainer)
     result = grid.run_one("sc_grpo", 0, preset, start, str(runs / "sc_grpo-s0"), None)
-    assert result["final_accuracy"] is not None
+    assert result["final_accuracy"] is not None and seen == [True] and not pending.exists()
     with open(tmp_path / "cmp" / "premises" / "sc_grpo-s0.json") as f:
         kept = json.load(f)
     assert kept["key"]["weights"] == checkpoint_digest(str(runs / "sc_grpo-s0" / "final"))
     assert kept["key"]["teacher"] is True and "teacher" in kept["result"]
     grid.run_one("grpo", 0, preset, start, str(runs / "grpo-s0"), None)
-    assert os.listdir(tmp_path / "cmp" / "premises") == ["sc_grpo-s0.json"]
+    assert os.listdir(tmp_path / "cmp" / "premises") == ["sc_grpo-s0.json"] and seen == [True, False]
+    measured = []  # the comparison's end reads the run's checks back under the same key: only the start is new
+    real_measure = premise_checks.measure_premises
+    monkeypatch.setattr(premise_checks, "measure_premises", lambda policy, *a: measured.append(a) or real_measure(
+        policy, *a))
+    plan = [(m, 0, str(runs / f"{m}-s0")) for m in ("grpo", "sc_grpo")]
+    import torch
+    at_end = premise_checks.premises_at_end(plan, preset, start, str(tmp_path / "cmp"), torch.device("cpu"), False)
+    assert len(measured) == 1 and at_end["methods"]["sc_grpo"]["0"] == kept["result"]
+    pending.write_text("")  # a run exported while its checks are still being measured says so
+    done = export(str(tmp_path / "cmp"), str(tmp_path / "moved"))
+    assert done.checks_pending == ["sc_grpo-s0"]
+    assert "sc_grpo-s0 went without its premise checks" in describe(done, "moved")
+    pending.unlink()
+    assert export(str(tmp_path / "cmp"), str(tmp_path / "moved")).checks_pending == []
 
     def broken(*args):
         raise ValueError("no teacher today")

@@ -96,12 +96,14 @@ def test_the_hardware_a_run_records_names_the_cpus_widest_vector_unit_and_its_th
 
 def test_report_notes_runs_on_more_than_one_kind_of_hardware():
     one, other = "AMD EPYC (AVX2), 1 thread, torch 2.13.0+cpu", "AMD EPYC (AVX-512, BF16), 1 thread, torch 2.13.0+cpu"
-    results = _results([None, None, None])
+    results = _results([None, None, None, None])
     assert machine_lines(results) == []
     seeds = results["methods"]["grpo"]["seeds"]
-    seeds["0"]["machine"], seeds["1"]["machine"], seeds["2"]["machine"] = one, one, other
+    seeds["0"]["machine"], seeds["1"]["machine"] = one, one
+    assert machine_lines(results) == []  # runs from before the record are no second setup
+    seeds["2"]["machine"] = other
     line = machine_lines(results)[0]
-    assert line.startswith("**Runs trained on 2 kinds of hardware**")
+    assert line.startswith("**Runs computed on 2 setups**")
     assert f"{one} (2 runs); {other} (1 run)" in line and "do not compare" in line
     summarise(results)
     assert line in report(results)

@@ -86,7 +86,7 @@ def cpu_has_bfloat16_units(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
 
 
 def _cpu_fields(cpuinfo: str) -> tuple[str, set[str]]:
-    """(model name, flags) of the first CPU `cpuinfo` lists; ('', set()) where it is missing."""
+    """(the first model name `cpuinfo` lists, the flags of every CPU it lists); ('', set()) where it is missing."""
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:
             text = f.read()

@@ -13,8 +13,9 @@ step timed alone. Nor does a resumed comparison time again what an earlier start
     seconds = steps x seconds of the timed step + evaluations x seconds of one evaluation
 
 and the comparison's is the sum over the runs still to do, divided by the jobs run at once, plus the start
-audit and the premise checks that follow the training (after_training_seconds: their completions at the timed
-evaluation's cost per completion). It is rough: step cost drifts as completions lengthen or shorten, and two jobs
+audit and the premise checks (after_training_seconds: their completions at the timed evaluation's cost per
+completion; each run's checks are measured as it finishes, the start's at the end, and all are counted as if
+measured after training). It is rough: step cost drifts as completions lengthen or shorten, and two jobs
 slow each other a little.
 
 Above an hour the comparison starts only when confirmed: `--yes`, or "y" at the prompt when stdin is a

@@ -8,7 +8,8 @@ it takes metrics.jsonl: credo.core.compressed): no weights, checkpoints or locks
 3.2M-parameter run's checkpoint is ~40 MB, its record ~20 kB). A part-way run is left out: it resumes only from
 its checkpoints, and its config and log without them would be refused as a run whose checkpoints were removed.
 OUT is only read, so this is safe beside the running comparison (a run's summary.json is its last file, written
-atomically).
+atomically; its premise checks follow it, and until they are kept the export names the run as carried without
+them: export again).
 
 DEST is missing, empty, or an earlier export (its `.credo-export` marker says so). Each new run lands whole
 (written beside DEST, then renamed in); a run DEST already holds is left as it is when it is the same, and
@@ -31,6 +32,7 @@ from credo.core.compressed import XZ, read_record, record_bytes, stored_path
 from credo.core.config import UserError
 from credo.core.files import atomic_copy, atomic_directory, atomic_write_text, is_within
 from credo.core.outputs import KIND_MARKER, is_locked, run_kind
+from credo.lab.compare.premises import PENDING
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
 """What a finished run is reused from."""
@@ -52,6 +54,8 @@ class Exported:
     incomplete: list[str] = field(default_factory=list)
     only_in_dest: list[str] = field(default_factory=list)
     """Finished runs DEST holds that OUT does not (another machine's share): then no report is copied."""
+    checks_pending: list[str] = field(default_factory=list)
+    """Finished runs exported whose premise checks were not measured yet (premises/<run>.pending)."""
     report: bool = False
 
 
@@ -115,6 +119,7 @@ def export(out_dir: str, dest: str) -> Exported:
     for entry in sorted(os.listdir(premises)) if os.path.isdir(premises) else []:
         if entry.endswith(".json") and entry[:-len(".json")] in finished | {"start"}:
             atomic_copy(os.path.join(premises, entry), os.path.join(dest, "premises", entry))
+    done.checks_pending = sorted(n for n in finished if os.path.exists(os.path.join(premises, n + PENDING)))
     held = os.path.join(dest, "runs")
     done.only_in_dest = sorted(n for n in os.listdir(held) if n not in finished and
                                os.path.isfile(os.path.join(held, n, "summary.json"))) if os.path.isdir(held) else []
@@ -161,6 +166,9 @@ def describe(done: Exported, dest: str) -> str:
     if done.incomplete:
         text += (f"; left out {len(done.incomplete)} with a summary.json but no config.yaml or metrics.jsonl "
                  f"({', '.join(done.incomplete)})")
+    if done.checks_pending:
+        text += (f"; {', '.join(done.checks_pending)} went without its premise checks, not measured yet (or "
+                 "interrupted: the comparison measures them when it goes on): export again once they are")
     if done.only_in_dest:
         text += (f"; the report was not copied, since {dest} holds {len(done.only_in_dest)} finished run(s) that "
                  f"--out does not ({', '.join(done.only_in_dest[:4])}{', ...' if len(done.only_in_dest) > 4 else ''})")

@@ -3,9 +3,11 @@ or the traceback of its failure (a full disk, a failing tracker or a dead worker
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import sys
+import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -18,7 +20,8 @@ from credo.core.config import UserError
 from credo.core.disk_errors import DiskError, as_disk_error, is_disk_error
 from credo.integrations.trackers import TrackingPlace
 from credo.integrations.tracking import TrackerError
-from credo.lab.compare.premises import premises_of_finished_run
+from credo.core.files import atomic_write_text
+from credo.lab.compare.premises import needs_checks, out_dir_of, pending_path, premises_of_finished_run
 from credo.lab.compare.presets import Preset, run_plan
 from credo.lab.compare.runs import progress_of, run_result, tokens_done
 from credo.train.interrupts import (TaskWorkers, run_announced, worker_started, worker_task,
@@ -33,10 +36,16 @@ def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on
     tracker run of its own named after its directory and grouped by the comparison (the stores under the
     comparison's --out: credo.integrations.tracking)."""
     if not os.path.exists(os.path.join(run_dir, "summary.json")):  # else finished earlier: reuse (resumable)
-        out_dir = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))  # <out>/runs/<run>
+        out_dir = out_dir_of(run_dir)
         place = TrackingPlace(root=out_dir, run_name=os.path.basename(run_dir), group=os.path.basename(out_dir))
         config, plan = run_plan(method, seed, preset, start, report_to)
+        if needs_checks(method, preset):  # before summary.json exists: an export never sees it finished unchecked
+            os.makedirs(os.path.dirname(pending_path(run_dir)), exist_ok=True)
+            atomic_write_text(pending_path(run_dir), "premise checks not measured yet\n")
         Trainer(config, run_dir, progress=False, on_step=on_step, tracking=place, plan=plan).train()
+        gc.collect()  # the trainer's policy and optimiser, before the checks load the final weights again
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     try:  # now, while its weights are here: an export carries the checks, never the weights
         premises_of_finished_run(method, seed, preset, start, run_dir)
     except Exception as err:  # noqa: BLE001 (the comparison's end measures it again and reports a failure)
@@ -44,6 +53,8 @@ def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on
             raise
         print(f"credo compare: the premise checks of {run_dir} failed ({type(err).__name__}: {err}); the "
               "comparison measures them again at its end", file=sys.stderr, flush=True)
+    if os.path.exists(pending_path(run_dir)):
+        os.remove(pending_path(run_dir))
     return run_result(run_dir)
 
 
@@ -57,6 +68,8 @@ def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, ba
             bar.update(min(row["tokens_generated"], preset.token_budget) - state["tokens"])
             state["tokens"] = min(row["tokens_generated"], preset.token_budget)
             bar.set_description(f"{method} seed {seed} step {row['step']}")
+            if state["tokens"] >= preset.token_budget:  # what follows the last step: evaluation, premise checks
+                bar.set_description(f"{method} seed {seed}: final evaluation and checks")
 
         try:
             outcomes.append((run_one(method, seed, preset, start, run_dir, on_step, report_to), None))
@@ -111,6 +124,7 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
     before = [tokens_done(run_dir, preset.token_budget) for _, _, run_dir in plan]  # the bar's start
     shown, queued, stop, broken = sum(before), list(enumerate(plan))[::-1], None, []  # popped from the end: plan order
     futures: dict[Any, int] = {}
+    submitted: dict[int, float] = {}  # when each run was handed to a worker
     workers = TaskWorkers()  # where each task says which worker process runs it
     with _executor(jobs, workers) as pool, workers_stopped_on_interrupt():  # no worker trains on, holding its lock
         processes = getattr(pool, "_processes", {})  # pid -> Process; dropped at shutdown, when exit codes are known
@@ -125,6 +139,7 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
                 broken.append(-1)
                 return set()
             futures[future] = queued.pop()[0]
+            submitted[futures[future]] = time.time()
             return {future}
         pending: set[Any] = set()
         for _ in range(jobs):
@@ -145,19 +160,37 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
                     broken.append(futures[future])
                 if stop is None:
                     pending |= submit_next()
-            started = sorted((futures[f], *progress_of(plan[futures[f]][2], preset.token_budget)) for f in pending)
-            started = [row for row in started if row[1] > 0]  # queued runs have no log yet
-            now = (sum(before) + sum(preset.token_budget - before[i] for i in outcomes)
-                   + sum(tokens - before[i] for i, tokens, _ in started))
-            bar.update(now - shown)
-            shown = now
-            running = ", ".join(f"{plan[i][0]} seed {plan[i][1]} step {step}" for i, _, step in started[:jobs])
-            bar.set_description(f"{len(outcomes)}/{len(plan)} runs done" + (f"; running {running}" if running else ""))
+            running = {futures[f]: submitted[futures[f]] for f in pending}
+            shown = _show(bar, shown, plan, preset, before, outcomes, running)
     if broken:
         stop = stop or worker_died(plan, workers.died(processes, broken))
     if stop is not None:
         raise stop
     return [outcomes[i] for i in range(len(plan))]
+
+
+def _show(bar: tqdm, shown: int, plan: list[tuple[str, int, str]], preset: Preset, before: list[int],
+          outcomes: dict[int, Any], running: dict[int, float]) -> int:
+    """Moves the bar from `shown` to the tokens the runs hold now (before[i] from the start, a finished run its
+    budget, a running one its log's count) and names the running ones; returns where it now stands.
+    running: {plan index: when it was handed to a worker}."""
+    started = sorted((i, *_logged(plan[i][2], since, before[i], preset.token_budget)) for i, since in running.items())
+    started = [row for row in started if row[2] > 0]  # a run that has logged no step here yet: as it was
+    now = (sum(before) + sum(preset.token_budget - before[i] for i in outcomes)
+           + sum(tokens - before[i] for i, tokens, _ in started))
+    bar.update(now - shown)
+    names = ", ".join(f"{plan[i][0]} seed {plan[i][1]} step {step}" for i, _, step in started)
+    bar.set_description(f"{len(outcomes)}/{len(plan)} runs done" + (f"; running {names}" if names else ""))
+    return now
+
+
+def _logged(run_dir: str, since: float, held: int, budget: int) -> tuple[int, int]:
+    """(tokens, step) of a running run; until its trainer has rewritten its log after `since` (cut back to the
+    checkpoint it resumes from) the stale rows beyond that checkpoint do not count: (held, 0)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path) or os.path.getmtime(path) < since:
+        return held, 0
+    return progress_of(run_dir, budget)
 
 
 def train_all(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,

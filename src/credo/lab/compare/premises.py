@@ -69,18 +69,38 @@ def _premises(plan: list[tuple[str, int, str]], preset: Preset, start: str, out_
     return out
 
 
+PENDING = ".pending"
+"""premises/<run>.pending: the run rests on a premise its checks have not yet measured (written before it trains,
+removed once they are kept or have failed): an export made meanwhile says so."""
+
+
+def needs_checks(method: str, preset: Preset) -> bool:
+    """Whether a run of `method` is checked at its end (premise_n > 0 and the method rests on a premise)."""
+    return preset.premise_n > 0 and method in _needs(preset)
+
+
+def pending_path(run_dir: str) -> str:
+    """premises/<run>.pending of the comparison that holds run_dir (<out>/runs/<run>)."""
+    return os.path.join(out_dir_of(run_dir), "premises", os.path.basename(os.path.normpath(run_dir)) + PENDING)
+
+
 def premises_of_finished_run(method: str, seed: int, preset: Preset, start: str, run_dir: str) -> None:
     """The premise checks of one finished run's final policy, measured as soon as it finishes and kept in
-    <out>/premises/<run>.json (nothing when premise_n is 0 or the method rests on no premise). An export made
-    before the whole comparison ends then carries them, although the weights they were measured on stay behind;
-    the comparison's end reads them back (premises_at_end). A failure here is left to that end, which reports it."""
-    needs = _needs(preset)
-    if preset.premise_n <= 0 or method not in needs:
+    <out>/premises/<run>.json (nothing unless needs_checks). An export made before the whole comparison ends then
+    carries them, although the weights they were measured on stay behind; the comparison's end reads them back
+    (premises_at_end) under the same key. They run in the run's worker, at its threads (one per core shared
+    out), where the end's measurements of the start and of any run left unmeasured use the main process's: the
+    same checks, rounded by another number of threads. Raises what the checks raise (the caller reports it)."""
+    if not needs_checks(method, preset):
         return
-    out_dir = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))  # <out>/runs/<run>
     device = torch.device(preset.train.get("device", "cpu"))
-    checks = _checks(preset, out_dir, device, preset.train.get("dtype", "float32"), progress=False)
-    _run_measured(checks, needs[method], method, seed, run_dir, preset, start)
+    checks = _checks(preset, out_dir_of(run_dir), device, preset.train.get("dtype", "float32"), progress=False)
+    _run_measured(checks, _needs(preset)[method], method, seed, run_dir, preset, start)
+
+
+def out_dir_of(run_dir: str) -> str:
+    """The comparison folder of one of its runs (<out>/runs/<run>)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
 
 
 def _needs(preset: Preset) -> dict[str, tuple[bool, str | None]]:

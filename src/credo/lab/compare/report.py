@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import Counter
 from typing import Any
 
 from credo.train import methods as method_registry
@@ -17,6 +16,7 @@ from credo.core.config import ConfigError
 from credo.credit.registry import parse_spec
 from credo.lab.compare.eta import describe
 from credo.lab.compare.premise_report import premise_lines
+from credo.lab.compare.provenance_report import commit_lines, machine_lines
 from credo.lab.compare.unequal import unequal_lines, unequal_reading
 from credo.train.provenance import short
 from credo.lab.compare.goals import (corrected, goals, points, points_corrected, privilege_mark,
@@ -295,39 +295,6 @@ def report(results: dict[str, Any]) -> str:
              *unequal_lines(results, lambda m: shown_name(results, m)),
              *premise_lines(results, lambda m: shown_name(results, m)), "## Reading", "", reading(results)]
     return "\n".join(lines) + "\n"
-
-
-def commit_lines(results: dict[str, Any]) -> list[str]:
-    """A warning when the runs were trained by more than one version of credo (a comparison resumed across
-    sessions reuses finished runs whatever is checked out; each run's summary.json records its commit).
-    Runs from before that record are counted as 'not recorded' only beside runs that have one."""
-    counts: dict[str, int] = {}
-    for entry in results["methods"].values():
-        for seed in entry["seeds"].values():
-            commit = seed.get("commit", "not recorded")
-            counts[commit] = counts.get(commit, 0) + 1
-    if len(counts) < 2:
-        return []
-    def name(commit: str) -> str:
-        return commit if commit == "not recorded" else f"`{short(commit)}`"
-    listed = ", ".join(f"{name(c)} ({n} run{'s' if n > 1 else ''})"
-                       for c, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-    return [f"**Runs trained by {len(counts)} versions of credo**: {listed}. A change between them that touched "
-            "training makes this table compare different programs; check `git diff` between them.", ""]
-
-
-def machine_lines(results: dict[str, Any]) -> list[str]:
-    """A note when the runs were trained on more than one kind of hardware (each run's summary.json records
-    credo.policy.device.hardware): each run's numbers are its machine's, so accuracies differ as other seeds would,
-    but seconds a step measured on different machines do not compare."""
-    counts = Counter(seed.get("machine", "not recorded") for entry in results["methods"].values()
-                     for seed in entry["seeds"].values())
-    if len(counts) < 2:
-        return []
-    listed = "; ".join(f"{m} ({n} run{'s' if n > 1 else ''})" for m, n in counts.most_common())
-    return [f"**Runs trained on {len(counts)} kinds of hardware**: {listed}. Float32 sums round differently on "
-            "each, so a seed's run is its machine's (accuracies vary as between seeds); the clocks (seconds a step, "
-            "step-time ratios) of runs on different hardware do not compare.", ""]
 
 
 def run_clocks(results: dict[str, Any]) -> str:

@@ -169,7 +169,8 @@ def new_results(preset_name: str, command: str | None, preset: Preset, start: st
 def measure_after_training(results: dict[str, Any], plan: list[tuple[str, int, str]], preset: Preset, start: str,
                            out_dir: str, placed: torch.device, progress: bool, dtype: str) -> None:
     """What a comparison measures once its runs are done: the premise checks on the start and the final policies
-    (preset.premise_n) and the credit audit of the start (preset.audit_n), each into `results`."""
+    (preset.premise_n; a run's own were measured as it finished and are read back) and the credit audit of the
+    start (preset.audit_n), each into `results`."""
     if preset.premise_n > 0:
         results["premises"] = premises_at_end(plan, preset, start, out_dir, placed, progress, dtype)
     if preset.audit_n > 0:
