@@ -596,6 +596,40 @@ def test_a_resumed_comparisons_bar_starts_at_the_tokens_its_runs_already_hold(mo
     assert parallel.updates == [0, 0, 140]
 
 
+def test_until_starts_the_runs_that_can_end_by_then_first_and_the_rest_in_plan_order(monkeypatch, tmp_path):
+    """A machine lent for a fixed time: runs whose estimate fits before --until go first (in plan order); when
+    none fits, plan order again; results come back in plan order whatever order the runs went in."""
+    import time
+    import credo.lab.compare.grid as grid
+    from credo.lab.compare.config import CompareConfig
+    from credo.lab.compare.eta import run_estimates
+    from credo.lab.compare.presets import resolve_preset
+    from credo.core.config import ConfigError
+    noon = time.mktime((2026, 12, 7, 12, 0, 0, 0, 0, -1))
+    assert grid.time_of_day("13:05", noon) == noon + 65 * 60
+    assert grid.time_of_day("11:30", noon) == time.mktime((2026, 12, 8, 11, 30, 0, 0, 0, -1))  # tomorrow's
+    assert grid.time_of_day("") is None
+    with pytest.raises(ConfigError, match="--until must be a time of day HH:MM"):
+        CompareConfig(until="25:00")
+    now = time.time()
+    assert grid.next_run([0, 1, 2], [5000.0, None, 200.0], now + 300) == 2  # the first that fits
+    assert grid.next_run([0, 1], [5000.0, None], now + 300) == 0  # none fits: plan order
+    assert grid.next_run([1, 2], [5000.0, 10.0, 20.0], None) == 1  # no --until: plan order
+    preset = resolve_preset("smoke", ("grpo",), (0, 1, 2), None, None)
+    plan = [("grpo", s, str(tmp_path / "runs" / f"grpo-s{s}")) for s in (0, 1, 2)]
+    (tmp_path / "runs" / "grpo-s2").mkdir(parents=True)
+    (tmp_path / "runs" / "grpo-s2" / "summary.json").write_text("{}")
+    estimate = {"per_method": {"grpo": {"seconds_per_step": 2.0, "tokens_per_step": 150}}, "eval_seconds": 1.0}
+    seconds = run_estimates(plan, preset, estimate)
+    assert seconds[2] == 0.0 and seconds[0] == seconds[1] > 2.0 * preset.token_budget / 150
+    assert run_estimates(plan, preset, {"per_method": {}})[:2] == [None, None]
+    order = []
+    monkeypatch.setattr(grid, "run_one", lambda m, seed, *a, **k: order.append(seed) or {"seed": seed})
+    outcomes = grid.train_all(plan, preset, "", jobs=1, progress=False, seconds=[5000.0, 100.0, 0.0],
+                              until=time.time() + 300)
+    assert order == [1, 2, 0] and [result["seed"] for result, _ in outcomes] == [0, 1, 2]
+
+
 def test_report_only_rebuilds_a_committed_comparison(tmp_path):
     """compare-long (the 520k-token check) predates the recorded protocol: its report still rebuilds."""
     import shutil

@@ -44,7 +44,7 @@ def _schedule(text: str | None) -> dict:
 def compare_flags(args: argparse.Namespace) -> dict:
     """The CompareConfig fields the flags give."""
     flags = {**flag_values(args, {"preset": "preset", "start": "start", "task": "task", "jobs": "jobs",
-                                  "budget": "budget", "lr": "lr", "device": "device"}),
+                                  "budget": "budget", "lr": "lr", "device": "device", "until": "until"}),
              **csv_flags(args, "methods"), **_schedule(args.schedule)}
     seeds = _int_list("--seeds", args.seeds)
     if seeds is not None:
@@ -131,7 +131,8 @@ def _run(args: argparse.Namespace, config, out: str) -> dict:
                        task=config.task or None, confirm=confirm_then_claim,
                        report_to=config.report_to, device=config.device, dtype=config.dtype,
                        share_gpu=config.share_gpu, eval_split=config.eval_split,
-                       audit_n=config.audit_n, premise_n=config.premise_n, lora=to_dict(config.lora))
+                       audit_n=config.audit_n, premise_n=config.premise_n, lora=to_dict(config.lora),
+                       until=config.until)
     except Interrupted as stop:  # one line: what finished, and the command that finishes the rest
         raise stopped_at(stop, _preset(config), out, shlex.join(["credo", *args.argv])) from None
 
@@ -162,6 +163,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "a recipe that sets its own keeps it and the report lists it")
     p.add_argument("--lr", type=float, help="learning rate shared by every method (default: the training default); "
                    "a sweep is one comparison per value, each into its own --out")
+    p.add_argument("--until", metavar="HH:MM",
+                   help="finish what can be finished by this time of day (a machine lent for a fixed time): a run "
+                        "whose estimate ends later gives way to the next one that fits; when none fits, the next "
+                        "starts anyway and keeps checkpoints (default: plan order)")
     p.add_argument("--yes", action="store_true",
                    help="start even when the estimated wall time is over an hour (otherwise a terminal asks, and a "
                         "non-interactive run stops with a one-line message)")

@@ -3,6 +3,7 @@ budget, schedule and task (credo.lab.compare.presets holds the presets)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,11 @@ class CompareConfig:
     else >= 4): its MC reference can take longer than a one-method measurement's training."""
     premise_n: int | None = None
     """Traces of the premise checks on the start and every final policy instead of the preset's (0 skips them)."""
+    until: str = ""
+    """HH:MM (local time; tomorrow's when today's has passed) by which this invocation should have finished what it
+    can, for a machine lent for a fixed time (a session, a batch job's limit): a run its estimate says cannot end
+    by then gives way to the next in order that can; when none can, the next starts anyway (its checkpoints keep
+    its progress for a resume). '' = plan order (every method's first seed first)."""
     lora: LoraSettings = field(default_factory=LoraSettings, metadata={"omit_default": True})
     """LoRA adapters for every run alike (lora.r > 0; a Hugging Face start): each run trains fresh adapters of
     these settings on its start (an adapter start merged into its base first) and its checkpoints hold them alone;
@@ -96,6 +102,8 @@ class CompareConfig:
               f"compare.audit_n must be 0 (no audit) or in 4..{MAX_HELD_OUT:,}, got {self.audit_n}")
         check(self.premise_n is None or 0 <= self.premise_n <= MAX_HELD_OUT,
               f"compare.premise_n must be in 0..{MAX_HELD_OUT:,} (0: no premise checks), got {self.premise_n}")
+        check(not self.until or re.fullmatch(r"([01]?\d|2[0-3]):[0-5]\d", self.until) is not None,
+              f"compare --until must be a time of day HH:MM (e.g. 13:05), got {self.until!r}")
         check_method_specs(self.methods or (), where="compare --methods")
         object.__setattr__(self, "report_to", tracking.checked_names(self.report_to, "compare.report_to"))
 

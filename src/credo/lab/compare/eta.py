@@ -280,6 +280,18 @@ def measured_timings(plan: list[tuple[str, int, str]]) -> dict[str, tuple[Timing
     return {spec: timing for spec, timing in timings.items() if timing is not None}
 
 
+def run_estimates(plan: list[tuple[str, int, str]], preset: Preset, estimate: dict[str, Any]) -> list[float | None]:
+    """Each run's estimated seconds to its end from the comparison's `estimate` (its methods' steps and one
+    evaluation): 0 for a finished run, None for a method it could not cost (untimed)."""
+    per_method, out = estimate.get("per_method", {}), []
+    for spec, _, run_dir in plan:
+        left, t = preset.token_budget - tokens_done(run_dir, preset.token_budget), per_method.get(spec)
+        out.append(0.0 if left <= 0 else None if t is None else run_seconds(
+            _timing(t), left, preset.eval_every_tokens, estimate.get("eval_seconds", 0.0),
+            preset.final_eval_n / max(preset.eval_n, 1)))
+    return out
+
+
 def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
                        progress: bool = False, eval_seconds: float = 0.0,
                        recorded: dict[str, tuple[Timing, str]] | None = None) -> dict[str, Any]:

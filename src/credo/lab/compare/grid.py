@@ -58,10 +58,38 @@ def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on
     return run_result(run_dir)
 
 
+def time_of_day(text: str, now: float | None = None) -> float | None:
+    """'HH:MM' as the next such local time after `now` (seconds since the epoch; default: now); '' -> None."""
+    if not text:
+        return None
+    now = time.time() if now is None else now
+    hours, minutes = (int(x) for x in text.split(":"))
+    today = time.localtime(now)
+    at = time.mktime((today.tm_year, today.tm_mon, today.tm_mday, hours, minutes, 0, 0, 0, -1))
+    return at if at > now else time.mktime((today.tm_year, today.tm_mon, today.tm_mday + 1, hours, minutes, 0, 0,
+                                            0, -1))
+
+
+def next_run(queued: list[int], seconds: list[float | None] | None, until: float | None) -> int:
+    """Which of the queued runs (plan indices, in plan order) to start now: the first, unless `until` (a time,
+    seconds since the epoch) is set and its estimate (`seconds` of each run of the plan; None: not known) says it
+    cannot finish by then; then the first one that can; when none can, the first (its checkpoints keep what it
+    trains, and it goes on where the comparison is resumed)."""
+    if until is None or seconds is None:
+        return queued[0]
+    now = time.time()
+    return next((i for i in queued if seconds[i] is not None and now + seconds[i] <= until), queued[0])
+
+
 def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm,
-                report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
-    outcomes = []
-    for method, seed, run_dir in plan:
+                report_to: tuple[str, ...] = (), seconds: list[float | None] | None = None,
+                until: float | None = None) -> list[tuple[Any, str | None]]:
+    outcomes: dict[int, tuple[Any, str | None]] = {}
+    queued = list(range(len(plan)))
+    while queued:
+        index = next_run(queued, seconds, until)
+        queued.remove(index)
+        method, seed, run_dir = plan[index]
         state = {"tokens": tokens_done(run_dir, preset.token_budget)}  # already counted in the bar's start
 
         def on_step(trainer: Trainer, row: dict, method: str = method, seed: int = seed, state: dict = state) -> None:
@@ -72,15 +100,15 @@ def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, ba
                 bar.set_description(f"{method} seed {seed}: final evaluation and checks")
 
         try:
-            outcomes.append((run_one(method, seed, preset, start, run_dir, on_step, report_to), None))
+            outcomes[index] = (run_one(method, seed, preset, start, run_dir, on_step, report_to), None)
         except Exception as err:
             if is_disk_error(err):  # the machine's, not the method's: every later run would fail the same way
                 raise as_disk_error(err) from err
             if isinstance(err, TrackerError):  # the same: a tracker fails every run, whatever its method
                 raise
-            outcomes.append((None, traceback.format_exc()))
+            outcomes[index] = (None, traceback.format_exc())
         bar.update(preset.token_budget - state["tokens"])
-    return outcomes
+    return [outcomes[i] for i in range(len(plan))]
 
 
 def _worker(method: str, seed: int, preset: Preset, start: str, run_dir: str, threads: int,
@@ -115,14 +143,15 @@ def worker_died(plan: list[tuple[str, int, str]], died: tuple[list[int], str]) -
 
 
 def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm, jobs: int,
-                  report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
+                  report_to: tuple[str, ...] = (), seconds: list[float | None] | None = None,
+                  until: float | None = None) -> list[tuple[Any, str | None]]:
     """Runs `plan` `jobs` at a time. A run is submitted only when a worker is free: a process pool starts
     what it is handed ahead of time, so a full disk (DiskError) then stops the grid with no run begun after
     it; the runs already going are waited for (on that disk they fail at their next write), then it raises."""
     threads = max(1, (os.cpu_count() or 1) // jobs)
     outcomes: dict[int, tuple[Any, str | None]] = {}
     before = [tokens_done(run_dir, preset.token_budget) for _, _, run_dir in plan]  # the bar's start
-    shown, queued, stop, broken = sum(before), list(enumerate(plan))[::-1], None, []  # popped from the end: plan order
+    shown, queued, stop, broken = sum(before), list(range(len(plan))), None, []  # in plan order
     futures: dict[Any, int] = {}
     submitted: dict[int, float] = {}  # when each run was handed to a worker
     workers = TaskWorkers()  # where each task says which worker process runs it
@@ -131,15 +160,16 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
         def submit_next() -> set[Any]:
             if not queued or broken:  # a broken pool takes no task: what is left resumes on the rerun
                 return set()
-            i, (method, seed, run_dir) = queued[-1]
+            i = next_run(queued, seconds, until)
+            method, seed, run_dir = plan[i]
             try:
                 future = pool.submit(run_announced, i, _worker, method, seed, preset, start, run_dir, threads,
                                      report_to)
             except BrokenProcessPool:  # a worker died between runs: no run of its to name
                 broken.append(-1)
                 return set()
-            futures[future] = queued.pop()[0]
-            submitted[futures[future]] = time.time()
+            queued.remove(i)
+            futures[future], submitted[i] = i, time.time()
             return {future}
         pending: set[Any] = set()
         for _ in range(jobs):
@@ -194,14 +224,16 @@ def _logged(run_dir: str, since: float, held: int, budget: int) -> tuple[int, in
 
 
 def train_all(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
-               progress: bool, report_to: tuple[str, ...] = ()) -> list[tuple[Any, str | None]]:
+              progress: bool, report_to: tuple[str, ...] = (), seconds: list[float | None] | None = None,
+              until: float | None = None) -> list[tuple[Any, str | None]]:
     """(result, None) or (None, traceback) of each run of `plan`, under one progress bar (closed even when a
-    full disk stops the grid, so the error is not printed onto the bar's line)."""
+    full disk stops the grid, so the error is not printed onto the bar's line). seconds/until: each run's estimate
+    and the time by which the runs started should finish (next_run); None: plan order."""
     bar = tqdm(total=len(plan) * preset.token_budget, unit="tok", unit_scale=True, disable=not progress,
                dynamic_ncols=True, initial=sum(tokens_done(run_dir, preset.token_budget) for _, _, run_dir in plan))
     try:
         if jobs <= 1:
-            return _run_serial(plan, preset, start, bar, report_to)
-        return _run_parallel(plan, preset, start, bar, jobs, report_to)
+            return _run_serial(plan, preset, start, bar, report_to, seconds, until)
+        return _run_parallel(plan, preset, start, bar, jobs, report_to, seconds, until)
     finally:
         bar.close()

@@ -48,7 +48,7 @@ from credo.lab.audit.run import run_audit
 from credo.lab.compare import eta as compare_eta
 from credo.lab.compare.eta import estimate_wall_time
 from credo.lab.compare.goals import goals
-from credo.lab.compare.grid import train_all
+from credo.lab.compare.grid import time_of_day, train_all
 from credo.lab.compare.plots import plot_curves
 from credo.lab.compare.premises import premises_at_end
 from credo.lab.compare.presets import Preset, check_reusable, protocol, resolve_preset, run_dir_name
@@ -102,21 +102,20 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
             confirm: Callable[[float], None] | None = None, task: str | None = None,
             report_to: tuple[str, ...] = (), device: str = "auto", dtype: str = "float32",
             share_gpu: bool = False, eval_split: str = "heldout", audit_n: int | None = None,
-            premise_n: int | None = None, lora: dict[str, Any] | None = None) -> dict[str, Any]:
+            premise_n: int | None = None, lora: dict[str, Any] | None = None, until: str = "") -> dict[str, Any]:
     """Runs the preset and writes the run directory; returns results.json's content.
 
-    jobs (default: the preset's) > 1 runs that many (method, seed) trainings at once in worker processes,
-    each with cpu_count // jobs threads (on 2 cores two one-thread jobs finished a small grid 1.15x sooner
-    than one two-thread job, `bench/compare_jobs.py`: small matmuls scale poorly to two threads). Every run of
-    one comparison should use the same `jobs`, since step times are compared across methods. token_budget
-    replaces the preset's budget of generated tokens per run (evaluated at each quarter of it); schedule
-    replaces the shared epochs/minibatches/lr; task the preset's task (the default start follows it).
-    confirm(estimated seconds) is called after the timing and before any training; it raises to stop (the
-    CLI's --yes gate, compare_eta.confirm). report_to: the trackers every run logs to, each run its own
-    tracker run grouped by the comparison (credo.integrations.tracking). `device` (resolved here once: every run
-    records the same one) and `dtype` place every run and the audit; on a GPU the runs go one after another
-    unless `share_gpu`. audit_n / premise_n: the preset's start audit and premise checks resized (0 skips).
-    lora (LoraSettings as a dict, r > 0): every run trains LoRA adapters of those settings alike."""
+    jobs (default: the preset's) > 1 runs that many (method, seed) trainings at once in worker processes, each with
+    cpu_count // jobs threads (2 one-thread jobs beat 1 two-thread job by 1.15x: `bench/compare_jobs.py`); every run
+    of one comparison should use the same `jobs`, as step times are compared. token_budget replaces the preset's
+    budget of generated tokens per run (evaluated at each quarter of it); schedule replaces the shared
+    epochs/minibatches/lr; task the preset's task (the default start follows it). confirm(estimated seconds), called
+    before any training, raises to stop (the CLI's --yes gate). report_to: the trackers every run logs to, each run
+    its own tracker run grouped by the comparison (credo.integrations.tracking). `device` (resolved here once: every
+    run records the same one) and `dtype` place every run and the audit; on a GPU the runs go one after another
+    unless `share_gpu`. audit_n / premise_n: the preset's start audit and premise checks resized (0 skips). lora
+    (LoraSettings as a dict, r > 0): every run trains LoRA adapters of those settings alike. until ('HH:MM'): the
+    runs are started so that as many as can end by then do (grid.next_run, from each run's estimate)."""
     preset = resolve_preset(preset_name, methods, seeds, token_budget, schedule, task, eval_split, audit_n,
                             premise_n, lora)
     report_to = checked_names(report_to, "compare.report_to")
@@ -148,7 +147,8 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     os.makedirs(out_dir, exist_ok=True)  # only once confirmed: a refused comparison leaves nothing behind
     with run_lock(out_dir):  # a second comparison into the same --out is refused, not interleaved
         compare_eta.keep_estimate(out_dir, results["estimate"])  # for --status (methods no run has started)
-        outcomes = train_all(plan, preset, start, jobs, progress, report_to)
+        seconds = compare_eta.run_estimates(plan, preset, results["estimate"])  # for --until
+        outcomes = train_all(plan, preset, start, jobs, progress, report_to, seconds, time_of_day(until))
         record_outcomes(results, preset.methods, plan, outcomes, out_dir)
         atomic_write_json(os.path.join(out_dir, "results.json"), results)
         measure_after_training(results, plan, preset, start, out_dir, placed, progress, dtype)
