@@ -104,9 +104,9 @@ def _cpu_fields(cpuinfo: str) -> tuple[str, set[str]]:
 
 def hardware(device: torch.device, cpuinfo: str = "/proc/cpuinfo") -> str:
     """What a run's numbers were computed on, as its summary records it: the GPU's name, or the CPU's model, its
-    widest vector unit and its threads (float32 sums are rounded differently by AVX2 and AVX-512 kernels and by
-    another number of threads, so the same seed gives the same run only on the same hardware), and torch's
-    version, e.g. 'AMD EPYC (AVX-512, BF16), 1 thread, torch 2.13.0+cpu'."""
+    widest vector unit and its threads (float32 sums may be rounded differently by AVX2 and AVX-512 kernels or
+    by another number of threads, so the same seed is promised the same run only on the same hardware), and
+    torch's version, e.g. 'AMD EPYC (AVX-512, BF16), 1 thread, torch 2.13.0+cpu'."""
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
     model, flags = _cpu_fields(cpuinfo)

@@ -34,9 +34,9 @@ def machine_lines(results: dict[str, Any]) -> list[str]:
     if len(counts) < 2:
         return []
     listed = "; ".join(f"{m} ({n} run{'s' if n > 1 else ''})" for m, n in counts.most_common())
-    return [f"**Runs computed on {len(counts)} setups**: {listed}. Float32 sums round differently on "
-            "each, so a seed's run is its setup's (accuracies vary as between seeds); the clocks (seconds a step, "
-            "step-time ratios) of runs on different machines do not compare.", ""]
+    return [f"**Runs computed on {len(counts)} setups**: {listed}. Float32 sums may round differently on "
+            "each, and then a seed's run is its setup's (accuracies vary as between seeds); the clocks (seconds a "
+            "step, step-time ratios) of runs on different machines do not compare.", ""]
 
 
 def _counts(results: dict[str, Any], field: str) -> Counter:
