@@ -605,12 +605,18 @@ def test_until_starts_the_runs_that_can_end_by_then_first_and_the_rest_in_plan_o
     from credo.lab.compare.eta import run_estimates
     from credo.lab.compare.presets import resolve_preset
     from credo.core.config import ConfigError
-    noon = time.mktime((2026, 12, 7, 12, 0, 0, 0, 0, -1))
+    noon = time.mktime((2026, 12, 31, 12, 0, 0, 0, 0, -1))
     assert grid.time_of_day("13:05", noon) == noon + 65 * 60
-    assert grid.time_of_day("11:30", noon) == time.mktime((2026, 12, 8, 11, 30, 0, 0, 0, -1))  # tomorrow's
+    assert grid.time_of_day("11:30", noon) == noon + 23.5 * 3600  # tomorrow's: the next year's first day
     assert grid.time_of_day("") is None
+    for wrong in ("25:00", 785):  # 785: YAML's reading of an unquoted 13:05
+        with pytest.raises(ConfigError, match="--until must be a time of day HH:MM"):
+            CompareConfig(until=wrong)
     with pytest.raises(ConfigError, match="--until must be a time of day HH:MM"):
-        CompareConfig(until="25:00")
+        grid.time_of_day("7pm")  # the library's compare() refuses it before any timing
+    from credo.lab.compare.run import without_until
+    assert without_until("credo compare --out 'a b' --until 13:00 --yes") == "credo compare --out 'a b' --yes"
+    assert without_until("credo compare --until=13:00 --yes") == "credo compare --yes"
     now = time.time()
     assert grid.next_run([0, 1, 2], [5000.0, None, 200.0], now + 300) == 2  # the first that fits
     assert grid.next_run([0, 1], [5000.0, None], now + 300) == 0  # none fits: plan order
@@ -623,6 +629,12 @@ def test_until_starts_the_runs_that_can_end_by_then_first_and_the_rest_in_plan_o
     seconds = run_estimates(plan, preset, estimate)
     assert seconds[2] == 0.0 and seconds[0] == seconds[1] > 2.0 * preset.token_budget / 150
     assert run_estimates(plan, preset, {"per_method": {}})[:2] == [None, None]
+    from dataclasses import replace
+    checked = replace(preset, premise_n=8, methods=("grpo", "sc_grpo"))  # sc_grpo's teacher check follows it
+    sc_plan = [("sc_grpo", 0, str(tmp_path / "runs" / "sc_grpo-s0")), plan[2]]
+    costs = {**estimate, "per_method": {"sc_grpo": estimate["per_method"]["grpo"]}}
+    with_checks = run_estimates(sc_plan, checked, costs)
+    assert with_checks == [seconds[0] + 8 * 1.0 / preset.eval_n, 0.0]
     order = []
     monkeypatch.setattr(grid, "run_one", lambda m, seed, *a, **k: order.append(seed) or {"seed": seed})
     outcomes = grid.train_all(plan, preset, "", jobs=1, progress=False, seconds=[5000.0, 100.0, 0.0],

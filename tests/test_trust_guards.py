@@ -495,6 +495,27 @@ def test_a_full_disk_in_a_parallel_comparison_starts_no_further_run(tmp_path, sa
     assert "stopping on a refused write; waiting for 1 running run(s)" in capsys.readouterr().err
 
 
+def test_with_until_workers_are_handed_the_runs_that_fit_first_and_results_come_back_in_plan_order(
+        tmp_path, saved_policy, monkeypatch):
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    import credo.lab.compare.grid as cmp
+    submitted = []
+
+    class Counting(ThreadPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            submitted.append(args[2:4])  # run_announced(index, _worker, method, seed, ...)
+            return super().submit(fn, *args, **kwargs)
+    monkeypatch.setattr(cmp, "_executor", lambda jobs, workers: Counting(max_workers=jobs))
+    monkeypatch.setattr(cmp, "_worker", lambda method, seed, *_: ({"seed": seed}, None))
+    preset = resolve_preset("smoke", ("grpo",), (0, 1, 2), None, None)
+    plan = [("grpo", s, str(tmp_path / f"grpo-{s}")) for s in preset.seeds]
+    outcomes = cmp._run_parallel(plan, preset, saved_policy, cmp.tqdm(disable=True), jobs=2,
+                                 seconds=[5000.0, 100.0, 0.0], until=time.time() + 300)
+    assert submitted == [("grpo", 1), ("grpo", 2), ("grpo", 0)]
+    assert [result["seed"] for result, _ in outcomes] == [0, 1, 2]
+
+
 def test_a_broken_worker_pool_stops_the_comparison_and_fails_no_run(tmp_path, saved_policy, monkeypatch):
     """A worker killed (out of memory) breaks a process pool: the comparison stops in one line once the runs
     going are done, and the runs not yet handed over are not recorded as failed (a rerun trains them)."""

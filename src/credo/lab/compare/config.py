@@ -102,8 +102,10 @@ class CompareConfig:
               f"compare.audit_n must be 0 (no audit) or in 4..{MAX_HELD_OUT:,}, got {self.audit_n}")
         check(self.premise_n is None or 0 <= self.premise_n <= MAX_HELD_OUT,
               f"compare.premise_n must be in 0..{MAX_HELD_OUT:,} (0: no premise checks), got {self.premise_n}")
-        check(not self.until or re.fullmatch(r"([01]?\d|2[0-3]):[0-5]\d", self.until) is not None,
-              f"compare --until must be a time of day HH:MM (e.g. 13:05), got {self.until!r}")
+        check(not self.until or (isinstance(self.until, str) and re.fullmatch(r"([01]?\d|2[0-3]):[0-5]\d",
+                                                                             self.until) is not None),
+              f"compare --until must be a time of day HH:MM (e.g. 13:05; in YAML or --set, quoted), got "
+              f"{self.until!r}")
         check_method_specs(self.methods or (), where="compare --methods")
         object.__setattr__(self, "report_to", tracking.checked_names(self.report_to, "compare.report_to"))
 

@@ -42,6 +42,7 @@ from credo.core.config import ConfigError, UserError
 from credo.core.files import atomic_write_json
 from credo.core.records import COUNT, SECONDS, number
 from credo.lab.audit.premises import premises_of
+from credo.lab.compare.premises import pending_path
 from credo.lab.compare.presets import Preset, run_config
 from credo.lab.compare.runs import clock_so_far, run_result, tokens_done
 from credo.tasks import make_task
@@ -284,11 +285,18 @@ def run_estimates(plan: list[tuple[str, int, str]], preset: Preset, estimate: di
     """Each run's estimated seconds to its end from the comparison's `estimate` (its methods' steps and one
     evaluation): 0 for a finished run, None for a method it could not cost (untimed)."""
     per_method, out = estimate.get("per_method", {}), []
+    per_completion = estimate.get("eval_seconds", 0.0) / max(preset.eval_n, 1)
     for spec, _, run_dir in plan:
         left, t = preset.token_budget - tokens_done(run_dir, preset.token_budget), per_method.get(spec)
-        out.append(0.0 if left <= 0 else None if t is None else run_seconds(
-            _timing(t), left, preset.eval_every_tokens, estimate.get("eval_seconds", 0.0),
-            preset.final_eval_n / max(preset.eval_n, 1)))
+        teacher, localiser = premises_of(spec)  # its checks follow it (compare.premises.premises_of_finished_run)
+        checks = (preset.premise_n * (1 + bool(localiser)) * per_completion
+                  if preset.premise_n > 0 and (teacher or localiser) else 0.0)
+        if left <= 0:
+            out.append(checks if os.path.exists(pending_path(run_dir)) else 0.0)
+        else:
+            out.append(None if t is None else checks + run_seconds(
+                _timing(t), left, preset.eval_every_tokens, estimate.get("eval_seconds", 0.0),
+                preset.final_eval_n / max(preset.eval_n, 1)))
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import re
 import sys
 import time
 import traceback
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from credo.core.config import UserError
+from credo.core.config import ConfigError, UserError
 from credo.core.disk_errors import DiskError, as_disk_error, is_disk_error
 from credo.integrations.trackers import TrackingPlace
 from credo.integrations.tracking import TrackerError
@@ -58,23 +59,35 @@ def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on
     return run_result(run_dir)
 
 
+UNTIL = re.compile(r"([01]?\d|2[0-3]):[0-5]\d")
+"""compare --until: a time of day, HH:MM."""
+
+
 def time_of_day(text: str, now: float | None = None) -> float | None:
-    """'HH:MM' as the next such local time after `now` (seconds since the epoch; default: now); '' -> None."""
+    """'HH:MM' as the next such local time after `now` (seconds since the epoch; default: now); '' -> None; else a
+    ConfigError naming compare --until. Around a change of clock an hour that is missing or repeated is taken as
+    the C library resolves it (later rather than earlier)."""
     if not text:
         return None
+    if not UNTIL.fullmatch(text):
+        raise ConfigError(f"compare --until must be a time of day HH:MM (e.g. 13:05; in YAML or --set, quoted), "
+                          f"got {text!r}")
     now = time.time() if now is None else now
     hours, minutes = (int(x) for x in text.split(":"))
-    today = time.localtime(now)
-    at = time.mktime((today.tm_year, today.tm_mon, today.tm_mday, hours, minutes, 0, 0, 0, -1))
-    return at if at > now else time.mktime((today.tm_year, today.tm_mon, today.tm_mday + 1, hours, minutes, 0, 0,
-                                            0, -1))
+    day = time.localtime(now)
+    for days in (0, 1):  # today's, else tomorrow's (mktime carries a 32nd of the month into the next)
+        at = time.mktime((day.tm_year, day.tm_mon, day.tm_mday + days, hours, minutes, 0, 0, 0, -1))
+        if at > now:
+            return at
+    return at
 
 
 def next_run(queued: list[int], seconds: list[float | None] | None, until: float | None) -> int:
     """Which of the queued runs (plan indices, in plan order) to start now: the first, unless `until` (a time,
-    seconds since the epoch) is set and its estimate (`seconds` of each run of the plan; None: not known) says it
-    cannot finish by then; then the first one that can; when none can, the first (its checkpoints keep what it
-    trains, and it goes on where the comparison is resumed)."""
+    seconds since the epoch) is set and its estimate (`seconds` of each run of the plan) says it cannot finish by
+    then; then the first one that can (a greedy choice, not the most runs; a run of a method the estimate could
+    not cost, None, waits while any other fits); when none can, the first (its checkpoints keep what it trains,
+    and it goes on where the comparison is resumed)."""
     if until is None or seconds is None:
         return queued[0]
     now = time.time()
@@ -145,7 +158,8 @@ def worker_died(plan: list[tuple[str, int, str]], died: tuple[list[int], str]) -
 def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm, jobs: int,
                   report_to: tuple[str, ...] = (), seconds: list[float | None] | None = None,
                   until: float | None = None) -> list[tuple[Any, str | None]]:
-    """Runs `plan` `jobs` at a time. A run is submitted only when a worker is free: a process pool starts
+    """Runs `plan` `jobs` at a time, in the order next_run gives (seconds, until). A run is submitted only when a
+    worker is free: a process pool starts
     what it is handed ahead of time, so a full disk (DiskError) then stops the grid with no run begun after
     it; the runs already going are waited for (on that disk they fail at their next write), then it raises."""
     threads = max(1, (os.cpu_count() or 1) // jobs)

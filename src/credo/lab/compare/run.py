@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -70,7 +71,19 @@ def stopped_at(stop: Interrupted, preset: Preset, out_dir: str, command: str) ->
     runs = [os.path.join(out_dir, "runs", run_dir_name(m, s)) for s in preset.seeds for m in preset.methods]
     done = sum(os.path.exists(os.path.join(run, "summary.json")) for run in runs)
     return stop.explained(f"stopped by {stop.name}: {done} of {len(runs)} runs finished, the others keep their last "
-                          f"checkpoints and no process is left running; rerun `{command}` to finish the comparison")
+                          f"checkpoints and no process is left running; rerun `{without_until(command)}` to finish "
+                          "the comparison")
+
+
+def without_until(command: str) -> str:
+    """`command` without its --until HH:MM: a deadline is one session's, not the next one's."""
+    words, kept = shlex.split(command), []
+    for word in words:
+        if kept and kept[-1] == "--until":
+            kept.pop()
+        elif not word.startswith("--until="):
+            kept.append(word)
+    return shlex.join(kept)
 
 
 def default_start(task: str, progress: bool) -> str:
@@ -96,39 +109,38 @@ def check_lora_start(preset: Preset, start: str) -> None:
 
 
 def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = None,
-            seeds: tuple[int, ...] | None = None,
-            start: str | None = None, progress: bool = True, jobs: int | None = None,
-            token_budget: int | None = None, command: str | None = None, schedule: dict[str, Any] | None = None,
-            confirm: Callable[[float], None] | None = None, task: str | None = None,
+            seeds: tuple[int, ...] | None = None, start: str | None = None, progress: bool = True,
+            jobs: int | None = None, token_budget: int | None = None, command: str | None = None,
+            schedule: dict[str, Any] | None = None, confirm: Callable[[float], None] | None = None,
+            task: str | None = None,
             report_to: tuple[str, ...] = (), device: str = "auto", dtype: str = "float32",
             share_gpu: bool = False, eval_split: str = "heldout", audit_n: int | None = None,
             premise_n: int | None = None, lora: dict[str, Any] | None = None, until: str = "") -> dict[str, Any]:
     """Runs the preset and writes the run directory; returns results.json's content.
 
     jobs (default: the preset's) > 1 runs that many (method, seed) trainings at once in worker processes, each with
-    cpu_count // jobs threads (2 one-thread jobs beat 1 two-thread job by 1.15x: `bench/compare_jobs.py`); every run
-    of one comparison should use the same `jobs`, as step times are compared. token_budget replaces the preset's
-    budget of generated tokens per run (evaluated at each quarter of it); schedule replaces the shared
+    cpu_count // jobs threads (on 2 cores 2 one-thread jobs beat 1 two-thread job by 1.15x: bench/compare_jobs.py);
+    every run of one comparison should use the same `jobs`, as step times are compared. token_budget replaces the
+    preset's budget of generated tokens per run (evaluated at each quarter of it); schedule replaces the shared
     epochs/minibatches/lr; task the preset's task (the default start follows it). confirm(estimated seconds), called
     before any training, raises to stop (the CLI's --yes gate). report_to: the trackers every run logs to, each run
     its own tracker run grouped by the comparison (credo.integrations.tracking). `device` (resolved here once: every
     run records the same one) and `dtype` place every run and the audit; on a GPU the runs go one after another
     unless `share_gpu`. audit_n / premise_n: the preset's start audit and premise checks resized (0 skips). lora
     (LoraSettings as a dict, r > 0): every run trains LoRA adapters of those settings alike. until ('HH:MM'): the
-    runs are started so that as many as can end by then do (grid.next_run, from each run's estimate)."""
+    first runs in plan order that can end by then start first (grid.next_run, from each run's estimate)."""
     preset = resolve_preset(preset_name, methods, seeds, token_budget, schedule, task, eval_split, audit_n,
                             premise_n, lora)
     report_to = checked_names(report_to, "compare.report_to")
     check_trackers(report_to, "compare.report_to", TrackingPlace(out_dir, ""))  # before any timing or training
-    jobs = preset.jobs if jobs is None else jobs
-    if jobs < 1:
-        raise ConfigError(f"jobs (--jobs) must be >= 1, got {jobs}")
-    preset, placed, jobs = place_runs(preset, device, dtype, jobs, share_gpu, progress)
+    preset, placed, jobs = place_runs(preset, device, dtype, preset.jobs if jobs is None else jobs, share_gpu,
+                                      progress)
     if preset.needs_start and not start:
         raise ConfigError(f"--preset {preset_name} needs --start: {preset.needs_start}")
     check_lora_start(preset, start or "")
+    deadline = time_of_day(until)  # a malformed time is refused before any timing
     start, default = start or "", "" if start else default_start(preset.task, progress)  # runs record '' (portable)
-    # seed-major: an interrupted comparison has every method at its first seeds
+    # seed-major: an interrupted comparison has every method at its first seeds (--until may start others first)
     plan = [(m, s, os.path.join(out_dir, "runs", run_dir_name(m, s))) for s in preset.seeds for m in preset.methods]
     if is_locked(out_dir):  # before the timing: run_lock below would refuse it only after
         raise UserError(f"--out {out_dir} is being written by another credo compare; wait for it or stop it first")
@@ -147,8 +159,8 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     os.makedirs(out_dir, exist_ok=True)  # only once confirmed: a refused comparison leaves nothing behind
     with run_lock(out_dir):  # a second comparison into the same --out is refused, not interleaved
         compare_eta.keep_estimate(out_dir, results["estimate"])  # for --status (methods no run has started)
-        seconds = compare_eta.run_estimates(plan, preset, results["estimate"])  # for --until
-        outcomes = train_all(plan, preset, start, jobs, progress, report_to, seconds, time_of_day(until))
+        seconds = compare_eta.run_estimates(plan, preset, results["estimate"]) if until else None
+        outcomes = train_all(plan, preset, start, jobs, progress, report_to, seconds, deadline)
         record_outcomes(results, preset.methods, plan, outcomes, out_dir)
         atomic_write_json(os.path.join(out_dir, "results.json"), results)
         measure_after_training(results, plan, preset, start, out_dir, placed, progress, dtype)
@@ -181,6 +193,8 @@ def place_runs(preset: Preset, device: str, dtype: str, jobs: int, share_gpu: bo
                progress: bool) -> tuple[Preset, torch.device, int]:
     """The preset with every run placed on `device` (resolved once: every run records the same one) in `dtype`,
     the device, and the trainings to run at once there (jobs_on)."""
+    if jobs < 1:
+        raise ConfigError(f"jobs (--jobs) must be >= 1, got {jobs}")
     placed = resolve_device(device, "compare.device")
     resolve_dtype(dtype, placed, "compare.dtype")
     preset = replace(preset, train={**preset.train, "device": device_name(placed), "dtype": dtype})
