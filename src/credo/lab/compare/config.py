@@ -3,12 +3,12 @@ budget, schedule and task (credo.lab.compare.presets holds the presets)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from credo.core.config import MAX_EPOCHS, MAX_HELD_OUT, MAX_STEP_COMPLETIONS, check
 from credo.integrations import tracking
+from credo.lab.compare.grid import UNTIL
 from credo.lab.compare.presets import MAX_GRAD_CLIP, MAX_JOBS, PRESETS, SCHEDULE, check_method_specs
 from credo.policy.adapters import LoraSettings
 from credo.policy.device import check_device_fields
@@ -102,8 +102,7 @@ class CompareConfig:
               f"compare.audit_n must be 0 (no audit) or in 4..{MAX_HELD_OUT:,}, got {self.audit_n}")
         check(self.premise_n is None or 0 <= self.premise_n <= MAX_HELD_OUT,
               f"compare.premise_n must be in 0..{MAX_HELD_OUT:,} (0: no premise checks), got {self.premise_n}")
-        check(not self.until or (isinstance(self.until, str) and re.fullmatch(r"([01]?\d|2[0-3]):[0-5]\d",
-                                                                             self.until) is not None),
+        check(not self.until or (isinstance(self.until, str) and UNTIL.fullmatch(self.until) is not None),
               f"compare --until must be a time of day HH:MM (e.g. 13:05; in YAML or --set, quoted), got "
               f"{self.until!r}")
         check_method_specs(self.methods or (), where="compare --methods")
