@@ -597,8 +597,8 @@ def test_a_resumed_comparisons_bar_starts_at_the_tokens_its_runs_already_hold(mo
 
 
 def test_until_starts_the_runs_that_can_end_by_then_first_and_the_rest_in_plan_order(monkeypatch, tmp_path):
-    """A machine lent for a fixed time: runs whose estimate fits before --until go first (in plan order); when
-    none fits, plan order again; results come back in plan order whatever order the runs went in."""
+    """A machine lent for a fixed time: runs whose estimate fits before --until go first (in plan order, runs
+    finished earlier before all); when none fits, plan order again; results come back in plan order whatever order the runs went in."""
     import time
     import credo.lab.compare.grid as grid
     from credo.lab.compare.config import CompareConfig
@@ -639,7 +639,10 @@ def test_until_starts_the_runs_that_can_end_by_then_first_and_the_rest_in_plan_o
     monkeypatch.setattr(grid, "run_one", lambda m, seed, *a, **k: order.append(seed) or {"seed": seed})
     outcomes = grid.train_all(plan, preset, "", jobs=1, progress=False, seconds=[5000.0, 100.0, 0.0],
                               until=time.time() + 300)
-    assert order == [1, 2, 0] and [result["seed"] for result, _ in outcomes] == [0, 1, 2]
+    assert order == [2, 1, 0] and [result["seed"] for result, _ in outcomes] == [0, 1, 2]  # the finished one first
+    order.clear()  # without --until too: a finished run is read back before any run trains
+    grid.train_all(plan, preset, "", jobs=1, progress=False)
+    assert order == [2, 0, 1] and grid.finished_first(plan) == [2, 0, 1]
 
 
 def test_report_only_rebuilds_a_committed_comparison(tmp_path):

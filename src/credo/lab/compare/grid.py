@@ -82,12 +82,20 @@ def time_of_day(text: str, now: float | None = None) -> float | None:
     return at
 
 
+def finished_first(plan: list[tuple[str, int, str]]) -> list[int]:
+    """The order runs are queued in (plan indices): those that finished earlier first, then plan order. A finished
+    run is only read back (and checked, if its premise checks are pending): it should not wait hours for a worker
+    behind a run that trains, nor be missing meanwhile from the bar's count of finished runs."""
+    finished = [os.path.exists(os.path.join(run_dir, "summary.json")) for _, _, run_dir in plan]
+    return sorted(range(len(plan)), key=lambda i: not finished[i])
+
+
 def next_run(queued: list[int], seconds: list[float | None] | None, until: float | None) -> int:
-    """Which of the queued runs (plan indices, in plan order) to start now: the first, unless `until` (a time,
-    seconds since the epoch) is set and its estimate (`seconds` of each run of the plan) says it cannot finish by
-    then; then the first one that can (a greedy choice, not the most runs; a run of a method the estimate could
-    not cost, None, waits while any other fits); when none can, the first (its checkpoints keep what it trains,
-    and it goes on where the comparison is resumed)."""
+    """Which of the queued runs (plan indices, as finished_first orders them) to start now: the first, unless
+    `until` (a time, seconds since the epoch) is set and its estimate (`seconds` of each run of the plan) says it
+    cannot finish by then; then the first one that can (a greedy choice, not the most runs; a run of a method the
+    estimate could not cost, None, waits while any other fits); when none can, the first (its checkpoints keep
+    what it trains, and it goes on where the comparison is resumed)."""
     if until is None or seconds is None:
         return queued[0]
     now = time.time()
@@ -98,7 +106,7 @@ def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, ba
                 report_to: tuple[str, ...] = (), seconds: list[float | None] | None = None,
                 until: float | None = None) -> list[tuple[Any, str | None]]:
     outcomes: dict[int, tuple[Any, str | None]] = {}
-    queued = list(range(len(plan)))
+    queued = finished_first(plan)
     while queued:
         index = next_run(queued, seconds, until)
         queued.remove(index)
@@ -165,7 +173,7 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
     threads = max(1, (os.cpu_count() or 1) // jobs)
     outcomes: dict[int, tuple[Any, str | None]] = {}
     before = [tokens_done(run_dir, preset.token_budget) for _, _, run_dir in plan]  # the bar's start
-    shown, queued, stop, broken = sum(before), list(range(len(plan))), None, []  # in plan order
+    shown, queued, stop, broken = sum(before), finished_first(plan), None, []
     futures: dict[Any, int] = {}
     submitted: dict[int, float] = {}  # when each run was handed to a worker
     workers = TaskWorkers()  # where each task says which worker process runs it
