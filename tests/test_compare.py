@@ -598,7 +598,8 @@ def test_a_resumed_comparisons_bar_starts_at_the_tokens_its_runs_already_hold(mo
 
 def test_until_starts_the_runs_that_can_end_by_then_first_and_the_rest_in_plan_order(monkeypatch, tmp_path):
     """A machine lent for a fixed time: runs whose estimate fits before --until go first (in plan order, runs
-    finished earlier before all); when none fits, plan order again; results come back in plan order whatever order the runs went in."""
+    finished earlier before all); when none fits, plan order again; results come back in plan order whatever
+    order the runs went in."""
     import time
     import credo.lab.compare.grid as grid
     from credo.lab.compare.config import CompareConfig
