@@ -126,6 +126,39 @@ def test_report_warns_only_when_runs_name_more_than_one_commit():
     line = commit_lines(mixed)[0]
     assert line.startswith("**Runs trained by 3 versions of credo**")
     assert f"`{a[:10]}` (2 runs), `{b[:10]}+dirty` (1 run), not recorded (1 run)" in line
+    assert line.endswith("check `git diff` between them.")  # commits this checkout does not hold: unknown
     summarise(mixed)
     text = report(mixed)
     assert line in text and "commit `credo 0.1.0`" in text  # a version string is not cut to 10 characters
+
+
+def test_the_note_on_several_versions_lists_the_package_files_that_differ_between_them(monkeypatch, tmp_path):
+    """What a reader must check (did a change between the versions touch training?) is listed, read from git."""
+    repo, package = tmp_path / "repo", tmp_path / "repo" / "pkg"
+    (package / "lab").mkdir(parents=True)
+    (package / "__init__.py").write_text("x = 1\n")
+    (package / "lab" / "grid.py").write_text("a = 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "one")
+    (package / "lab" / "grid.py").write_text("a = 2\n")
+    (repo / "README").write_text("outside the package\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "two")
+    (package / "policy").mkdir()
+    (package / "policy" / "device.py").write_text("d = 1\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "three")
+    one, two, three = (subprocess.run(["git", "rev-parse", f"HEAD~{n}"], cwd=repo, capture_output=True, text=True,
+                                      check=True).stdout.strip() for n in (2, 1, 0))
+    monkeypatch.setattr(provenance, "_SOURCE", str(package))
+    assert provenance.package_changes([one, two]) == ["lab/grid.py"]
+    assert provenance.package_changes([two, three, one]) == ["lab/grid.py", "policy/device.py"]
+    assert provenance.package_changes([three, three + "+dirty"]) == []
+    assert provenance.package_changes([one, "credo 0.1.0"]) is None  # an installed copy: git cannot tell
+    assert provenance.package_changes([one, "c" * 40]) is None  # a commit this checkout does not hold
+    line = commit_lines(_results([one, three, three]))[0]
+    assert line.endswith("The package's files that differ between their commits: `lab/` grid; `policy/` device. "
+                         "A change there that touched training makes this table compare different programs.")
+    line = commit_lines(_results([two, two + "+dirty", None]))[0]
+    assert "No file of the package differs between their commits (not counting the uncommitted edits" in line

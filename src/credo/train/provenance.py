@@ -54,6 +54,28 @@ def loaded_commit() -> str:
 
 def short(commit: str) -> str:
     """A commit as a report shows it: its first 10 hex digits (and '+dirty'); a version string as it is."""
-    if len(commit) >= 40 and all(c in "0123456789abcdef" for c in commit[:40]):
+    if is_commit(commit):
         return commit[:10] + commit[40:]
     return commit
+
+
+def is_commit(value: str) -> bool:
+    """Whether a recorded version is a commit (40 hex digits, perhaps '+dirty'), not 'credo <version>'."""
+    return len(value) >= 40 and all(c in "0123456789abcdef" for c in value[:40])
+
+
+def package_changes(commits: list[str]) -> list[str] | None:
+    """The package's files (paths inside it, sorted) that differ between any two of `commits` (recorded versions;
+    a '+dirty' one counts as its commit, its uncommitted edits unknown), read from this checkout's history; None
+    when git cannot tell (not a checkout, a commit it does not hold, a version that is not a commit). A file that
+    differs between two of them differs between the first and one of the others, so those diffs are enough."""
+    if not all(is_commit(c) for c in commits):
+        return None
+    first, *others = sorted({c[:40] for c in commits})
+    changed: set[str] = set()
+    try:
+        for other in others:
+            changed.update(_git("diff", "--relative", "--name-only", first, other, "--", ".").splitlines())
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sorted(changed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from credo.train.provenance import short
+from credo.train.provenance import package_changes, short
 
 
 def commit_lines(results: dict[str, Any]) -> list[str]:
@@ -20,8 +20,27 @@ def commit_lines(results: dict[str, Any]) -> list[str]:
         return commit if commit == "not recorded" else f"`{short(commit)}`"
     listed = ", ".join(f"{name(c)} ({n} run{'s' if n > 1 else ''})"
                        for c, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-    return [f"**Runs trained by {len(counts)} versions of credo**: {listed}. A change between them that touched "
-            "training makes this table compare different programs; check `git diff` between them.", ""]
+    return [f"**Runs trained by {len(counts)} versions of credo**: {listed}. {_between(list(counts))}", ""]
+
+
+def _between(versions: list[str]) -> str:
+    """What differs between the versions, as far as this checkout's history says (package_changes)."""
+    changed = package_changes([v for v in versions if v != "not recorded"])
+    if changed is None:
+        return ("A change between them that touched training makes this table compare different programs; check "
+                "`git diff` between them.")
+    unknown = [v for v in versions if v == "not recorded" or v.endswith("+dirty")]
+    caveat = (" (not counting the uncommitted edits of '+dirty' ones, nor what trained runs that recorded no "
+              "version)" if unknown else "")
+    if not changed:
+        return f"No file of the package differs between their commits{caveat}."
+    folders: dict[str, list[str]] = {}
+    for path in changed:
+        folder, _, name = path.rpartition("/")
+        folders.setdefault(folder + "/" if folder else "", []).append(name.removesuffix(".py"))
+    listed = "; ".join(f"`{folder or './'}` {', '.join(names)}" for folder, names in folders.items())
+    return (f"The package's files that differ between their commits{caveat}: {listed}. A change there that "
+            "touched training makes this table compare different programs.")
 
 
 def machine_lines(results: dict[str, Any]) -> list[str]:
