@@ -1162,3 +1162,43 @@ def test_the_estimate_includes_the_start_audit_and_the_premise_checks(monkeypatc
     out = eta.estimate_wall_time([], skilled, saved_policy, jobs=1)
     policies = 1 + 2  # the start, and the final policy of each method resting on a premise (one seed)
     assert out["audit_seconds"] == 0 and out["premise_seconds"] == round(16 * policies * 2 * per, 1)
+
+
+def test_export_each_exports_as_each_trained_run_ends_and_again_with_the_report(saved_policy, tmp_path, monkeypatch,
+                                                                              capsys):
+    """compare.export_each: a machine lost mid-comparison loses only the runs in flight. Each run trained (or
+    checked) here is exported as it ends, a run only read back is not exported again, the end adds the report; a
+    DEST inside --out is refused before anything is timed or written; a failing export does not stop the grid."""
+    import credo.lab.compare.grid as grid
+    from credo.cli.main import main
+    from credo.lab.compare.presets import resolve_preset
+    out, dest = tmp_path / "a", tmp_path / "exported"
+    assert main(["compare", "--preset", "smoke", "--methods", "grpo", "--start", saved_policy, "--out", str(out),
+                 "--export-each", str(out / "inside"), "--quiet"]) == 2
+    assert "--export" in capsys.readouterr().err and not out.exists()
+    import credo.lab.compare.export as export_module
+    exports, real_export = [], export_module.export
+    monkeypatch.setattr(export_module, "export", lambda o, d: exports.append(sorted(os.listdir(os.path.join(
+        o, "runs")))) or real_export(o, d))
+    results = compare("smoke", str(out), methods=("grpo",), seeds=(0, 1), start=saved_policy, progress=False,
+                      export_each=str(dest), audit_n=0)
+    assert exports == [["grpo-s0"], ["grpo-s0", "grpo-s1"], ["grpo-s0", "grpo-s1"]]  # as each ends; the report
+    assert sorted(os.listdir(dest / "runs")) == ["grpo-s0", "grpo-s1"]
+    assert (dest / "report.md").read_text() == (out / "report.md").read_text() and results["methods"]["grpo"]
+    # resumed: both runs are only read back, so only the end's export happens
+    exports.clear()
+    compare("smoke", str(out), methods=("grpo",), seeds=(0, 1), start=saved_policy, progress=False,
+            export_each=str(dest), audit_n=0)
+    assert len(exports) == 1
+    # a refused export is said, and the runs go on
+    preset = resolve_preset("smoke", ("grpo",), (0, 1), None, None)
+    plan = [("grpo", s, str(tmp_path / "c" / "runs" / f"grpo-s{s}")) for s in (0, 1)]
+    monkeypatch.setattr(export_module, "export", real_export)
+    monkeypatch.setattr(grid, "run_one", lambda m, seed, *a, **k: {"seed": seed})
+    (tmp_path / "c").mkdir()  # not a comparison: every export is refused
+    said = []
+    monkeypatch.setattr(export_module.tqdm, "write", lambda text, file=None: said.append(text))
+    outcomes = grid.train_all(plan, preset, "", jobs=1, progress=False,
+                              after_each=export_module.exporter(str(tmp_path / "c"), str(dest)))
+    assert [result["seed"] for result, _ in outcomes] == [0, 1] and len(said) == 2
+    assert all("export to" in line and "failed" in line and "is not a credo comparison" in line for line in said)

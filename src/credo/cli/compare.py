@@ -44,7 +44,8 @@ def _schedule(text: str | None) -> dict:
 def compare_flags(args: argparse.Namespace) -> dict:
     """The CompareConfig fields the flags give."""
     flags = {**flag_values(args, {"preset": "preset", "start": "start", "task": "task", "jobs": "jobs",
-                                  "budget": "budget", "lr": "lr", "device": "device", "until": "until"}),
+                                  "budget": "budget", "lr": "lr", "device": "device", "until": "until",
+                                  "export_each": "export_each"}),
              **csv_flags(args, "methods"), **_schedule(args.schedule)}
     seeds = _int_list("--seeds", args.seeds)
     if seeds is not None:
@@ -92,9 +93,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace, out: str) -> int:
     """`--export DEST`: --out's finished runs copied into DEST (credo.lab.compare.export)."""
     from credo.lab.compare.export import describe, export  # the export reads the runs' records only when asked
-    if args.force or args.report_only or args.status:
+    if args.force or args.report_only or args.status or args.export_each:
         raise ConfigError("--export copies --out's finished runs and nothing else: it takes no --force, "
-                          "--report-only or --status")
+                          "--report-only, --status or --export-each")
     print(escape_controls(describe(export(out, args.export), args.export)))  # paths the user gave
     return 0
 
@@ -114,7 +115,10 @@ def _run(args: argparse.Namespace, config, out: str) -> dict:
         check_inputs(config.start, "compare --start", preset.task, preset.train.get("task_options", {}),
                      "compare.task_options.", progress=not args.quiet)
     interactive = sys.stdin is not None and sys.stdin.isatty()
-    inputs = input_paths(args.config, config.start, config.task)
+    inputs = input_paths(args.config, config.start, config.task) + ((config.export_each,) if config.export_each else ())
+    if config.export_each:  # before --out is replaced or claimed: DEST lies apart from it
+        from credo.lab.compare.export import check_dest
+        check_dest(out, config.export_each)
     if args.force or _foreign_output(out, "compare"):
         # replaced first (its old runs are neither checked nor reused), or refused untouched
         claim_output(out, "compare", force=args.force, inputs=inputs)
@@ -132,7 +136,7 @@ def _run(args: argparse.Namespace, config, out: str) -> dict:
                        report_to=config.report_to, device=config.device, dtype=config.dtype,
                        share_gpu=config.share_gpu, eval_split=config.eval_split,
                        audit_n=config.audit_n, premise_n=config.premise_n, lora=to_dict(config.lora),
-                       until=config.until)
+                       until=config.until, export_each=config.export_each)
     except Interrupted as stop:  # one line: what finished, and the command that finishes the rest
         raise stopped_at(stop, _preset(config), out, shlex.join(["credo", *args.argv])) from None
 
@@ -167,6 +171,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="finish what can be finished by this time of day (a machine lent for a fixed time): a run "
                         "whose estimate ends later gives way to the next one that fits; when none fits, the next "
                         "starts anyway and keeps checkpoints (default: plan order)")
+    p.add_argument("--export-each", metavar="DEST",
+                   help="export --out into DEST (as --export does) as each run ends and again with the report, so "
+                        "a machine lost mid-comparison loses only the runs in flight")
     p.add_argument("--yes", action="store_true",
                    help="start even when the estimated wall time is over an hour (otherwise a terminal asks, and a "
                         "non-interactive run stops with a one-line message)")

@@ -73,6 +73,10 @@ class CompareConfig:
     can, for a machine lent for a fixed time (a session, a batch job's limit): a run its estimate says cannot end
     by then gives way to the next in order that can; when none can, the next starts anyway (its checkpoints keep
     its progress for a resume). '' = plan order (every method's first seed first)."""
+    export_each: str = ""
+    """A folder into which --out is exported (as `--export` does: each finished run's record, no weights, then the
+    report) as each run ends and once more at the end, so a machine lost mid-comparison loses only the runs in
+    flight; a refused or failed export is said and the comparison goes on. '' = none."""
     lora: LoraSettings = field(default_factory=LoraSettings, metadata={"omit_default": True})
     """LoRA adapters for every run alike (lora.r > 0; a Hugging Face start): each run trains fresh adapters of
     these settings on its start (an adapter start merged into its base first) and its checkpoints hold them alone;

@@ -26,12 +26,17 @@ from __future__ import annotations
 import fnmatch
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
+from typing import Callable
+
+from tqdm import tqdm
 
 from credo.core.compressed import XZ, read_record, record_bytes, stored_path
 from credo.core.config import UserError
 from credo.core.files import atomic_copy, atomic_directory, atomic_write_text, is_within
 from credo.core.outputs import KIND_MARKER, is_locked, run_kind
+from credo.core.terminal import escape_controls
 from credo.lab.compare.premises import PENDING
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
@@ -59,10 +64,9 @@ class Exported:
     report: bool = False
 
 
-def _check_dest(out_dir: str, dest: str) -> None:
-    """DEST may take an export: missing, empty or an earlier export, and apart from OUT; else one line."""
-    if not os.path.isdir(out_dir) or run_kind(out_dir) != "compare":
-        raise UserError(f"--out {out_dir} is not a credo comparison (no results.json nor runs/ of training runs)")
+def check_dest(out_dir: str, dest: str) -> None:
+    """DEST may take an export of OUT: missing, empty or an earlier export, and apart from OUT; else one line.
+    (Also asked before a comparison with compare.export_each trains, while OUT may not exist yet.)"""
     if is_within(dest, out_dir) or is_within(out_dir, dest):
         raise UserError(f"--export {dest} is --out {out_dir} or holds it or lies inside it; choose a folder apart")
     if os.path.exists(dest) and not os.path.isdir(dest):
@@ -84,7 +88,9 @@ def _same_run(source: str, target: str) -> bool:
 
 def export(out_dir: str, dest: str) -> Exported:
     """Copies out_dir's finished runs (RUN_FILES each) and its report files into dest; returns what it did."""
-    _check_dest(out_dir, dest)
+    if not os.path.isdir(out_dir) or run_kind(out_dir) != "compare":
+        raise UserError(f"--out {out_dir} is not a credo comparison (no results.json nor runs/ of training runs)")
+    check_dest(out_dir, dest)
     runs = os.path.join(out_dir, "runs")
     names = sorted(n for n in os.listdir(runs) if os.path.isdir(os.path.join(runs, n))) if os.path.isdir(runs) else []
     done, todo = Exported(), []
@@ -175,3 +181,16 @@ def describe(done: Exported, dest: str) -> str:
     elif done.report:
         text += "; with the report"
     return text
+
+
+def exporter(out_dir: str, dest: str) -> Callable[[], None]:
+    """compare.export_each: what exports OUT into DEST after each run a comparison finishes, and once more after
+    its report, saying what it did in one line. A refused export (DEST changed meanwhile) or a failed write is
+    said, never raised: the comparison goes on, and `--export DEST` can be run again by hand."""
+    def export_now() -> None:
+        try:
+            said = describe(export(out_dir, dest), dest)
+        except (UserError, OSError) as err:
+            said = f"export to {dest} failed ({err}); the comparison goes on: run `credo compare --export` by hand"
+        tqdm.write(f"credo compare: {escape_controls(said)}", file=sys.stderr)
+    return export_now

@@ -12,7 +12,7 @@ import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
@@ -104,7 +104,8 @@ def next_run(queued: list[int], seconds: list[float | None] | None, until: float
 
 def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm,
                 report_to: tuple[str, ...] = (), seconds: list[float | None] | None = None,
-                until: float | None = None) -> list[tuple[Any, str | None]]:
+                until: float | None = None, ended: Callable[[int], None] = lambda i: None
+                ) -> list[tuple[Any, str | None]]:
     outcomes: dict[int, tuple[Any, str | None]] = {}
     queued = finished_first(plan)
     while queued:
@@ -129,6 +130,7 @@ def _run_serial(plan: list[tuple[str, int, str]], preset: Preset, start: str, ba
                 raise
             outcomes[index] = (None, traceback.format_exc())
         bar.update(preset.token_budget - state["tokens"])
+        ended(index)
     return [outcomes[i] for i in range(len(plan))]
 
 
@@ -165,7 +167,8 @@ def worker_died(plan: list[tuple[str, int, str]], died: tuple[list[int], str]) -
 
 def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, bar: tqdm, jobs: int,
                   report_to: tuple[str, ...] = (), seconds: list[float | None] | None = None,
-                  until: float | None = None) -> list[tuple[Any, str | None]]:
+                  until: float | None = None, ended: Callable[[int], None] = lambda i: None
+                  ) -> list[tuple[Any, str | None]]:
     """Runs `plan` `jobs` at a time, in the order next_run gives (seconds, until). A run is submitted only when a
     worker is free: a process pool starts
     what it is handed ahead of time, so a full disk (DiskError) then stops the grid with no run begun after
@@ -210,6 +213,8 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
                               file=sys.stderr, flush=True)
                 except BrokenProcessPool:  # a worker died (killed, out of memory): stopped below, not a failure
                     broken.append(futures[future])
+                if futures[future] in outcomes:
+                    ended(futures[future])
                 if stop is None:
                     pending |= submit_next()
             running = {futures[f]: submitted[futures[f]] for f in pending}
@@ -247,15 +252,23 @@ def _logged(run_dir: str, since: float, held: int, budget: int) -> tuple[int, in
 
 def train_all(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,
               progress: bool, report_to: tuple[str, ...] = (), seconds: list[float | None] | None = None,
-              until: float | None = None) -> list[tuple[Any, str | None]]:
+              until: float | None = None, after_each: Callable[[], None] | None = None
+              ) -> list[tuple[Any, str | None]]:
     """(result, None) or (None, traceback) of each run of `plan`, under one progress bar (closed even when a
     full disk stops the grid, so the error is not printed onto the bar's line). seconds/until: each run's estimate
-    and the time by which the runs started should finish (next_run); None: plan order."""
+    and the time by which the runs started should finish (next_run); None: plan order. after_each: called in this
+    process once each run that had something left to do here (training, or its pending premise checks) has
+    ended (compare.export_each); not for a run only read back."""
     bar = tqdm(total=len(plan) * preset.token_budget, unit="tok", unit_scale=True, disable=not progress,
                dynamic_ncols=True, initial=sum(tokens_done(run_dir, preset.token_budget) for _, _, run_dir in plan))
+    settled = {i for i, (_, _, run_dir) in enumerate(plan)
+               if os.path.exists(os.path.join(run_dir, "summary.json")) and not os.path.exists(pending_path(run_dir))}
+    def ended(index: int) -> None:
+        if after_each is not None and index not in settled:
+            after_each()
     try:
         if jobs <= 1:
-            return _run_serial(plan, preset, start, bar, report_to, seconds, until)
-        return _run_parallel(plan, preset, start, bar, jobs, report_to, seconds, until)
+            return _run_serial(plan, preset, start, bar, report_to, seconds, until, ended)
+        return _run_parallel(plan, preset, start, bar, jobs, report_to, seconds, until, ended)
     finally:
         bar.close()

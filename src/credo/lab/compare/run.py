@@ -48,6 +48,7 @@ from credo.lab.audit.config import AuditConfig
 from credo.lab.audit.run import run_audit
 from credo.lab.compare import eta as compare_eta
 from credo.lab.compare.eta import estimate_wall_time
+from credo.lab.compare.export import check_dest, exporter
 from credo.lab.compare.goals import goals
 from credo.lab.compare.grid import time_of_day, train_all
 from credo.lab.compare.plots import plot_curves
@@ -108,14 +109,29 @@ def check_lora_start(preset: Preset, start: str) -> None:
                           "(give --start a Hugging Face model or adapter, or set lora.r=0)")
 
 
+def check_start(preset: Preset, preset_name: str, start: str) -> None:
+    """A start the preset needs is given, and it can take the preset's LoRA adapters; else one line."""
+    if preset.needs_start and not start:
+        raise ConfigError(f"--preset {preset_name} needs --start: {preset.needs_start}")
+    check_lora_start(preset, start)
+
+
+def _exporter(out_dir: str, dest: str) -> Callable[[], None] | None:
+    """compare.export_each's exporter of out_dir into dest, checked now (before any timing); None without one."""
+    if not dest:
+        return None
+    check_dest(out_dir, dest)
+    return exporter(out_dir, dest)
+
+
 def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = None,
             seeds: tuple[int, ...] | None = None, start: str | None = None, progress: bool = True,
             jobs: int | None = None, token_budget: int | None = None, command: str | None = None,
             schedule: dict[str, Any] | None = None, confirm: Callable[[float], None] | None = None,
-            task: str | None = None,
-            report_to: tuple[str, ...] = (), device: str = "auto", dtype: str = "float32",
+            task: str | None = None, report_to: tuple[str, ...] = (), device: str = "auto", dtype: str = "float32",
             share_gpu: bool = False, eval_split: str = "heldout", audit_n: int | None = None,
-            premise_n: int | None = None, lora: dict[str, Any] | None = None, until: str = "") -> dict[str, Any]:
+            premise_n: int | None = None, lora: dict[str, Any] | None = None, until: str = "",
+            export_each: str = "") -> dict[str, Any]:
     """Runs the preset and writes the run directory; returns results.json's content.
 
     jobs (default: the preset's) > 1 runs that many (method, seed) trainings at once in worker processes, each with
@@ -127,18 +143,17 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     its own tracker run grouped by the comparison (credo.integrations.tracking). `device` (resolved here once: every
     run records the same one) and `dtype` place every run and the audit; on a GPU the runs go one after another
     unless `share_gpu`. audit_n / premise_n: the preset's start audit and premise checks resized (0 skips). lora
-    (LoraSettings as a dict, r > 0): every run trains LoRA adapters of those settings alike. until ('HH:MM'): the
-    first runs in plan order that can end by then start first (grid.next_run, from each run's estimate)."""
+    (LoraSettings as a dict, r > 0): every run trains LoRA adapters of those settings alike. until ('HH:MM'): runs
+    that can end by then start first (grid.next_run). export_each: a folder out_dir is exported to as each run ends."""
     preset = resolve_preset(preset_name, methods, seeds, token_budget, schedule, task, eval_split, audit_n,
                             premise_n, lora)
     report_to = checked_names(report_to, "compare.report_to")
     check_trackers(report_to, "compare.report_to", TrackingPlace(out_dir, ""))  # before any timing or training
     preset, placed, jobs = place_runs(preset, device, dtype, preset.jobs if jobs is None else jobs, share_gpu,
                                       progress)
-    if preset.needs_start and not start:
-        raise ConfigError(f"--preset {preset_name} needs --start: {preset.needs_start}")
-    check_lora_start(preset, start or "")
+    check_start(preset, preset_name, start or "")
     deadline = time_of_day(until)  # a malformed time is refused before any timing
+    after_each = _exporter(out_dir, export_each)
     start, default = start or "", "" if start else default_start(preset.task, progress)  # runs record '' (portable)
     # seed-major: an interrupted comparison has every method at its first seeds (--until may start others first)
     plan = [(m, s, os.path.join(out_dir, "runs", run_dir_name(m, s))) for s in preset.seeds for m in preset.methods]
@@ -160,12 +175,14 @@ def compare(preset_name: str, out_dir: str, methods: tuple[str, ...] | None = No
     with run_lock(out_dir):  # a second comparison into the same --out is refused, not interleaved
         compare_eta.keep_estimate(out_dir, results["estimate"])  # for --status (methods no run has started)
         seconds = compare_eta.run_estimates(plan, preset, results["estimate"]) if until else None
-        outcomes = train_all(plan, preset, start, jobs, progress, report_to, seconds, deadline)
+        outcomes = train_all(plan, preset, start, jobs, progress, report_to, seconds, deadline, after_each)
         record_outcomes(results, preset.methods, plan, outcomes, out_dir)
         atomic_write_json(os.path.join(out_dir, "results.json"), results)
         measure_after_training(results, plan, preset, start, out_dir, placed, progress, dtype)
         results["wall_seconds"] = time.time() - began
         write_report(results, out_dir)
+        if after_each is not None:  # again, with the report
+            after_each()
     return results
 
 
