@@ -1175,21 +1175,28 @@ def test_export_each_exports_as_each_trained_run_ends_and_again_with_the_report(
     out, dest = tmp_path / "a", tmp_path / "exported"
     assert main(["compare", "--preset", "smoke", "--methods", "grpo", "--start", saved_policy, "--out", str(out),
                  "--export-each", str(out / "inside"), "--quiet"]) == 2
-    assert "--export" in capsys.readouterr().err and not out.exists()
+    assert f"--export-each {out / 'inside'} is --out" in capsys.readouterr().err and not out.exists()
     import credo.lab.compare.export as export_module
     exports, real_export = [], export_module.export
-    monkeypatch.setattr(export_module, "export", lambda o, d: exports.append(sorted(os.listdir(os.path.join(
-        o, "runs")))) or real_export(o, d))
+    monkeypatch.setattr(export_module, "export", lambda o, d, flag: exports.append(sorted(os.listdir(os.path.join(
+        o, "runs")))) or real_export(o, d, flag))
     results = compare("smoke", str(out), methods=("grpo",), seeds=(0, 1), start=saved_policy, progress=False,
                       export_each=str(dest), audit_n=0)
     assert exports == [["grpo-s0"], ["grpo-s0", "grpo-s1"], ["grpo-s0", "grpo-s1"]]  # as each ends; the report
     assert sorted(os.listdir(dest / "runs")) == ["grpo-s0", "grpo-s1"]
     assert (dest / "report.md").read_text() == (out / "report.md").read_text() and results["methods"]["grpo"]
-    # resumed: both runs are only read back, so only the end's export happens
+    # resumed: both runs are only read back; exported once before any training (they may never have been) and
+    # once at the end, not after each
     exports.clear()
     compare("smoke", str(out), methods=("grpo",), seeds=(0, 1), start=saved_policy, progress=False,
             export_each=str(dest), audit_n=0)
-    assert len(exports) == 1
+    assert len(exports) == 2
+    # --force starts --out afresh: an export holding the old runs would refuse every new one, so it is refused now
+    assert main(["compare", "--preset", "smoke", "--methods", "grpo", "--start", saved_policy, "--out", str(out),
+                 "--force", "--export-each", str(dest), "--quiet"]) == 2
+    assert "holds finished runs of an earlier export, and --force" in capsys.readouterr().err
+    assert main(["compare", "--out", str(out), "--status", "--export-each", str(dest)]) == 2
+    assert "--export-each exports a comparison as its runs end, so it takes no --status" in capsys.readouterr().err
     # a refused export is said, and the runs go on
     preset = resolve_preset("smoke", ("grpo",), (0, 1), None, None)
     plan = [("grpo", s, str(tmp_path / "c" / "runs" / f"grpo-s{s}")) for s in (0, 1)]

@@ -157,8 +157,19 @@ def test_the_note_on_several_versions_lists_the_package_files_that_differ_betwee
     assert provenance.package_changes([three, three + "+dirty"]) == []
     assert provenance.package_changes([one, "credo 0.1.0"]) is None  # an installed copy: git cannot tell
     assert provenance.package_changes([one, "c" * 40]) is None  # a commit this checkout does not hold
+    assert provenance.package_changes(["c" * 40]) is None and provenance.package_changes([]) is None
     line = commit_lines(_results([one, three, three]))[0]
     assert line.endswith("The package's files that differ between their commits: `lab/` grid; `policy/` device. "
                          "A change there that touched training makes this table compare different programs.")
-    line = commit_lines(_results([two, two + "+dirty", None]))[0]
-    assert "No file of the package differs between their commits (not counting the uncommitted edits" in line
+    line = commit_lines(_results([two, two + "+dirty"]))[0]
+    assert line.endswith("No file of the package differs between their commits (not counting the uncommitted "
+                         "edits of '+dirty' ones).")
+    line = commit_lines(_results([one, three, None]))[0]
+    assert "(not counting what trained the runs that recorded no version): `lab/` grid; `policy/` device" in line
+    for unknowable in ([two, None], [two, two + "+dirty", None]):  # older code beside one commit: nothing to diff
+        assert commit_lines(_results(unknowable))[0].endswith("check `git diff` between them.")
+    copy = repo / "site-packages" / "pkg"  # an installed copy inside the checkout, untracked: git cannot tell
+    copy.mkdir(parents=True)
+    (copy / "__init__.py").write_text("x = 1\n")
+    monkeypatch.setattr(provenance, "_SOURCE", str(copy))
+    assert provenance.package_changes([one, three]) is None

@@ -78,7 +78,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return show_config(config, "compare")
     out = require_out(args)
     if args.export:  # read-only on --out: safe beside the running comparison
-        return _export(args, out)
+        return _export(args, out, config.export_each)
+    if (args.status or args.report_only) and config.export_each:
+        raise ConfigError("--export-each exports a comparison as its runs end, so it takes no --status or "
+                          "--report-only (--export DEST copies --out as it is)")
     if args.status:  # read-only: safe beside the running comparison
         from credo.lab.compare.status import status_text  # the status reads the runs' records only when asked
         if not os.path.isdir(os.path.join(out, "runs")):
@@ -90,10 +93,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 1 if results["failures"] else 0
 
 
-def _export(args: argparse.Namespace, out: str) -> int:
+def _export(args: argparse.Namespace, out: str, export_each: str) -> int:
     """`--export DEST`: --out's finished runs copied into DEST (credo.lab.compare.export)."""
     from credo.lab.compare.export import describe, export  # the export reads the runs' records only when asked
-    if args.force or args.report_only or args.status or args.export_each:
+    if args.force or args.report_only or args.status or export_each:
         raise ConfigError("--export copies --out's finished runs and nothing else: it takes no --force, "
                           "--report-only, --status or --export-each")
     print(escape_controls(describe(export(out, args.export), args.export)))  # paths the user gave
@@ -115,10 +118,10 @@ def _run(args: argparse.Namespace, config, out: str) -> dict:
         check_inputs(config.start, "compare --start", preset.task, preset.train.get("task_options", {}),
                      "compare.task_options.", progress=not args.quiet)
     interactive = sys.stdin is not None and sys.stdin.isatty()
-    inputs = input_paths(args.config, config.start, config.task) + ((config.export_each,) if config.export_each else ())
+    inputs = input_paths(args.config, config.start, config.task)
     if config.export_each:  # before --out is replaced or claimed: DEST lies apart from it
         from credo.lab.compare.export import check_dest
-        check_dest(out, config.export_each)
+        check_dest(out, config.export_each, "--export-each", fresh=args.force)
     if args.force or _foreign_output(out, "compare"):
         # replaced first (its old runs are neither checked nor reused), or refused untouched
         claim_output(out, "compare", force=args.force, inputs=inputs)

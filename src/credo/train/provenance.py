@@ -67,13 +67,16 @@ def is_commit(value: str) -> bool:
 def package_changes(commits: list[str]) -> list[str] | None:
     """The package's files (paths inside it, sorted) that differ between any two of `commits` (recorded versions;
     a '+dirty' one counts as its commit, its uncommitted edits unknown), read from this checkout's history; None
-    when git cannot tell (not a checkout, a commit it does not hold, a version that is not a commit). A file that
-    differs between two of them differs between the first and one of the others, so those diffs are enough."""
-    if not all(is_commit(c) for c in commits):
+    when git cannot tell (no commit given, a version that is not a commit, a package not tracked here, as an
+    installed copy, or a commit this checkout does not hold: a shallow clone). A file that differs between two
+    of them differs between the first and one of the others, so those diffs are enough."""
+    if not commits or not all(is_commit(c) for c in commits):
         return None
     first, *others = sorted({c[:40] for c in commits})
     changed: set[str] = set()
     try:
+        _git("ls-files", "--error-unmatch", "__init__.py")  # the package is tracked here, not just inside a repo
+        _git("cat-file", "-e", f"{first}^{{commit}}")
         for other in others:
             changed.update(_git("diff", "--relative", "--name-only", first, other, "--", ".").splitlines())
     except (OSError, subprocess.SubprocessError):

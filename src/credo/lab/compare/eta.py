@@ -45,6 +45,7 @@ from credo.lab.audit.premises import premises_of
 from credo.lab.compare.premises import pending_path
 from credo.lab.compare.presets import Preset, run_config
 from credo.lab.compare.runs import clock_so_far, run_result, tokens_done
+from credo.lab.compare.runs import finished as finished_run
 from credo.tasks import make_task
 from credo.train.trainer import Trainer
 
@@ -267,7 +268,7 @@ def measured_timings(plan: list[tuple[str, int, str]]) -> dict[str, tuple[Timing
     finished: dict[str, list[dict[str, Any]]] = {}
     part_way: dict[str, list[dict[str, Any]]] = {}
     for spec, _, run_dir in plan:
-        if os.path.exists(os.path.join(run_dir, "summary.json")):
+        if finished_run(run_dir):
             finished.setdefault(spec, []).append(run_result(run_dir))
         else:
             try:
@@ -308,7 +309,7 @@ def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: 
     recorded (`recorded`: recorded_steps), else by timing one step of it.
     eval_seconds: one curve evaluation as already timed (recorded_eval_seconds), else 0.0 to time it."""
     pending = [(spec, seed, preset.token_budget - tokens_done(run_dir, preset.token_budget))
-               for spec, seed, run_dir in plan if not os.path.exists(os.path.join(run_dir, "summary.json"))]
+               for spec, seed, run_dir in plan if not finished_run(run_dir)]
     measured = {**(recorded or {}), **measured_timings(plan)}
     first_seed: dict[str, int] = {}
     for spec, seed, _ in pending:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -64,19 +65,25 @@ class Exported:
     report: bool = False
 
 
-def check_dest(out_dir: str, dest: str) -> None:
-    """DEST may take an export of OUT: missing, empty or an earlier export, and apart from OUT; else one line.
-    (Also asked before a comparison with compare.export_each trains, while OUT may not exist yet.)"""
+def check_dest(out_dir: str, dest: str, flag: str = "--export", fresh: bool = False) -> None:
+    """DEST may take an export of OUT: missing, empty or an earlier export, and apart from OUT; else one line naming
+    `flag`. Also asked before a comparison with compare.export_each trains, while OUT may not exist yet; `fresh`
+    (--force: OUT starts again) refuses an earlier export's finished runs, which the new runs would contradict."""
     if is_within(dest, out_dir) or is_within(out_dir, dest):
-        raise UserError(f"--export {dest} is --out {out_dir} or holds it or lies inside it; choose a folder apart")
+        raise UserError(f"{flag} {dest} is --out {out_dir} or holds it or lies inside it; choose a folder apart")
     if os.path.exists(dest) and not os.path.isdir(dest):
-        raise UserError(f"--export {dest} is a file, not a directory; nothing was touched")
+        raise UserError(f"{flag} {dest} is a file, not a directory; nothing was touched")
     if os.path.isdir(dest) and os.listdir(dest):
         if not os.path.isfile(os.path.join(dest, EXPORT_MARKER)):
-            raise UserError(f"--export {dest} is not empty and is not an earlier credo export; nothing was touched "
+            raise UserError(f"{flag} {dest} is not empty and is not an earlier credo export; nothing was touched "
                             "(choose a new or empty folder)")
         if is_locked(dest):
-            raise UserError(f"--export {dest} is being written by a credo compare; stop it first (nothing was touched)")
+            raise UserError(f"{flag} {dest} is being written by a credo compare; stop it first (nothing was touched)")
+        held = os.path.join(dest, "runs")
+        if fresh and os.path.isdir(held) and any(os.path.isfile(os.path.join(held, n, "summary.json"))
+                                                 for n in os.listdir(held)):
+            raise UserError(f"{flag} {dest} holds finished runs of an earlier export, and --force starts --out "
+                            "afresh: its new runs would not match them; choose a new or empty folder")
 
 
 def _same_run(source: str, target: str) -> bool:
@@ -86,11 +93,12 @@ def _same_run(source: str, target: str) -> bool:
                for f in RUN_FILES)
 
 
-def export(out_dir: str, dest: str) -> Exported:
-    """Copies out_dir's finished runs (RUN_FILES each) and its report files into dest; returns what it did."""
+def export(out_dir: str, dest: str, flag: str = "--export") -> Exported:
+    """Copies out_dir's finished runs (RUN_FILES each) and its report files into dest; returns what it did. flag:
+    the option that named dest, which a refusal names."""
     if not os.path.isdir(out_dir) or run_kind(out_dir) != "compare":
         raise UserError(f"--out {out_dir} is not a credo comparison (no results.json nor runs/ of training runs)")
-    check_dest(out_dir, dest)
+    check_dest(out_dir, dest, flag)
     runs = os.path.join(out_dir, "runs")
     names = sorted(n for n in os.listdir(runs) if os.path.isdir(os.path.join(runs, n))) if os.path.isdir(runs) else []
     done, todo = Exported(), []
@@ -109,7 +117,7 @@ def export(out_dir: str, dest: str) -> Exported:
                 continue
             live = [f for f in ("checkpoints", "final") if os.path.exists(os.path.join(target, f))]
             why = f"is a live run ({', '.join(live)})" if live else "differs from --out's"
-            raise UserError(f"--export {dest}: its runs/{name} {why}; nothing was written (export elsewhere)")
+            raise UserError(f"{flag} {dest}: its runs/{name} {why}; nothing was written (export elsewhere)")
         todo.append(name)
     os.makedirs(dest, exist_ok=True)
     atomic_write_text(os.path.join(dest, KIND_MARKER), "compare\n")
@@ -189,8 +197,9 @@ def exporter(out_dir: str, dest: str) -> Callable[[], None]:
     said, never raised: the comparison goes on, and `--export DEST` can be run again by hand."""
     def export_now() -> None:
         try:
-            said = describe(export(out_dir, dest), dest)
+            said = describe(export(out_dir, dest, "--export-each"), dest)
         except (UserError, OSError) as err:
-            said = f"export to {dest} failed ({err}); the comparison goes on: run `credo compare --export` by hand"
+            by_hand = shlex.join(["credo", "compare", "--out", out_dir, "--export", dest])
+            said = f"export to {dest} failed ({err}); the comparison goes on: `{by_hand}` exports it by hand"
         tqdm.write(f"credo compare: {escape_controls(said)}", file=sys.stderr)
     return export_now

@@ -24,7 +24,7 @@ from credo.integrations.tracking import TrackerError
 from credo.core.files import atomic_write_text
 from credo.lab.compare.premises import needs_checks, out_dir_of, pending_path, premises_of_finished_run
 from credo.lab.compare.presets import Preset, run_plan
-from credo.lab.compare.runs import progress_of, run_result, tokens_done
+from credo.lab.compare.runs import finished, progress_of, run_result, tokens_done
 from credo.train.interrupts import (TaskWorkers, run_announced, worker_started, worker_task,
                                     workers_stopped_on_interrupt)
 from credo.train.trainer import Trainer
@@ -36,7 +36,7 @@ def run_one(method: str, seed: int, preset: Preset, start: str, run_dir: str, on
     (premises_of_finished_run); its result as results.json records it. report_to: the trackers it logs to, as a
     tracker run of its own named after its directory and grouped by the comparison (the stores under the
     comparison's --out: credo.integrations.tracking)."""
-    if not os.path.exists(os.path.join(run_dir, "summary.json")):  # else finished earlier: reuse (resumable)
+    if not finished(run_dir):  # else finished earlier: reuse (resumable)
         out_dir = out_dir_of(run_dir)
         place = TrackingPlace(root=out_dir, run_name=os.path.basename(run_dir), group=os.path.basename(out_dir))
         config, plan = run_plan(method, seed, preset, start, report_to)
@@ -86,8 +86,8 @@ def finished_first(plan: list[tuple[str, int, str]]) -> list[int]:
     """The order runs are queued in (plan indices): those that finished earlier first, then plan order. A finished
     run is only read back (and checked, if its premise checks are pending): it should not wait hours for a worker
     behind a run that trains, nor be missing meanwhile from the bar's count of finished runs."""
-    finished = [os.path.exists(os.path.join(run_dir, "summary.json")) for _, _, run_dir in plan]
-    return sorted(range(len(plan)), key=lambda i: not finished[i])
+    done = [finished(run_dir) for _, _, run_dir in plan]
+    return sorted(range(len(plan)), key=lambda i: not done[i])
 
 
 def next_run(queued: list[int], seconds: list[float | None] | None, until: float | None) -> int:
@@ -213,10 +213,10 @@ def _run_parallel(plan: list[tuple[str, int, str]], preset: Preset, start: str, 
                               file=sys.stderr, flush=True)
                 except BrokenProcessPool:  # a worker died (killed, out of memory): stopped below, not a failure
                     broken.append(futures[future])
-                if futures[future] in outcomes:
-                    ended(futures[future])
                 if stop is None:
                     pending |= submit_next()
+                if futures[future] in outcomes:  # after the next run is handed out: no worker waits for it
+                    ended(futures[future])
             running = {futures[f]: submitted[futures[f]] for f in pending}
             shown = _show(bar, shown, plan, preset, before, outcomes, running)
     if broken:
@@ -258,14 +258,17 @@ def train_all(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs
     full disk stops the grid, so the error is not printed onto the bar's line). seconds/until: each run's estimate
     and the time by which the runs started should finish (next_run); None: plan order. after_each: called in this
     process once each run that had something left to do here (training, or its pending premise checks) has
-    ended (compare.export_each); not for a run only read back."""
+    ended (compare.export_each), and once before any trains when some finished earlier (they may never have been
+    exported); not after a run only read back."""
     bar = tqdm(total=len(plan) * preset.token_budget, unit="tok", unit_scale=True, disable=not progress,
                dynamic_ncols=True, initial=sum(tokens_done(run_dir, preset.token_budget) for _, _, run_dir in plan))
-    settled = {i for i, (_, _, run_dir) in enumerate(plan)
-               if os.path.exists(os.path.join(run_dir, "summary.json")) and not os.path.exists(pending_path(run_dir))}
+    settled = {i for i, (_, _, run_dir) in enumerate(plan) if finished(run_dir) and not os.path.exists(
+        pending_path(run_dir))}
     def ended(index: int) -> None:
         if after_each is not None and index not in settled:
             after_each()
+    if after_each is not None and settled:  # runs finished before (perhaps never exported): exported before any trains
+        after_each()
     try:
         if jobs <= 1:
             return _run_serial(plan, preset, start, bar, report_to, seconds, until, ended)

@@ -25,13 +25,15 @@ def commit_lines(results: dict[str, Any]) -> list[str]:
 
 def _between(versions: list[str]) -> str:
     """What differs between the versions, as far as this checkout's history says (package_changes)."""
-    changed = package_changes([v for v in versions if v != "not recorded"])
-    if changed is None:
+    recorded = [v for v in versions if v != "not recorded"]
+    changed = package_changes(recorded)
+    if changed is None or (len(recorded) < len(versions) and len({v[:40] for v in recorded}) < 2):
+        # (one commit beside runs that recorded none: those came from older code, which git cannot name)
         return ("A change between them that touched training makes this table compare different programs; check "
                 "`git diff` between them.")
-    unknown = [v for v in versions if v == "not recorded" or v.endswith("+dirty")]
-    caveat = (" (not counting the uncommitted edits of '+dirty' ones, nor what trained runs that recorded no "
-              "version)" if unknown else "")
+    unknown = (["the uncommitted edits of '+dirty' ones"] if any(v.endswith("+dirty") for v in recorded) else []) + (
+        ["what trained the runs that recorded no version"] if len(recorded) < len(versions) else [])
+    caveat = f" (not counting {' nor '.join(unknown)})" if unknown else ""
     if not changed:
         return f"No file of the package differs between their commits{caveat}."
     folders: dict[str, list[str]] = {}

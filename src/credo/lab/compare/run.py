@@ -55,7 +55,7 @@ from credo.lab.compare.plots import plot_curves
 from credo.lab.compare.premises import premises_at_end
 from credo.lab.compare.presets import Preset, check_reusable, protocol, resolve_preset, run_dir_name
 from credo.lab.compare.report import report, summarise
-from credo.lab.compare.runs import clear_failure, failure_path, run_result
+from credo.lab.compare.runs import clear_failure, failure_path, finished, run_result
 from credo.lab.show.view import write_audit_page
 from credo.policy import is_tiny_start
 from credo.policy.device import device_name, resolve_device, resolve_dtype
@@ -70,7 +70,7 @@ def stopped_at(stop: Interrupted, preset: Preset, out_dir: str, command: str) ->
     """`stop` with its one line: how many of the comparison's runs finished, and the command that finishes it
     (finished runs are reused, the others resume from their last checkpoints)."""
     runs = [os.path.join(out_dir, "runs", run_dir_name(m, s)) for s in preset.seeds for m in preset.methods]
-    done = sum(os.path.exists(os.path.join(run, "summary.json")) for run in runs)
+    done = sum(finished(run) for run in runs)
     return stop.explained(f"stopped by {stop.name}: {done} of {len(runs)} runs finished, the others keep their last "
                           f"checkpoints and no process is left running; rerun `{without_until(command)}` to finish "
                           "the comparison")
@@ -120,7 +120,7 @@ def _exporter(out_dir: str, dest: str) -> Callable[[], None] | None:
     """compare.export_each's exporter of out_dir into dest, checked now (before any timing); None without one."""
     if not dest:
         return None
-    check_dest(out_dir, dest)
+    check_dest(out_dir, dest, "--export-each")
     return exporter(out_dir, dest)
 
 
@@ -279,7 +279,7 @@ def rewrite_report(out_dir: str) -> dict[str, Any]:
         for method, entry in methods.items():  # runs still on disk are re-read (newer fields)
             for seed in entry["seeds"]:
                 run_dir = os.path.join(out_dir, "runs", run_dir_name(method, int(seed)))
-                if os.path.exists(os.path.join(run_dir, "summary.json")):
+                if finished(run_dir):
                     entry["seeds"][seed] = run_result(run_dir)
                 else:  # its numbers as recorded: checked as a run's own files are
                     check_run_result(entry["seeds"][seed], f"{path}: methods.{method}.seeds.{seed}")

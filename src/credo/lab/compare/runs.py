@@ -19,6 +19,11 @@ from credo.train.config import TrainConfig
 from credo.train.shaping import OVERLONG_FIT_PROBLEMS
 
 
+def finished(run_dir: str) -> bool:
+    """Whether a run finished (its summary.json, the last file its trainer writes, exists)."""
+    return os.path.exists(os.path.join(run_dir, "summary.json"))
+
+
 def failure_path(out_dir: str, method: str, seed: int) -> str:
     """Where a comparison keeps the traceback of a (method, seed) run that failed."""
     return os.path.join(out_dir, f"failure-{run_dir_name(method, seed)}.txt")
@@ -122,7 +127,7 @@ def tokens_done(run_dir: str, budget: int) -> int:
     """Generated tokens a run already holds: the whole budget when it finished; when part-way, those of its newest
     checkpoint, which is where a resume goes on from (the steps its log holds beyond it are trained again); 0
     without one. What a resumed comparison's progress bar starts at and its estimate leaves out."""
-    if os.path.exists(os.path.join(run_dir, "summary.json")):
+    if finished(run_dir):
         return budget
     checkpoint = last_checkpoint(run_dir)
     if checkpoint is None:

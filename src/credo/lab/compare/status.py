@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from credo.lab.compare import eta as compare_eta
-from credo.lab.compare.runs import clock_so_far, failure_path, progress_of, run_result
+from credo.lab.compare.runs import clock_so_far, failure_path, finished, progress_of, run_result
 from credo.lab.compare.presets import Preset, run_dir_name
 from credo.lab.compare.goals import points
 from credo.lab.compare.stats import paired, paired_deltas
@@ -26,7 +26,7 @@ from credo.train.config import config_from_run
 
 def run_state(run_dir: str, budget: int, failure_file: str) -> dict[str, Any]:
     """{state: finished | failed | part-way | not started, result? (finished), tokens?, step?} of one run."""
-    if os.path.exists(os.path.join(run_dir, "summary.json")):
+    if finished(run_dir):
         return {"state": "finished", "result": run_result(run_dir)}  # its clock without stalled steps
     tokens, step = progress_of(run_dir, budget)
     metrics = os.path.join(run_dir, "metrics.jsonl")
