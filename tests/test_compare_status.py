@@ -2,6 +2,7 @@ import json
 import os
 
 from credo.cli.main import main
+from credo.core.outputs import run_lock
 
 
 def _finished(out, name, accuracy, seconds=1.0):
@@ -34,9 +35,10 @@ def test_status_shows_each_seed_and_the_paired_difference_so_far_and_writes_noth
     with open(os.path.join(out, "failure-sc_grpo-s0.txt"), "w") as f:
         f.write("Traceback ...\nRuntimeError: boom\n")
     os.makedirs(os.path.join(out, "runs", "dapo-s0"))  # from another plan
-    before = _snapshot(out)
-    assert main(["compare", "--preset", "smoke", "--methods", "rredcot,sc_grpo", "--seeds", "0,1,2",
-                 "--status", "--jobs", "2", "--out", out]) == 0
+    with run_lock(os.path.join(out, "runs", "rredcot-s2")):  # being trained: its log's tokens
+        before = _snapshot(out)
+        assert main(["compare", "--preset", "smoke", "--methods", "rredcot,sc_grpo", "--seeds", "0,1,2",
+                     "--status", "--jobs", "2", "--out", out]) == 0
     text = capsys.readouterr().out
     assert _snapshot(out) == before  # read-only beside a running comparison
     assert "5 of 9 runs finished, 1 part-way, 1 failed, 2 not started" in text
@@ -95,10 +97,15 @@ def test_a_failed_run_being_retried_is_part_way_and_another_budget_is_refused(tm
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "tokens_generated": 100 * i,
                                                            "seconds": 2.0 * i}) + "\n"
                                                for i in (1, 2, 3)))
-    text = status_text(resolve_preset("smoke", None, None, None, None), out)
+    with run_lock(str(run)):  # the retry is training
+        text = status_text(resolve_preset("smoke", None, None, None, None), out)
     assert "1 of 2 runs finished, 1 part-way, 0 failed" in text and "(20%)" in text
     # no finished rredcot run: costed from the part-way one's 2 s and 100 tokens a step -> 1200 tokens left = 24 s
     assert "about 24 s of training left at 1 at a time" in text and "not counting" not in text
+    # stopped: a resume goes on from its newest checkpoint (step 2, 200 tokens), not from its log's last row
+    (run / "checkpoints" / "step-000002").mkdir(parents=True)
+    text = status_text(resolve_preset("smoke", None, None, None, None), out)
+    assert "(13%, stopped)" in text and "about 26 s of training left at 1 at a time" in text
     from credo.lab.compare.presets import run_config
     from credo.core.config import dump_yaml
     other_budget = resolve_preset("smoke", None, None, 9000, None)

@@ -2,7 +2,8 @@
 
 A long comparison (`--preset long`: 60 runs, ~8 h or more on 2 cores) outlives a terminal and is resumed
 across sessions; before its results.json exists the record is `runs/<method>-s<seed>/` and estimate.json.
-This view reads those (summary.json of a finished run, the last metrics row of one part-way, failure-*.txt
+This view reads those (summary.json of a finished run, the last metrics row of one part-way being trained or the
+newest checkpoint of one stopped, failure-*.txt
 of a failed one; estimate.json's timed step for a method none of whose runs has logged a step) and prints,
 per method, the final accuracy of each finished seed and the paired difference to GRPO on the seeds both
 finished. It writes nothing, so it is safe beside the running comparison. It judges no goal:
@@ -16,25 +17,32 @@ import os
 from typing import Any
 
 from credo.lab.compare import eta as compare_eta
-from credo.lab.compare.runs import clock_so_far, failure_path, finished, progress_of, run_result
+from credo.lab.compare.runs import clock_so_far, failure_path, finished, progress_of, run_result, tokens_done
 from credo.lab.compare.presets import Preset, run_dir_name
 from credo.lab.compare.goals import points
 from credo.lab.compare.stats import paired, paired_deltas
 from credo.core.config import ConfigError
+from credo.core.outputs import is_locked
 from credo.train.config import config_from_run
 
 
 def run_state(run_dir: str, budget: int, failure_file: str) -> dict[str, Any]:
-    """{state: finished | failed | part-way | not started, result? (finished), tokens?, step?} of one run."""
+    """{state: finished | failed | part-way | not started, result? (finished), tokens?, step?, running?} of one run.
+    A part-way run being trained (its trainer holds the run's lock) holds the tokens its log has reached; a stopped
+    one those of its newest checkpoint, where a resume goes on from (tokens_done)."""
     if finished(run_dir):
         return {"state": "finished", "result": run_result(run_dir)}  # its clock without stalled steps
     tokens, step = progress_of(run_dir, budget)
+    running = is_locked(run_dir)
+    if not running:
+        tokens = tokens_done(run_dir, budget)
     metrics = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(failure_file) and not (os.path.exists(metrics) and
                                              os.path.getmtime(metrics) > os.path.getmtime(failure_file)):
         return {"state": "failed"}  # (a failed run that a resumed comparison is retrying is part-way)
     if step > 0:
-        return {"state": "part-way", "tokens": tokens, "step": step, "clock": clock_so_far(metrics)}
+        return {"state": "part-way", "tokens": tokens, "step": step, "clock": clock_so_far(metrics),
+                "running": running}
     return {"state": "not started"}
 
 
@@ -88,7 +96,7 @@ def _cell(state: dict[str, Any], budget: int) -> str:
     if state["state"] == "finished":
         return f"{state['result']['final_accuracy']:.3f}"
     if state["state"] == "part-way":
-        return f"({100 * state['tokens'] / budget:.0f}%)"
+        return f"({100 * state['tokens'] / budget:.0f}%{'' if state['running'] else ', stopped'})"
     return "failed" if state["state"] == "failed" else "·"
 
 
@@ -106,7 +114,8 @@ def status_text(preset: Preset, out_dir: str, jobs: int | None = None) -> str:
               for m, runs in states.items()}
     lines = [f"{out_dir}: {counts['finished']} of {sum(counts.values())} runs finished, {counts['part-way']} part-way, "
              f"{counts['failed']} failed, {counts['not started']} not started "
-             f"({preset.token_budget:,} generated tokens a run; (n%) = part-way)"]
+             f"({preset.token_budget:,} generated tokens a run; (n%) = part-way, being trained; (n%, stopped) = "
+             "part-way, no process training it: n% is its newest checkpoint's, where a resume goes on)"]
     if counts["finished"] < sum(counts.values()):
         seconds, summed, from_timed, unknown = remaining_seconds(states, preset.token_budget, jobs,
                                                                  compare_eta.timed_steps(out_dir))
