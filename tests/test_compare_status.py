@@ -85,7 +85,7 @@ def test_a_stalled_step_is_left_out_of_the_run_clock_and_the_step_time(tmp_path)
     assert text.startswith(" · the runs' own clocks sum to 25 s (leaving out 102 min of 1 stalled step(s)")
 
 
-def test_a_failed_run_being_retried_is_part_way_and_another_budget_is_refused(tmp_path, capsys):
+def test_a_failed_run_being_retried_is_part_way_and_another_budget_is_refused(tmp_path, capsys, monkeypatch):
     from credo.lab.compare.presets import resolve_preset
     from credo.lab.compare.status import status_text
     out = str(tmp_path / "cmp")
@@ -106,6 +106,13 @@ def test_a_failed_run_being_retried_is_part_way_and_another_budget_is_refused(tm
     (run / "checkpoints" / "step-000002").mkdir(parents=True)
     text = status_text(resolve_preset("smoke", None, None, None, None), out)
     assert "(13%, stopped)" in text and "about 26 s of training left at 1 at a time" in text
+    import errno
+    import fcntl
+    def no_locks(fd, how):  # a file system without locks: whether it runs cannot be told, so it is not "stopped"
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    text = status_text(resolve_preset("smoke", None, None, None, None), out)
+    assert "(20%)" in text and "(13%, stopped)" not in text
     from credo.lab.compare.presets import run_config
     from credo.core.config import dump_yaml
     other_budget = resolve_preset("smoke", None, None, 9000, None)

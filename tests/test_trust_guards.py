@@ -90,6 +90,15 @@ def test_force_never_deletes_the_current_directory_or_a_locked_run(tmp_path, mon
             with run_lock(str(out)):
                 pass
     assert not is_locked(str(out))
+    import fcntl
+    import threading
+    from credo.core.outputs import RUN_LOCK, lock_held
+    probe = os.open(out / RUN_LOCK, os.O_RDWR)  # `compare --status` testing the lock as a trainer starts
+    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    threading.Timer(0.2, os.close, [probe]).start()
+    with run_lock(str(out)):  # waits the probe out rather than refusing
+        assert lock_held(str(out)) is True
+    assert lock_held(str(out)) is False
     assert (out / "audit.json").read_text() == "x"
     claim_output(str(out), "audit", force=True)
     assert not (out / "audit.json").exists()

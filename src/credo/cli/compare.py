@@ -78,8 +78,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return show_config(config, "compare")
     out = require_out(args)
     if args.export:  # read-only on --out: safe beside the running comparison
-        return _export(args, out, config.export_each)
-    if (args.status or args.report_only) and config.export_each:
+        return _export(args, out, args.export_each)
+    if (args.status or args.report_only) and args.export_each:  # (a config file's export_each: the run's, ignored)
         raise ConfigError("--export-each exports a comparison as its runs end, so it takes no --status or "
                           "--report-only (--export DEST copies --out as it is)")
     if args.status:  # read-only: safe beside the running comparison

@@ -10,6 +10,7 @@ import fnmatch
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from typing import Iterator
 
@@ -177,7 +178,6 @@ def run_lock(run_dir: str) -> Iterator[None]:
     a --force replacement) of the same directory is refused instead of interleaving with the first. The lock
     is the kernel's (flock), so a killed process releases it. On a file system without locks (some NFS
     mounts) the directory is written unlocked, with a warning, as before locks existed."""
-    import fcntl  # POSIX only: imported where a lock is taken or read
     os.makedirs(run_dir, exist_ok=True)
     try:
         fd = os.open(os.path.join(run_dir, RUN_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
@@ -189,7 +189,7 @@ def run_lock(run_dir: str) -> Iterator[None]:
         return
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock_patiently(fd)
         except BlockingIOError:
             raise UserError(f"{run_dir} is being written by another credo process; "
                             "wait for it or stop it first") from None
@@ -202,17 +202,41 @@ def run_lock(run_dir: str) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def is_locked(run_dir: str) -> bool:
-    """Whether another process holds `run_dir`'s run_lock now (False where the file system has no locks)."""
+LOCK_PATIENCE = 1.0
+"""Seconds run_lock waits for a lock held by someone else before it refuses: lock_held takes the lock for an
+instant to test it (`credo compare --status`, an export), which must not make a trainer starting then fail."""
+
+
+def _flock_patiently(fd: int) -> None:
+    """Takes the exclusive lock of `fd`, retrying for LOCK_PATIENCE seconds; then BlockingIOError."""
+    import fcntl  # POSIX only: imported where a lock is taken or read
+    waited = 0.0
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if waited >= LOCK_PATIENCE:
+                raise
+        time.sleep(0.05)
+        waited += 0.05
+
+
+def lock_held(run_dir: str) -> bool | None:
+    """Whether another process holds `run_dir`'s run_lock now: True, False, or None where it cannot be told (a
+    file system without locks; a lock file this user cannot open). Tested by taking the lock for an instant, which
+    run_lock waits out (LOCK_PATIENCE)."""
     import fcntl  # POSIX only: imported where a lock is taken or read
     path = os.path.join(run_dir, RUN_LOCK)
     if not os.path.isfile(path):
         return False
     try:
         fd = os.open(path, os.O_RDWR)  # NFS emulates flock with POSIX locks, which need a writable descriptor
+    except FileNotFoundError:  # removed since (a --force replacement)
+        return False
     except OSError as err:
         if err.errno in _NO_LOCKS:
-            return False
+            return None
         raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -221,7 +245,12 @@ def is_locked(run_dir: str) -> bool:
         return True
     except OSError as err:
         if err.errno in _NO_LOCKS:
-            return False
+            return None
         raise
     finally:
         os.close(fd)
+
+
+def is_locked(run_dir: str) -> bool:
+    """Whether another process holds `run_dir`'s run_lock now (False where that cannot be told: lock_held)."""
+    return lock_held(run_dir) is True

@@ -22,28 +22,28 @@ from credo.lab.compare.presets import Preset, run_dir_name
 from credo.lab.compare.goals import points
 from credo.lab.compare.stats import paired, paired_deltas
 from credo.core.config import ConfigError
-from credo.core.outputs import is_locked
+from credo.core.outputs import lock_held
 from credo.train.config import config_from_run
 
 
 def run_state(run_dir: str, budget: int, failure_file: str) -> dict[str, Any]:
     """{state: finished | failed | part-way | not started, result? (finished), tokens?, step?, running?} of one run.
     A part-way run being trained (its trainer holds the run's lock) holds the tokens its log has reached; a stopped
-    one those of its newest checkpoint, where a resume goes on from (tokens_done)."""
+    one those of its newest checkpoint, where a resume goes on from (tokens_done). Where the lock cannot be told
+    (lock_held: None), the log's, and it is not called stopped. (A run read in the instant between its last step
+    and its summary, or before a resumed worker's trainer takes the lock, can read as stopped.)"""
     if finished(run_dir):
         return {"state": "finished", "result": run_result(run_dir)}  # its clock without stalled steps
     tokens, step = progress_of(run_dir, budget)
-    running = is_locked(run_dir)
-    if not running:
-        tokens = tokens_done(run_dir, budget)
     metrics = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(failure_file) and not (os.path.exists(metrics) and
                                              os.path.getmtime(metrics) > os.path.getmtime(failure_file)):
         return {"state": "failed"}  # (a failed run that a resumed comparison is retrying is part-way)
-    if step > 0:
-        return {"state": "part-way", "tokens": tokens, "step": step, "clock": clock_so_far(metrics),
-                "running": running}
-    return {"state": "not started"}
+    if step == 0:
+        return {"state": "not started"}
+    running = lock_held(run_dir) is not False
+    return {"state": "part-way", "tokens": tokens if running else tokens_done(run_dir, budget), "step": step,
+            "clock": clock_so_far(metrics), "running": running}
 
 
 def check_plan(preset: Preset, out_dir: str) -> None:
