@@ -44,7 +44,8 @@ def test_status_shows_each_seed_and_the_paired_difference_so_far_and_writes_noth
     assert "5 of 9 runs finished, 1 part-way, 1 failed, 2 not started" in text
     # rredcot-s2's 750 tokens left = 5 steps x 10 s; sc_grpo has no finished run to cost it; 4 runs left, 2 at once
     assert ("about 25 s of training left at 2 at a time (50 s summed over the runs), from the finished runs' own "
-            "clocks, or the part-way ones' (evaluations not counted); not counting sc_grpo: no step logged yet") in text
+            "clocks, or the part-way ones' (evaluations not counted: the comparison timed none of 8 problems with 2 "
+            "at a time); not counting sc_grpo: no step logged yet") in text
     assert "also in runs/, not in this plan (give the run's --methods/--seeds): dapo-s0" in text
     rows = {line.split()[0]: line.split() for line in text.splitlines() if line.split()[:1] and line.split()[0] in
             ("grpo", "rredcot", "sc_grpo")}
@@ -141,7 +142,8 @@ def test_a_method_with_no_step_logged_is_costed_from_the_step_timed_at_the_start
     # rredcot: 2 runs x 1500 tokens / 100 a step = 30 steps x 3 s = 90 s; sc_grpo is in neither record
     assert ("about 91 s of training left at 1 at a time (91 s summed over the runs), from the finished runs' own "
             "clocks, or the part-way "
-            "ones' (evaluations not counted); from the estimate made at the comparison's start: rredcot (one timed "
+            "ones' (evaluations not counted: the comparison timed none of 8 problems with 1 at a time); from the "
+            "estimate made at the comparison's start: rredcot (one timed "
             "step); not counting sc_grpo: no step logged yet") in text
     (tmp_path / "cmp" / "estimate.json").write_text('{"per_method": [1, 2]}')
     assert main(["compare", "--preset", "smoke", "--status", "--out", out]) == 2
@@ -164,3 +166,37 @@ def test_a_resume_keeps_the_timed_steps_of_methods_it_did_not_time(tmp_path):
     kept = timed_steps(out)
     assert kept["grpo"][0] == Timing(2.0, 10) and kept["rredcot"][0] == Timing(3.0, 10)
     assert json.load(open(os.path.join(out, "estimate.json")))["seconds"] == again["seconds"]
+
+
+def test_status_counts_the_evaluations_and_premise_checks_left_at_the_evaluation_timed_at_the_start(tmp_path):
+    """Training from the runs' clocks, plus each unfinished run's curve and final evaluations, the premise checks
+    of each run that rests on one and has not had them, and the start's, at estimate.json's evaluation."""
+    import dataclasses
+    from credo.lab.compare.presets import resolve_preset
+    from credo.lab.compare.status import status_text
+    out = str(tmp_path / "cmp")
+    _finished(out, "grpo-s0", 0.4)  # 1 s over 10 steps of 150 tokens
+    _finished(out, "sc_grpo-s0", 0.5, seconds=20.0)  # 2 s a step
+    os.makedirs(os.path.join(out, "premises"))
+    (tmp_path / "cmp" / "premises" / "sc_grpo-s0.pending").write_text("{}")  # its checks not yet measured
+    _part_way(out, "sc_grpo-s1", 750)
+    estimate = {"seconds": 1.0, "jobs": 2, "runs": 2, "eval_seconds": 2.0, "eval_n": 8, "untimed": [],
+                "per_method": {}}
+    (tmp_path / "cmp" / "estimate.json").write_text(json.dumps(estimate))
+    preset = dataclasses.replace(resolve_preset("smoke", ("sc_grpo",), (0, 1), None, None), premise_n=4, audit_n=0)
+    with run_lock(os.path.join(out, "runs", "sc_grpo-s1")):
+        text = status_text(preset, out, jobs=2)
+    # training: grpo-s1 10 steps x 0.1 s = 1 s; sc_grpo-s1 750 tokens left = 5 steps x 2 s = 10 s.
+    # evaluations at 2 s each (8 problems, the final one 8 too), one per 600 tokens left and one more, and the final:
+    # grpo-s1 (1500 left) 3 + 1 = 8 s; sc_grpo-s1 (750 left) 2 + 1 = 6 s, and its checks, 4 completions at 2/8 s
+    # = 1 s; sc_grpo-s0's pending checks 1 s; the start's 1 s: 17 s. Two runs left, two at a time: (11 + 17) / 2.
+    assert ("about 14 s left at 2 at a time (28 s summed over the runs: 11 s of training, from the finished runs' "
+            "own clocks, or the part-way ones'; 17 s of evaluations and premise checks, at 2 s an evaluation of 8 "
+            "problems as timed at the comparison's start)") in text
+    (tmp_path / "cmp" / "premises" / "start.json").write_text("{}")  # the start's checks measured
+    (tmp_path / "cmp" / "premises" / "sc_grpo-s0.pending").unlink()
+    with run_lock(os.path.join(out, "runs", "sc_grpo-s1")):
+        assert "(26 s summed over the runs: 11 s of training" in status_text(preset, out, jobs=2)
+    # an evaluation timed with another number of jobs is another cost: not used
+    assert "(evaluations not counted: the comparison timed none of 8 problems with 1 at a time)" in status_text(
+        preset, out, jobs=1)

@@ -185,7 +185,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="rebuild report.md, curves.png and the goal checks from --out's results.json; train nothing")
     p.add_argument("--status", action="store_true",
                    help="print how far the comparison in --out has got (finished seeds' accuracy, paired differences "
-                        "to GRPO so far); give the same --preset/--methods/--seeds as the run; writes nothing")
+                        "to GRPO so far, the time its training, evaluations and premise checks still need); give "
+                        "the same --preset/--methods/--seeds as the run; writes nothing")
     p.add_argument("--export", metavar="DEST",
                    help="copy --out's finished runs (config.yaml, metrics.jsonl, summary.json: no weights) and its "
                         "report into DEST (new, empty or an earlier export), a folder small enough to commit or move "

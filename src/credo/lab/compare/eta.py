@@ -182,8 +182,17 @@ def run_seconds(timing: Timing, tokens_left: int, eval_every_tokens: int, eval_s
     if tokens_left <= 0:
         return 0.0
     steps = math.ceil(tokens_left / timing.tokens_per_step)
+    return steps * timing.seconds_per_step + evaluation_seconds(tokens_left, eval_every_tokens, eval_seconds,
+                                                                final_eval_ratio)
+
+
+def evaluation_seconds(tokens_left: int, eval_every_tokens: int, eval_seconds: float,
+                       final_eval_ratio: float) -> float:
+    """Seconds of the evaluations a run with tokens_left to generate still makes (run_seconds' share of them)."""
+    if tokens_left <= 0:
+        return 0.0
     evaluations = tokens_left // max(eval_every_tokens, 1) + 1
-    return steps * timing.seconds_per_step + evaluations * eval_seconds + final_eval_ratio * eval_seconds
+    return evaluations * eval_seconds + final_eval_ratio * eval_seconds
 
 
 def estimate(pending: list[tuple[str, int]], timings: dict[str, Timing], eval_seconds: float, *,
@@ -286,12 +295,9 @@ def run_estimates(plan: list[tuple[str, int, str]], preset: Preset, estimate: di
     """Each run's estimated seconds to its end from the comparison's `estimate` (its methods' steps and one
     evaluation): 0 for a finished run, None for a method it could not cost (untimed)."""
     per_method, out = estimate.get("per_method", {}), []
-    per_completion = estimate.get("eval_seconds", 0.0) / max(preset.eval_n, 1)
     for spec, _, run_dir in plan:
         left, t = preset.token_budget - tokens_done(run_dir, preset.token_budget), per_method.get(spec)
-        teacher, localiser = premises_of(spec)  # its checks follow it (compare.premises.premises_of_finished_run)
-        checks = (preset.premise_n * (1 + bool(localiser)) * per_completion
-                  if preset.premise_n > 0 and (teacher or localiser) else 0.0)
+        checks = premise_check_seconds(preset, spec, estimate.get("eval_seconds", 0.0))
         if left <= 0:
             out.append(checks if os.path.exists(pending_path(run_dir)) else 0.0)
         else:
@@ -299,6 +305,16 @@ def run_estimates(plan: list[tuple[str, int, str]], preset: Preset, estimate: di
                 _timing(t), left, preset.eval_every_tokens, estimate.get("eval_seconds", 0.0),
                 preset.final_eval_n / max(preset.eval_n, 1)))
     return out
+
+
+def premise_check_seconds(preset: Preset, spec: str, eval_seconds: float) -> float:
+    """Seconds of the premise checks of one run of `spec` (measured as it finishes:
+    compare.premises.premises_of_finished_run), at eval_seconds per curve evaluation of preset.eval_n problems:
+    premise_n completions, twice where a localiser replies to each; 0 for a method that rests on no premise."""
+    teacher, localiser = premises_of(spec)
+    if preset.premise_n <= 0 or not (teacher or localiser):
+        return 0.0
+    return preset.premise_n * (1 + bool(localiser)) * eval_seconds / max(preset.eval_n, 1)
 
 
 def estimate_wall_time(plan: list[tuple[str, int, str]], preset: Preset, start: str, jobs: int,

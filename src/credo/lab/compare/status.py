@@ -3,12 +3,12 @@
 A long comparison (`--preset long`: 60 runs, ~8 h or more on 2 cores) outlives a terminal and is resumed
 across sessions; before its results.json exists the record is `runs/<method>-s<seed>/` and estimate.json.
 This view reads those (summary.json of a finished run, the last metrics row of one part-way being trained or the
-newest checkpoint of one stopped, failure-*.txt
-of a failed one; estimate.json's timed step for a method none of whose runs has logged a step) and prints,
-per method, the final accuracy of each finished seed and the paired difference to GRPO on the seeds both
-finished. It writes nothing, so it is safe beside the running comparison. It judges no goal:
-a partial grid is not the comparison's result (the report of the finished comparison is). It must be given
-the run's own --preset/--methods/--seeds/--budget: a run made with another budget is refused in one line.
+newest checkpoint of one stopped, failure-*.txt of a failed one; estimate.json's timed step for a method none of
+whose runs has logged a step, and its timed evaluation) and prints the time left (training, evaluations, premise
+checks) and, per method, the final accuracy of each finished seed and the paired difference to GRPO on the seeds
+both finished. It writes nothing, so it is safe beside the running comparison. It judges no goal: a partial grid
+is not the comparison's result (the report of the finished comparison is). It must be given the run's own
+--preset/--methods/--seeds/--budget: a run made with another budget is refused in one line.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from credo.lab.compare import eta as compare_eta
 from credo.lab.compare.runs import clock_so_far, failure_path, finished, progress_of, run_result, tokens_done
+from credo.lab.compare.premises import pending_path
 from credo.lab.compare.presets import Preset, run_dir_name
 from credo.lab.compare.goals import points
 from credo.lab.compare.stats import paired, paired_deltas
@@ -92,12 +93,62 @@ def remaining_seconds(states: dict[str, dict[int, dict[str, Any]]], budget: int,
     return total / max(1, min(jobs, pending)), total, from_timed, unknown
 
 
+def evaluations_left(states: dict[str, dict[int, dict[str, Any]]], preset: Preset, out_dir: str,
+                     eval_seconds: float) -> float:
+    """Seconds of the evaluations and premise checks still to do, summed over the runs, at eval_seconds per
+    curve evaluation of preset.eval_n problems (the one the comparison timed at its start): each unfinished run's
+    curve evaluations left and its final one, the premise checks of each run that rests on one and has not had
+    them (a finished run whose checks are pending included), and those of the start, made at the comparison's
+    end (with its audit, until its results.json exists)."""
+    total = 0.0
+    for method, runs in states.items():
+        checks = compare_eta.premise_check_seconds(preset, method, eval_seconds)
+        for seed, state in runs.items():
+            if state["state"] != "finished":
+                total += checks + compare_eta.evaluation_seconds(
+                    preset.token_budget - state.get("tokens", 0), preset.eval_every_tokens, eval_seconds,
+                    preset.final_eval_n / max(preset.eval_n, 1))
+            elif os.path.exists(pending_path(os.path.join(out_dir, "runs", run_dir_name(method, seed)))):
+                total += checks
+    if not os.path.exists(os.path.join(out_dir, "premises", "start.json")):
+        total += max(compare_eta.premise_check_seconds(preset, m, eval_seconds) for m in preset.methods)
+    if preset.audit_n > 0 and not os.path.exists(os.path.join(out_dir, "results.json")):
+        total += compare_eta.after_training_seconds(preset, eval_seconds)["audit_seconds"]
+    return total
+
+
 def _cell(state: dict[str, Any], budget: int) -> str:
     if state["state"] == "finished":
         return f"{state['result']['final_accuracy']:.3f}"
     if state["state"] == "part-way":
         return f"({100 * state['tokens'] / budget:.0f}%{'' if state['running'] else ', stopped'})"
     return "failed" if state["state"] == "failed" else "·"
+
+
+def _time_left(states: dict[str, dict[int, dict[str, Any]]], preset: Preset, out_dir: str, jobs: int) -> str:
+    """The status line that says how long the unfinished runs still need: training, from the runs' own clocks
+    (remaining_seconds), and their evaluations and premise checks at the evaluation the comparison timed at its
+    start with as many jobs (evaluations_left; not counted where it timed none)."""
+    seconds, summed, from_timed, unknown = remaining_seconds(states, preset.token_budget, jobs,
+                                                             compare_eta.timed_steps(out_dir))
+    eval_seconds = compare_eta.recorded_eval_seconds(out_dir, preset.eval_n, jobs)
+    if eval_seconds:
+        evaluations = evaluations_left(states, preset, out_dir, eval_seconds)
+        unfinished = sum(st["state"] != "finished" for runs in states.values() for st in runs.values())
+        at_once = seconds + evaluations / max(1, min(jobs, unfinished))
+        text = (f"about {compare_eta.describe(at_once)} left at {jobs} at a time "
+                f"({compare_eta.describe(summed + evaluations)} summed over the runs: "
+                f"{compare_eta.describe(summed)} of training, from the finished runs' own clocks, or the part-way "
+                f"ones'; {compare_eta.describe(evaluations)} of evaluations and premise checks, at "
+                f"{eval_seconds:.0f} s an evaluation of {preset.eval_n} problems as timed at the comparison's start)")
+    else:
+        text = (f"about {compare_eta.describe(seconds)} of training left at {jobs} at a time "
+                f"({compare_eta.describe(summed)} summed over the runs), from the finished "
+                "runs' own clocks, or the part-way ones' (evaluations not counted: the comparison timed none "
+                f"of {preset.eval_n} problems with {jobs} at a time)")
+    return (text + (f"; from the estimate made at the comparison's start: {', '.join(from_timed)}"
+                    if from_timed else "")
+            + (f"; not counting {', '.join(unknown)}: no step logged yet" if unknown else ""))
 
 
 def status_text(preset: Preset, out_dir: str, jobs: int | None = None) -> str:
@@ -117,14 +168,7 @@ def status_text(preset: Preset, out_dir: str, jobs: int | None = None) -> str:
              f"({preset.token_budget:,} generated tokens a run; (n%) = part-way, being trained; (n%, stopped) = "
              "part-way, no process training it: n% is its newest checkpoint's, where a resume goes on)"]
     if counts["finished"] < sum(counts.values()):
-        seconds, summed, from_timed, unknown = remaining_seconds(states, preset.token_budget, jobs,
-                                                                 compare_eta.timed_steps(out_dir))
-        lines.append(f"about {compare_eta.describe(seconds)} of training left at {jobs} at a time "
-                     f"({compare_eta.describe(summed)} summed over the runs), from the finished "
-                     "runs' own clocks, or the part-way ones' (evaluations not counted)"
-                     + (f"; from the estimate made at the comparison's start: {', '.join(from_timed)}"
-                        if from_timed else "")
-                     + (f"; not counting {', '.join(unknown)}: no step logged yet" if unknown else ""))
+        lines.append(_time_left(states, preset, out_dir, jobs))
     planned = {run_dir_name(m, s) for m in preset.methods for s in preset.seeds}
     others = sorted(set(os.listdir(os.path.join(out_dir, "runs"))) - planned)
     if others:
