@@ -17,7 +17,7 @@ def test_compare_smoke_writes_results_report_and_plots(saved_policy, tmp_path):
     assert set(on_disk["methods"]) == {"grpo", "rredcot"}
     for name, entry in on_disk["methods"].items():
         run = entry["seeds"]["0"]
-        assert {"curve", "final_accuracy", "tokens_generated", "seconds_per_step", "tokens_to_grpo_final"} <= set(run)
+        assert {"curve", "final_accuracy", "tokens_generated", "seconds_per_step", "tokens_to_grpo_end"} <= set(run)
         # the smoke budget (1,500 generated tokens) is what ends each run: it trains until it has spent it
         assert run["tokens_generated"] >= 1500 and run["steps"] >= 1
         assert run["curve"][-1]["final"] and run["curve"][-1]["tokens_generated"] == run["tokens_generated"]

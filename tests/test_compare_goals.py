@@ -8,10 +8,13 @@ from credo.lab.compare.goals import BEST, BEST_UNPRIVILEGED, CONTROLS, SC, SRPO,
 from credo.lab.compare.report import report, summarise
 
 
-def _run(final: float, reach_at: int | None, tokens: int = 200_000, step_seconds: float = 0.1) -> dict:
-    """One run: a curve point at `reach_at` tokens scoring 0.99 (or 0.0 at 100k when None), then the final."""
+def _run(final: float, reach_at: int | None, tokens: int = 200_000, step_seconds: float = 0.1,
+         end: float | None = None) -> dict:
+    """One run: a curve point at `reach_at` tokens scoring 0.99 (or 0.0 at 100k when None), its last curve point
+    scoring `final` (`end`: its own score there), then the final evaluation on the larger set."""
     curve = [{"step": 0, "tokens_generated": 0, "seconds": 0, "accuracy": 0.3},
              {"step": 10, "tokens_generated": reach_at or 100_000, "seconds": 1, "accuracy": 0.99 if reach_at else 0.0},
+             {"step": 20, "tokens_generated": tokens, "seconds": 2, "accuracy": final if end is None else end},
              {"step": 20, "tokens_generated": tokens, "seconds": 2, "accuracy": final, "final": True}]
     return {"curve": curve, "final_accuracy": final, "seconds_per_step": step_seconds, "steps": 20,
             "tokens_generated": tokens}
@@ -49,13 +52,13 @@ def test_the_best_of_several_credit_methods_needs_its_interval_widened_for_the_c
 
 
 def test_tokens_are_compared_with_grpos_own_counted_the_same_way():
-    """GRPO's curves reach its mean final at 100k: 0.5x is 50k. (Dividing by GRPO's whole 200k-token run would
+    """GRPO's curves reach its end accuracy at 100k: 0.5x is 50k. (Dividing by GRPO's whole 200k-token run would
     let GRPO's own noisy early crossing pass the bar: 0.5x of its run.)"""
     for reach, holds in {45_000: True, 60_000: False}.items():
         rredcot = [_run(0.50, reach), _run(0.52, reach), _run(0.54, reach)]  # +10 points on every seed
         results = _results({"grpo": GRPO, "rredcot": rredcot})
-        assert abs(results["methods"]["rredcot"]["tokens_to_grpo_final_ratio"] - reach / 100_000) < 1e-12
-        assert results["methods"]["grpo"]["tokens_to_grpo_final_ratio"] == 1.0
+        assert abs(results["methods"]["rredcot"]["tokens_to_grpo_end_ratio"] - reach / 100_000) < 1e-12
+        assert results["methods"]["grpo"]["tokens_to_grpo_end_ratio"] == 1.0
         goal = _goal(results, BEST)
         assert goal["holds"] is holds
         # the earliest evaluation of any run bounds what can be seen: here rredcot's own, at `reach`
@@ -64,15 +67,35 @@ def test_tokens_are_compared_with_grpos_own_counted_the_same_way():
     assert _goal(_results({"grpo": GRPO, "rredcot": rredcot}), BEST)["holds"] is False
 
 
+def test_the_accuracy_to_reach_is_grpos_on_the_curves_problems_not_its_final_on_the_larger_set():
+    """The curve's problems are easier here: GRPO ends at 0.48 on them (mean of 0.46, 0.48, 0.50), at 0.42 on the
+    final set. A method whose curve passes 0.45 at 50k and 0.49 only at its end reaches GRPO's level at its end,
+    not at 50k (against the final set's 0.42 it would have, at 0.25x GRPO's tokens); and a final evaluation on
+    the larger set is never counted as a crossing."""
+    grpo = [_run(final, None, end=final + 0.06) for final in (0.40, 0.42, 0.44)]
+
+    def passing_early() -> dict:
+        run = _run(0.43, None, end=0.49)
+        run["curve"][1] = {"step": 5, "tokens_generated": 50_000, "seconds": 1, "accuracy": 0.45}
+        return run
+    results = _results({"grpo": grpo, "sc_grpo": [passing_early() for _ in range(3)],
+                        "rrpo": [_run(0.60, None, end=0.40)]})
+    assert abs(results["grpo_end_target"] - 0.48) < 1e-12
+    assert [r["tokens_to_grpo_end"] for r in results["methods"]["sc_grpo"]["seeds"].values()] == [200_000] * 3
+    assert results["methods"]["grpo"]["seeds_reaching_grpo_end"] == 2  # 0.46 < 0.48 on seed 0
+    assert results["methods"]["sc_grpo"]["tokens_to_grpo_end_ratio"] == 1.0
+    assert results["methods"]["rrpo"]["seeds"]["0"]["tokens_to_grpo_end"] is None  # its final, 0.60, is not a point
+
+
 def test_a_run_that_never_reaches_counts_later_than_one_that_reaches_at_its_end():
-    """srpo reaches on its last evaluations (200k, 200k, 190k); rrpo never does (its finals are below GRPO's mean
-    final, 0.43): each of its seeds counts as 200k + one 50k interval, so srpo − rrpo is -50k, -50k, -60k.
+    """srpo reaches on its last evaluations (200k, 200k, 190k); rrpo never does (its curves end below GRPO's end
+    accuracy, 0.43): each of its seeds counts as 200k + one 50k interval, so srpo − rrpo is -50k, -50k, -60k.
     (Counted as the budget, 200k, reaching at the end looked slower than never reaching.) Their sd, 5.8k, is
     under what rounding each count up to its 50k evaluation gives a difference (50k / sqrt(6) = 20.4k): floored
     there, t(2) = 4.303 -> half-width 50.7k (unfloored [-68k, -39k])."""
     srpo = [_run(0.41, 200_000), _run(0.43, 200_000), _run(0.45, 190_000)]
     rrpo = [_run(0.40, None), _run(0.40, None), _run(0.40, None)]
-    grpo = [_run(0.41, None), _run(0.43, None), _run(0.45, None)]  # seeds 1 and 2 reach on their final (200k)
+    grpo = [_run(0.41, None), _run(0.43, None), _run(0.45, None)]  # seeds 1 and 2 reach at their end (200k)
     goal = _goal(_results({"grpo": grpo, "rrpo": rrpo, "srpo:localiser=prompt": srpo}), SRPO)
     assert "srpo:localiser=prompt − rrpo -53k [-104k, -3k]" in goal["evidence"]
     assert "srpo:localiser=prompt − grpo -20k" in goal["evidence"] and goal["holds"] is False  # -50k, 0, -10k
@@ -149,7 +172,7 @@ def test_srpo_is_judged_against_an_rrpo_row_under_either_name_and_without_one_on
     assert goal["holds"] is None
     assert "srpo:localiser=prompt − grpo -60k [-111k, -9k]" in goal["evidence"]
     assert goal["evidence"].endswith("not judged: no RRPO row in the grid (rrpo, or srpo:localiser=random)")
-    # ...and an SRPO that never reaches GRPO's final fails the GRPO half, so the goal is a no whatever RRPO does
+    # ...and an SRPO that never reaches GRPO's end accuracy fails the GRPO half, so the goal is a no whatever RRPO does
     assert _goal(_results({"grpo": GRPO, "srpo:localiser=prompt": slow}), SRPO)["holds"] is False
 
 
@@ -332,7 +355,7 @@ def test_the_best_credit_method_must_beat_the_strongest_baseline_not_only_grpo()
     assert goal["holds"] is False
     assert goal["evidence"].startswith("the strongest baseline is dapo (0.470, GRPO 0.420); the only credit method, "
                                        "rredcot: +1.5")
-    assert "reaches dapo's mean final on 3/3 seeds, with 0.40x the tokens dapo's curves took" in goal["evidence"]
+    assert "reaches dapo's end accuracy on 3/3 seeds, with 0.40x the tokens dapo's curves took" in goal["evidence"]
 
 
 def test_every_credit_method_is_set_against_a_strongest_baseline_other_than_grpo_as_one_corrected_family():

@@ -13,12 +13,16 @@ before round two's grids had results), and applied to every comparison alike:
    baseline row with the highest mean final: GRPO, or e.g. DAPO where it ends higher; decided 2026-12-06,
    before any grid on DAPO's recipe ran), chosen after the fact among k candidates; its interval is therefore
    widened to the 1 - 0.05/k level (Bonferroni), and goal (1) needs that interval above 0, a mean of >= +5
-   points, and the baseline's mean final accuracy reached on every seed with, on average, <= 0.5x the tokens
+   points, and the baseline's end accuracy reached on every seed with, on average, <= 0.5x the tokens
    the baseline's own curves took to reach it (both counted the same way: the first evaluation at or above it;
    the first evaluation puts a floor under the ratio, which the evidence states against GRPO).
-3. "Sooner" compares generated tokens to GRPO's mean final; a run that never reaches it counts as its own
+3. "Sooner" compares generated tokens to GRPO's end accuracy; a run that never reaches it counts as its own
    tokens plus one evaluation interval (it could have reached it at the next evaluation, no sooner).
 4. "Every credit method" can only mean those with a `shuffled` control in the grid; the others are listed.
+5. The accuracy a run must reach in (1) and (3) is the baseline's "end accuracy": its mean over seeds at the last
+   curve evaluation, on the curve's problems, which are the problems every crossing is counted on (decided
+   2026-12-07, before the SmolLM2 grid finished; until then its mean final accuracy on the larger final set,
+   which can be easier or harder than the curve's by more than a method's gain).
 
 A method marked privileged (†: it reads the task's reference solution or step labels) never alone answers a claim
 about methods that do not: when goal (1)'s best method is privileged, a second row judges the best among the
@@ -32,20 +36,21 @@ one that half is not judged (the GRPO half still is).
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from credo.credit.registry import parse_spec
-from credo.lab.compare.stats import (LEVEL, control_pairs, control_target, correct_family, excludes_zero, paired,
-                                     paired_deltas, resolution, resolved, tokens_to_reach)
+from credo.lab.compare.stats import (LEVEL, control_pairs, control_target, correct_family, end_accuracy,
+                                     excludes_zero, paired, paired_deltas, resolution, resolved, tokens_to_reach)
 from credo.lab.audit.premises import premises_of
 
 BASELINES = ("grpo", "dr_grpo", "rloo", "dapo", "gspo")
 BEST = ("the best credit method ends >= +5 points above the strongest baseline (GRPO, or the baseline that ends "
-        "higher; selection-adjusted interval above 0) and reaches that baseline's final accuracy on every seed with "
+        "higher; selection-adjusted interval above 0) and reaches that baseline's end accuracy on every seed with "
         "<= 0.5x the tokens the baseline took to reach it")
 BEST_UNPRIVILEGED = "the same among the credit methods that read no privileged data (no †)"
 SC = "SC-GRPO ends above GRPO and above its token-level control (Holm-adjusted p < 0.05 in each family, above 0)"
-SRPO = ("SRPO with self-localisation reaches GRPO's final accuracy sooner than RRPO and sooner than GRPO "
+SRPO = ("SRPO with self-localisation reaches GRPO's end accuracy sooner than RRPO and sooner than GRPO "
         "(Holm-adjusted p < 0.05 over the two, below 0)")
 CONTROLS = ("every credit method with a shuffled control in the grid ends above it (Holm-adjusted p < 0.05 over the "
             "controls, above 0)")
@@ -198,11 +203,12 @@ def _best_of(results: dict[str, Any], privileged: bool = True,
 
 
 def _reach(results: dict[str, Any], name: str, base: str) -> tuple[int, float | None]:
-    """(seeds of `name` reaching `base`'s mean final, their mean tokens to it ÷ base's own, counted alike)."""
+    """(seeds of `name` reaching `base`'s end accuracy, their mean tokens to it ÷ base's own, counted alike)."""
     entries = results["methods"]
     if base == "grpo":
-        return entries[name]["seeds_reaching_grpo_final"], entries[name].get("tokens_to_grpo_final_ratio")
-    target = entries[base]["final_mean"]
+        return entries[name]["seeds_reaching_grpo_end"], entries[name].get("tokens_to_grpo_end_ratio")
+    target = statistics.mean([a for r in entries[base]["seeds"].values() if (a := end_accuracy(r["curve"])) is not None]
+                             or [math.nan])
     own = [t for r in entries[base]["seeds"].values() if (t := tokens_to_reach(r["curve"], target))]
     reached = [t for r in entries[name]["seeds"].values() if (t := tokens_to_reach(r["curve"], target))]
     ratio = sum(reached) / len(reached) / (sum(own) / len(own)) if reached and own else None
@@ -237,7 +243,7 @@ def _best_credit(results: dict[str, Any], goal: str = BEST, privileged: bool = T
                          f"{100 * (1 - (1 - LEVEL) / k):.1f}% for the choice among {k}" if k > 1 else
                          f"the only credit method, {name}: {points(delta)} points (95%)"
                          + ("" if base == "grpo" else f" vs {shown}"))
-                        + f"; reaches {shown}'s mean final on {reached}/{n} seeds, with " + _ratio(ratio)
+                        + f"; reaches {shown}'s end accuracy on {reached}/{n} seeds, with " + _ratio(ratio)
                         + f" the tokens {shown}'s curves took to reach it, on average"
                         + (f" (the first evaluation puts a floor of {floor:.2f}x under this ratio)" if floor else "")
                         + (f" (left out, fewer than 2 seeds: {', '.join(left_out)})" if left_out else "")
@@ -290,7 +296,7 @@ def _tokens_to_target(results: dict[str, Any]) -> Any:
     every = _eval_every(results)
 
     def tokens(run: dict[str, Any]) -> int:  # never reached: no sooner than the evaluation after its last
-        reached = run.get("tokens_to_grpo_final")
+        reached = run.get("tokens_to_grpo_end")
         return reached if reached else run.get("tokens_generated", results["token_budget"]) + every
     return tokens
 
@@ -304,8 +310,8 @@ def _rrpo_row(results: dict[str, Any]) -> str | None:
 
 
 def _srpo_sooner(results: dict[str, Any]) -> dict[str, Any]:
-    """SRPO reaches GRPO's final sooner than RRPO and than GRPO: per-seed differences in generated tokens
-    to GRPO's mean final accuracy, each interval below 0. Those counts are rounded up to the next evaluation, so
+    """SRPO reaches GRPO's end accuracy sooner than RRPO and than GRPO: per-seed differences in generated tokens
+    to it, each interval below 0. Those counts are rounded up to the next evaluation, so
     their paired sd is floored at what that rounding alone gives a difference of two (one interval / sqrt(6)):
     seeds that agree to the evaluation must not make a zero-width interval. Without an RRPO row that half is
     not judged; the GRPO half still is."""
@@ -325,9 +331,9 @@ def _srpo_sooner(results: dict[str, Any]) -> dict[str, Any]:
 
     judged = [f"{srpo} − {other} {k(iv)}" for other, iv in vs.items() if iv["n"] >= 2]
     if judged:
-        judged[0] = ("generated tokens to GRPO's mean final (never reached: the run's tokens + one evaluation "
+        judged[0] = ("generated tokens to GRPO's end accuracy (never reached: the run's tokens + one evaluation "
                      "interval), paired by seed: " + judged[0])
-        judged.append("seeds reaching: " + ", ".join(f"{r} {m[r]['seeds_reaching_grpo_final']}/{len(m[r]['seeds'])}"
+        judged.append("seeds reaching: " + ", ".join(f"{r} {m[r]['seeds_reaching_grpo_end']}/{len(m[r]['seeds'])}"
                                                      for r in (srpo, rrpo) if r is not None)
                       + (f" (not judged here, as they read or may read the reference: {_marked(results, privileged)})"
                          if privileged else ""))

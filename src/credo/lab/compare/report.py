@@ -22,8 +22,8 @@ from credo.train.provenance import short
 from credo.lab.compare.goals import (corrected, goals, points, points_corrected, privilege_mark,
                                      unprivileged, vs_strongest_baseline)
 from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, VS_GRPO_FAMILY, control_pairs,
-                                     correct_family, equal_updates, figure, grpo_first_evaluations, method_clipping,
-                                     paired, paired_deltas, resolution, tokens_to_reach)
+                                     correct_family, end_accuracy, equal_updates, figure, grpo_first_evaluations,
+                                     method_clipping, paired, paired_deltas, resolution, tokens_to_reach)
 
 
 def summarise(results: dict[str, Any]) -> None:
@@ -31,13 +31,13 @@ def summarise(results: dict[str, Any]) -> None:
     seeds needed to resolve it, tokens-to-GRPO-final and step-time ratios; and to the results the
     equal-updates table and the control pairs."""
     grpo = results["methods"].get("grpo", {}).get("seeds", {})
-    grpo_finals = [r["final_accuracy"] for r in grpo.values()]
-    target = statistics.mean(grpo_finals) if grpo_finals else math.nan
-    # GRPO's own tokens to its mean final, counted as every method's are (first evaluation at or above it)
+    grpo_ends = [a for r in grpo.values() if (a := end_accuracy(r["curve"])) is not None]
+    target = statistics.mean(grpo_ends) if grpo_ends else math.nan
+    # GRPO's own tokens to its mean end accuracy, counted as every method's are (first evaluation at or above it)
     crossed = [t for r in grpo.values() if (t := tokens_to_reach(r["curve"], target))]
     grpo_tokens = statistics.mean(crossed) if crossed else None
     grpo_step = statistics.mean([r["seconds_per_step"] for r in grpo.values()]) if grpo else math.nan
-    results["grpo_final_target"] = target
+    results["grpo_end_target"] = target
     # no run can be seen to reach anything before its first evaluation: the smallest ratio one can measure
     firsts = [min((p["tokens_generated"] for p in r["curve"] if p["tokens_generated"] > 0), default=None)
               for e in results["methods"].values() for r in e["seeds"].values()]
@@ -48,8 +48,8 @@ def summarise(results: dict[str, Any]) -> None:
         runs = entry["seeds"]
         finals = [r["final_accuracy"] for r in runs.values()]
         for r in runs.values():
-            r["tokens_to_grpo_final"] = tokens_to_reach(r["curve"], target)
-        reached = [r["tokens_to_grpo_final"] for r in runs.values() if r["tokens_to_grpo_final"]]
+            r["tokens_to_grpo_end"] = tokens_to_reach(r["curve"], target)
+        reached = [r["tokens_to_grpo_end"] for r in runs.values() if r["tokens_to_grpo_end"]]
         entry["final_mean"] = statistics.mean(finals) if finals else None
         entry["final_std"] = statistics.stdev(finals) if len(finals) > 1 else 0.0 if finals else None
         # paired by seed: a seed fixes the prompt order, so the difference cancels part of the prompt noise
@@ -59,9 +59,9 @@ def summarise(results: dict[str, Any]) -> None:
         entry["delta_vs_grpo"] = delta
         entry["delta_vs_grpo_mean"] = delta["mean"]
         entry["delta_vs_grpo_std"] = delta["sd"] if delta["n"] > 1 else 0.0 if delta["n"] else None
-        entry["seeds_reaching_grpo_final"] = len(reached)
-        # the mean over the seeds that got there (`seeds_reaching_grpo_final` says how many) ÷ GRPO's own
-        entry["tokens_to_grpo_final_ratio"] = (statistics.mean(reached) / grpo_tokens if reached
+        entry["seeds_reaching_grpo_end"] = len(reached)
+        # the mean over the seeds that got there (`seeds_reaching_grpo_end` says how many) ÷ GRPO's own
+        entry["tokens_to_grpo_end_ratio"] = (statistics.mean(reached) / grpo_tokens if reached
                                                and grpo_tokens else None)
         entry["tokens_used"] = statistics.mean([r["tokens_generated"] for r in runs.values()]) if runs else None
         entry["step_time_ratio"] = (statistics.mean([r["seconds_per_step"] for r in runs.values()]) / grpo_step
@@ -138,9 +138,10 @@ def main_table(results: dict[str, Any]) -> list[str]:
     lines = ["| method | final accuracy (mean ± std) | Δ vs GRPO, points [95% interval], paired by seed "
              f"| corrected for the {family[0] if family else 0} comparisons with GRPO: Holm-adjusted p; "
              "simultaneous 95% interval (Bonferroni) "
-             f"| seeds to resolve Δ ({100 * POWER:.0f}% power) | tokens to GRPO's mean final (their "
-             "mean over the seeds reaching it ÷ GRPO's; seeds reaching) | tokens used | updates in budget | step "
-             "time (× GRPO; per-seed range) | audit spearman | audit first_error_top1 | audit cost (× trace) |",
+             f"| seeds to resolve Δ ({100 * POWER:.0f}% power) | tokens to GRPO's end accuracy (GRPO's mean at "
+             "its last curve evaluation; the mean over the seeds reaching it ÷ GRPO's; seeds reaching) "
+             "| tokens used | updates in budget | step time (× GRPO; per-seed range) | audit spearman "
+             "| audit first_error_top1 | audit cost (× trace) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in results["methods"].items():
         a = _audit_row(results, name)
@@ -152,8 +153,8 @@ def main_table(results: dict[str, Any]) -> list[str]:
             final = f"{entry['final_mean']:.3f} ± {entry['final_std']:.3f} ({n} seed{'s' if n != 1 else ''})"
             delta = "—" if name == "grpo" else points(entry.get("delta_vs_grpo"))
             needed = "—" if name == "grpo" else _seeds_needed(entry.get("delta_vs_grpo"))
-            reach = (f"{figure(entry.get('tokens_to_grpo_final_ratio'), '{:.2f}')} "
-                     f"({entry['seeds_reaching_grpo_final']}/{n})")
+            reach = (f"{figure(entry.get('tokens_to_grpo_end_ratio'), '{:.2f}')} "
+                     f"({entry['seeds_reaching_grpo_end']}/{n})")
         spread = entry.get("step_time_ratio_range")
         step = figure(entry.get("step_time_ratio"), "{:.2f}") + (
             f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread and name != "grpo" and len(entry["seeds"]) > 1 else "")
@@ -334,15 +335,16 @@ def reading(results: dict[str, Any]) -> str:
                      + (f"the best method {'that does not' if best[1].get('privileged') else 'known to read none'} is "
                         f"{top[0]} at {top[1]['final_mean']:.3f}." if top
                         else "no method in the grid does without them."))
-    faster = [k for k, v in entries.items() if k != "grpo" and v.get("tokens_to_grpo_final_ratio") is not None
-              and v["seeds_reaching_grpo_final"] == len(v["seeds"]) and v["tokens_to_grpo_final_ratio"] < 0.995]
+    faster = [k for k, v in entries.items() if k != "grpo" and v.get("tokens_to_grpo_end_ratio") is not None
+              and v["seeds_reaching_grpo_end"] == len(v["seeds"]) and v["tokens_to_grpo_end_ratio"] < 0.995]
     if faster:
         floor = results.get("tokens_ratio_floor")
-        parts.append("Reached GRPO's mean final accuracy on every seed, with fewer generated tokens than GRPO's own "
-                     "curves on average (a seed's count is its first evaluation at or above it, so it moves in steps "
-                     "of the eval interval" + (f", and no ratio below {floor:.2f}x can be seen" if floor else "")
+        parts.append("Reached GRPO's end accuracy (its mean at its last curve evaluation, on the curve's problems) on "
+                     "every seed, with fewer generated tokens than GRPO's own curves on average (a seed's count is "
+                     "its first evaluation at or above it, so it moves in steps of the eval interval"
+                     + (f", and no ratio below {floor:.2f}x can be seen" if floor else "")
                      + "): "
-                     + ", ".join(f"{k} ({entries[k]['tokens_to_grpo_final_ratio']:.2f}x)" for k in faster) + ".")
+                     + ", ".join(f"{k} ({entries[k]['tokens_to_grpo_end_ratio']:.2f}x)" for k in faster) + ".")
     parts += unequal_reading(results, entries)
     n_eval = results.get("final_eval_n", 500)
     se = (0.25 / n_eval) ** 0.5
