@@ -101,7 +101,8 @@ def test_parallel_jobs_give_the_same_runs_as_one_job(saved_policy, tmp_path):
 
 
 def _synthetic(finals: dict[str, list[float]], reach_at: dict[str, list[int | None]]) -> dict:
-    """A results dict with one 100k-token curve point per seed (at the token count given, or below target)."""
+    """A results dict with one 100k-token curve point per seed (at the token count given, or below target), then
+    its last curve point scoring its final accuracy (the curve's problems scoring as the final set's)."""
     methods = {}
     for name, values in finals.items():
         seeds = {}
@@ -110,6 +111,7 @@ def _synthetic(finals: dict[str, list[float]], reach_at: dict[str, list[int | No
             curve = [{"step": 0, "tokens_generated": 0, "seconds": 0, "accuracy": 0.3}]
             curve.append({"step": 10, "tokens_generated": at or 100_000, "seconds": 1,
                           "accuracy": 0.99 if at else 0.0})
+            curve.append({"step": 20, "tokens_generated": 200_000, "seconds": 2, "accuracy": final})
             curve.append({"step": 20, "tokens_generated": 200_000, "seconds": 2, "accuracy": final, "final": True})
             seeds[str(i)] = {"curve": curve, "final_accuracy": final, "seconds_per_step": 0.1, "steps": 20,
                              "tokens_generated": 200_000}

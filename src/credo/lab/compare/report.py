@@ -28,7 +28,7 @@ from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, VS_GRPO_FAM
 
 def summarise(results: dict[str, Any]) -> None:
     """Adds to each method: mean/std of finals, the paired difference to GRPO with its interval and the
-    seeds needed to resolve it, tokens-to-GRPO-final and step-time ratios; and to the results the
+    seeds needed to resolve it, tokens-to-GRPO's-end-accuracy and step-time ratios; and to the results the
     equal-updates table and the control pairs."""
     grpo = results["methods"].get("grpo", {}).get("seeds", {})
     grpo_ends = [a for r in grpo.values() if (a := end_accuracy(r["curve"])) is not None]
