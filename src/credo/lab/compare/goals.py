@@ -36,12 +36,11 @@ one that half is not judged (the GRPO half still is).
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any
 
 from credo.credit.registry import parse_spec
-from credo.lab.compare.stats import (LEVEL, control_pairs, control_target, correct_family, end_accuracy,
-                                     excludes_zero, paired, paired_deltas, resolution, resolved, tokens_to_reach)
+from credo.lab.compare.stats import (LEVEL, control_pairs, control_target, correct_family, excludes_zero,
+                                     mean_end_accuracy, paired, paired_deltas, resolution, resolved, tokens_to_reach)
 from credo.lab.audit.premises import premises_of
 
 BASELINES = ("grpo", "dr_grpo", "rloo", "dapo", "gspo")
@@ -207,8 +206,7 @@ def _reach(results: dict[str, Any], name: str, base: str) -> tuple[int, float | 
     entries = results["methods"]
     if base == "grpo":
         return entries[name]["seeds_reaching_grpo_end"], entries[name].get("tokens_to_grpo_end_ratio")
-    target = statistics.mean([a for r in entries[base]["seeds"].values() if (a := end_accuracy(r["curve"])) is not None]
-                             or [math.nan])
+    target = mean_end_accuracy(entries[base]["seeds"])
     own = [t for r in entries[base]["seeds"].values() if (t := tokens_to_reach(r["curve"], target))]
     reached = [t for r in entries[name]["seeds"].values() if (t := tokens_to_reach(r["curve"], target))]
     ratio = sum(reached) / len(reached) / (sum(own) / len(own)) if reached and own else None

@@ -22,8 +22,9 @@ from credo.train.provenance import short
 from credo.lab.compare.goals import (corrected, goals, points, points_corrected, privilege_mark,
                                      unprivileged, vs_strongest_baseline)
 from credo.lab.compare.stats import (MAX_SEEDS, POWER, STALL_FACTOR, VS_GRPO_FAMILY, control_pairs,
-                                     correct_family, end_accuracy, equal_updates, figure, grpo_first_evaluations,
-                                     method_clipping, paired, paired_deltas, resolution, tokens_to_reach)
+                                     correct_family, equal_updates, figure, grpo_first_evaluations,
+                                     mean_end_accuracy, method_clipping, paired, paired_deltas, resolution,
+                                     tokens_to_reach)
 
 
 def summarise(results: dict[str, Any]) -> None:
@@ -31,8 +32,7 @@ def summarise(results: dict[str, Any]) -> None:
     seeds needed to resolve it, tokens-to-GRPO's-end-accuracy and step-time ratios; and to the results the
     equal-updates table and the control pairs."""
     grpo = results["methods"].get("grpo", {}).get("seeds", {})
-    grpo_ends = [a for r in grpo.values() if (a := end_accuracy(r["curve"])) is not None]
-    target = statistics.mean(grpo_ends) if grpo_ends else math.nan
+    target = mean_end_accuracy(grpo)
     # GRPO's own tokens to its mean end accuracy, counted as every method's are (first evaluation at or above it)
     crossed = [t for r in grpo.values() if (t := tokens_to_reach(r["curve"], target))]
     grpo_tokens = statistics.mean(crossed) if crossed else None

@@ -154,6 +154,13 @@ def end_accuracy(curve: list[dict[str, Any]]) -> float | None:
     return points[-1]["accuracy"] if points else None
 
 
+def mean_end_accuracy(runs: dict[str, Any]) -> float:
+    """The mean of end_accuracy over a method's runs ({seed: run}): the level the others must reach; NaN (which
+    nothing reaches) when no run has a curve evaluation after its start."""
+    ends = [a for r in runs.values() if (a := end_accuracy(r["curve"])) is not None]
+    return statistics.mean(ends) if ends else math.nan
+
+
 def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
     """Generated tokens at a run's first curve evaluation at or above `target` (its start and the final
     evaluation on the larger set left out: every point is on the same problems as end_accuracy's); None if
