@@ -150,8 +150,14 @@ def end_accuracy(curve: list[dict[str, Any]]) -> float | None:
     final accuracy, is the level tokens_to_reach looks for: the points that reach it must be scored on the same
     problems, and the final set can be easier or harder than the curve's by as much as a method's gain (on
     `smollm2-long` the first 100 held-out problems score ~4 points above the first 300 at the end of training)."""
-    points = [p for p in curve if not p.get("final") and p["tokens_generated"] > 0]
+    points = curve_points(curve)
     return points[-1]["accuracy"] if points else None
+
+
+def curve_points(curve: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The curve evaluations after a run's start, in order, without the final evaluation on the larger set: the
+    points end_accuracy and tokens_to_reach read, all scored on the same problems."""
+    return [p for p in curve if not p.get("final") and p["tokens_generated"] > 0]
 
 
 def mean_end_accuracy(runs: dict[str, Any]) -> float:
@@ -165,10 +171,7 @@ def tokens_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
     """Generated tokens at a run's first curve evaluation at or above `target` (its start and the final
     evaluation on the larger set left out: every point is on the same problems as end_accuracy's); None if
     never."""
-    for point in curve:
-        if not point.get("final") and point["accuracy"] >= target and point["tokens_generated"] > 0:
-            return point["tokens_generated"]
-    return None
+    return next((p["tokens_generated"] for p in curve_points(curve) if p["accuracy"] >= target), None)
 
 
 def paired_deltas(a: dict[str, Any], b: dict[str, Any], value: Any) -> list[float]:
